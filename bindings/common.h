@@ -1,0 +1,51 @@
+// Pieces both modules bind the same way.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "common/build_info.h"
+#include "cuda/probe.h"
+
+namespace activekv::bindings {
+
+namespace nb = nanobind;
+
+// Raised to Python (as RuntimeError) when the CUDA runtime reports an error.
+inline void throw_on_cuda_error(int code, const char* what) {
+  if (code != 0) {
+    throw std::runtime_error(std::string(what) + ": CUDA error " + std::to_string(code) + " (" +
+                             akv_cuda_error_string(code) + ")");
+  }
+}
+
+inline nb::dict build_info_dict() {
+  const BuildInfo info = build_info();
+  nb::dict result;
+  result["version"] = info.version;
+  result["cxx_compiler"] = info.cxx_compiler;
+  result["cuda_architectures"] = info.cuda_architectures;
+  result["cuda_runtime_version"] = info.cuda_runtime_version;
+  return result;
+}
+
+// Binds build_info() and cuda_device_count() into `m`.
+inline void bind_build_and_device(nb::module_& m) {
+  m.def("build_info", &build_info_dict,
+        "Version, compiler, CUDA architectures and CUDA runtime version of this build.");
+  m.def(
+      "cuda_device_count",
+      []() {
+        int count = 0;
+        throw_on_cuda_error(akv_cuda_device_count(&count), "cuda_device_count");
+        return count;
+      },
+      "Number of visible CUDA devices; raises RuntimeError naming the CUDA error when the "
+      "driver or a device is missing.");
+}
+
+}  // namespace activekv::bindings

@@ -1,0 +1,586 @@
+"""The schema of a release manifest (``manifests/*.toml``) and its loader.
+
+``load_manifest`` is the only way in: it parses the TOML, validates it against the frozen models
+below, checks the cross-references between sections, and turns every problem into a
+``ManifestError`` whose lines read ``<file>: <dotted.key>: expected <what>; got <value>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, get_args, get_origin
+from urllib.parse import urlsplit
+
+from packaging.version import InvalidVersion, Version
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
+from pydantic_core import PydanticCustomError
+
+from release.errors import ManifestError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SCHEMA_VERSION = 1
+CUDA_ARCHITECTURES = ("75", "80", "86", "89", "90", "100", "103", "120")
+REQUIRED_ARCHITECTURES = ("80", "90")
+REQUIRED_CHANNELS = ("dev", "stable")
+SIGNER_SCHEMES = ("gcpkms", "awskms", "azurekms", "hsm", "envvar")
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+MIN_ABI3_PYTHON = (3, 12)
+
+Loc = tuple[str | int, ...]
+
+
+# --- field checks: each returns the value or raises with the phrase that follows "expected" ---
+
+
+def _check(ok: bool, expected: str) -> None:
+    if not ok:
+        raise PydanticCustomError("manifest", expected)
+
+
+def _schema_version(value: int) -> int:
+    _check(value == SCHEMA_VERSION, f"{SCHEMA_VERSION} (the only schema this pipeline reads)")
+    return value
+
+
+def _pattern(regex: str, expected: str, flags: int = 0) -> Callable[[str], str]:
+    compiled = re.compile(regex, flags)
+
+    def check(value: str) -> str:
+        _check(compiled.fullmatch(value) is not None, expected)
+        return value
+
+    return check
+
+
+def _non_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    _check(len(value) > 0, "a non-empty array")
+    return value
+
+
+def _unique(what: str) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    def check(value: tuple[Any, ...]) -> tuple[Any, ...]:
+        _check(len(set(value)) == len(value), f"{what} without duplicates")
+        return value
+
+    return check
+
+
+def _python_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def _python_version(value: str) -> str:
+    match = re.fullmatch(r"3\.(0|[1-9][0-9]?)", value)
+    _check(
+        match is not None and 8 <= int(match.group(1)) <= 14,
+        'a Python version "3.N" with N from 8 to 14',
+    )
+    return value
+
+
+def _python_list(value: tuple[str, ...]) -> tuple[str, ...]:
+    ordered = sorted(set(value), key=_python_tuple)
+    _check(list(value) == ordered, "Python versions without duplicates, in ascending order")
+    return value
+
+
+def _abi3_python(value: str) -> str:
+    _check(_python_tuple(value) >= MIN_ABI3_PYTHON, '"3.12" or newer (the stable ABI of nanobind)')
+    return value
+
+
+def _architectures(value: tuple[str, ...]) -> tuple[str, ...]:
+    missing = [arch for arch in REQUIRED_ARCHITECTURES if arch not in value]
+    _check(not missing, "architectures that include " + _choices(REQUIRED_ARCHITECTURES, "and"))
+    return value
+
+
+def _shim_path(value: str) -> str:
+    path = PurePosixPath(value)
+    _check(
+        "\\" not in value
+        and not path.is_absolute()
+        and ".." not in path.parts
+        and len(path.parts) >= 2
+        and path.parts[0] == "activekv"
+        and path.suffix == ".py",
+        'a relative path "activekv/<name>.py" inside the package',
+    )
+    return value
+
+
+def _exact_version(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        _check(False, 'an exact version such as "0.33.0" (no specifiers)')
+    return value
+
+
+def _shims(value: tuple[Shim, ...]) -> tuple[Shim, ...]:
+    paths = [shim.path for shim in value]
+    _check(len(set(paths)) == len(paths), "shims with distinct paths")
+    return value
+
+
+def _signing_key(value: str) -> str:
+    scheme, colon, rest = value.partition(":")
+    _check(
+        value == "generate"
+        or (scheme == "file" and PurePosixPath(rest).is_absolute())
+        or (scheme in SIGNER_SCHEMES and colon == ":"),
+        '"generate", "file:<absolute path>" or a signer URI "<scheme>:..." with scheme '
+        + _choices(SIGNER_SCHEMES, "or"),
+    )
+    return value
+
+
+def _index(value: str) -> str:
+    try:
+        url = urlsplit(value)
+        host = url.hostname
+    except ValueError:
+        url, host = None, None
+    _check(
+        value == "embedded"
+        or (
+            url is not None
+            and url.username is None
+            and (
+                (url.scheme == "https" and bool(host))
+                or (url.scheme == "http" and host in LOCAL_HOSTS)
+            )
+        ),
+        '"embedded" or an https:// URL without credentials (http:// only for 127.0.0.1 or '
+        "localhost)",
+    )
+    return value
+
+
+def _relative_dir(value: str) -> str:
+    path = PurePosixPath(value)
+    _check(
+        value.strip() != "" and not path.is_absolute() and ".." not in path.parts,
+        'a relative path without ".."',
+    )
+    return value
+
+
+Name = Annotated[
+    StrictStr,
+    AfterValidator(
+        _pattern(
+            r"[a-z][a-z0-9_-]*",
+            "a name of lowercase letters, digits, '_' and '-' that starts with a letter",
+        )
+    ),
+]
+DistributionName = Annotated[
+    StrictStr,
+    AfterValidator(
+        _pattern(
+            r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]",
+            "a distribution name (letters, digits, '.', '_', '-'; starts and ends alphanumeric)",
+            re.IGNORECASE,
+        )
+    ),
+]
+PythonVersion = Annotated[StrictStr, AfterValidator(_python_version)]
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- the schema, one model per table ---
+
+
+class ChannelSpec(_Model):
+    """``[release.channels.<name>]``: the gates a channel requires and the key that signs it."""
+
+    requires: Annotated[
+        tuple[Name, ...], AfterValidator(_non_empty), AfterValidator(_unique("gate names"))
+    ]
+    signing: Name
+
+
+class ReleaseSettings(_Model):
+    """``[release]``."""
+
+    name: DistributionName
+    version_source: Literal["pyproject"]
+    default_channel: Name
+    channels: dict[Name, ChannelSpec]
+
+
+class Toolchain(_Model):
+    """``[build.toolchain]``."""
+
+    kind: Literal["hermetic", "cibuildwheel"]
+    cuda_host_compiler: Annotated[
+        StrictStr, AfterValidator(_pattern(r"\S+", "a program name without spaces"))
+    ]
+
+
+class CudaSettings(_Model):
+    """``[build.cuda]``."""
+
+    version: Annotated[
+        StrictStr, AfterValidator(_pattern(r"[0-9]+\.[0-9]+", 'a CUDA version such as "13.0"'))
+    ]
+    architectures: Annotated[
+        tuple[
+            Annotated[
+                StrictStr,
+                AfterValidator(
+                    _pattern(
+                        "|".join(CUDA_ARCHITECTURES),
+                        "a compute capability, one of "
+                        + ", ".join(f'"{arch}"' for arch in CUDA_ARCHITECTURES),
+                    )
+                ),
+            ],
+            ...,
+        ],
+        AfterValidator(_non_empty),
+        AfterValidator(_unique("architectures")),
+        AfterValidator(_architectures),
+    ]
+    runtime: Literal["static"]
+
+
+class BuildSettings(_Model):
+    """``[build]``: the interpreters, the platform policy and how the native code is compiled."""
+
+    python: Annotated[
+        tuple[PythonVersion, ...], AfterValidator(_non_empty), AfterValidator(_python_list)
+    ]
+    stable_abi_from: Annotated[PythonVersion, AfterValidator(_abi3_python)]
+    platform: Annotated[
+        StrictStr,
+        AfterValidator(
+            _pattern(
+                r"manylinux_[0-9]+_[0-9]+_(x86_64|aarch64)",
+                'a platform "manylinux_<major>_<minor>_x86_64" (or _aarch64)',
+            )
+        ),
+    ]
+    build_type: Literal["Release", "RelWithDebInfo"]
+    toolchain: Toolchain
+    cuda: CudaSettings
+
+    @property
+    def glibc(self) -> tuple[int, int]:
+        """The glibc version of the platform policy, e.g. ``(2, 28)``."""
+        _, major, minor, _ = self.platform.split("_", 3)
+        return int(major), int(minor)
+
+    @property
+    def arch(self) -> str:
+        """The machine architecture of the platform, e.g. ``x86_64``."""
+        return self.platform.split("_", 3)[3]
+
+    @property
+    def abi3_python(self) -> str:
+        """The first Python version served by the stable-ABI (abi3) wheel, e.g. ``"3.12"``."""
+        return self.stable_abi_from
+
+
+class Shim(_Model):
+    """One ``payload.shims`` entry: a Python file the wheel may hold and the framework it cites."""
+
+    path: Annotated[StrictStr, AfterValidator(_shim_path)]
+    framework: DistributionName
+    version: Annotated[StrictStr, AfterValidator(_exact_version)]
+    sha256: Annotated[
+        StrictStr, AfterValidator(_pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)"))
+    ]
+
+
+FileKind = Literal["extension", "stub", "typed-marker", "metadata", "license", "shim"]
+
+
+class PayloadPolicy(_Model):
+    """``[payload]``."""
+
+    allowed_kinds: Annotated[tuple[FileKind, ...], AfterValidator(_unique("file kinds"))]
+    shims: Annotated[tuple[Shim, ...], AfterValidator(_shims)]
+
+
+class GateSpec(_Model):
+    """``[gates.<name>]``: where a gate runs and its parameters."""
+
+    runner: Literal["cpu", "gpu"]
+    warmup_steps: PositiveInt | None = None
+    steady_steps: PositiveInt | None = None
+
+
+class SignSpec(_Model):
+    """``[sign.<name>]``: a key reference (never the key itself)."""
+
+    key: Annotated[StrictStr, AfterValidator(_signing_key)]
+
+    @property
+    def generated(self) -> bool:
+        """True for a key generated on first use (a dev key)."""
+        return self.key == "generate"
+
+
+class PublishSettings(_Model):
+    """``[publish]``."""
+
+    index: Annotated[StrictStr, AfterValidator(_index)]
+    username: Annotated[
+        StrictStr,
+        AfterValidator(_pattern(r"[A-Za-z0-9._-]+", "a user name of [A-Za-z0-9._-] characters")),
+    ]
+    state_dir: Annotated[StrictStr, AfterValidator(_relative_dir)]
+
+    @property
+    def embedded(self) -> bool:
+        """True when the pipeline starts its own index on 127.0.0.1."""
+        return self.index == "embedded"
+
+
+class Manifest(_Model):
+    """A whole release manifest. Build it with ``load_manifest``."""
+
+    schema_version: Annotated[StrictInt, AfterValidator(_schema_version)]
+    release: ReleaseSettings
+    build: BuildSettings
+    payload: PayloadPolicy
+    gates: dict[Name, GateSpec]
+    sign: dict[Name, SignSpec]
+    publish: PublishSettings
+
+    _path: Path = PrivateAttr(default=Path("<manifest>"))
+
+    @property
+    def path(self) -> Path:
+        """The file this manifest was loaded from."""
+        return self._path
+
+    def channel(self, name: str) -> ChannelSpec:
+        """The channel called ``name``; a ManifestError names the known channels otherwise."""
+        try:
+            return self.release.channels[name]
+        except KeyError:
+            known = _choices(sorted(self.release.channels), "or")
+            raise ManifestError(
+                _line(self._path, ("release", "channels"), f"a channel {known}", _show(name))
+            ) from None
+
+
+# --- loading and error reporting ---
+
+
+@dataclass(frozen=True)
+class _Issue:
+    loc: Loc
+    expected: str
+    got: str
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read, validate and cross-check the manifest at ``path``."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: expected a manifest file; got no such file") from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: expected a readable manifest file; got {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: expected UTF-8 text; got {exc.reason}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(_syntax_error(path, exc)) from None
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as exc:
+        issues = [_from_pydantic(error) for error in exc.errors()]
+    else:
+        issues = _cross_references(manifest)
+    if issues:
+        raise ManifestError(
+            "\n".join(_line(path, issue.loc, issue.expected, issue.got) for issue in issues)
+        )
+    manifest._path = path
+    return manifest
+
+
+def _cross_references(m: Manifest) -> list[_Issue]:
+    """Checks that span tables: names that must refer to declared entries."""
+    issues: list[_Issue] = []
+    channels = m.release.channels
+    known_channels = _choices(sorted(channels), "or")
+    if m.release.default_channel not in channels:
+        issues.append(
+            _Issue(
+                ("release", "default_channel"),
+                f"a declared channel {known_channels}",
+                _show(m.release.default_channel),
+            )
+        )
+    missing = [name for name in REQUIRED_CHANNELS if name not in channels]
+    if missing:
+        issues.append(
+            _Issue(
+                ("release", "channels"),
+                "channels that include " + _choices(REQUIRED_CHANNELS, "and"),
+                _show(sorted(channels)),
+            )
+        )
+    for name, channel in channels.items():
+        loc: Loc = ("release", "channels", name)
+        for index, gate in enumerate(channel.requires):
+            if gate not in m.gates:
+                issues.append(
+                    _Issue(
+                        (*loc, "requires", index),
+                        "a gate declared in [gates.*], " + _choices(sorted(m.gates), "or"),
+                        _show(gate),
+                    )
+                )
+        signer = m.sign.get(channel.signing)
+        if signer is None:
+            issues.append(
+                _Issue(
+                    (*loc, "signing"),
+                    "a key declared in [sign.*], " + _choices(sorted(m.sign), "or"),
+                    _show(channel.signing),
+                )
+            )
+        elif name == "stable" and signer.generated:
+            issues.append(
+                _Issue(
+                    (*loc, "signing"),
+                    'a [sign.*] entry whose key is not "generate" (dev keys never sign stable)',
+                    _show(channel.signing),
+                )
+            )
+    if m.build.stable_abi_from not in m.build.python:
+        issues.append(
+            _Issue(
+                ("build", "stable_abi_from"),
+                "one of build.python, " + _choices(m.build.python, "or"),
+                _show(m.build.stable_abi_from),
+            )
+        )
+    for name, gate in m.gates.items():
+        if gate.runner != "gpu":
+            continue
+        for key in ("warmup_steps", "steady_steps"):
+            if getattr(gate, key) is None:
+                issues.append(
+                    _Issue(
+                        ("gates", name, key), "a positive integer (a gpu gate needs it)", "nothing"
+                    )
+                )
+    return issues
+
+
+_EXPECTED_BY_TYPE = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "greater_than": "an integer greater than 0",
+    "tuple_type": "an array",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+
+
+def _from_pydantic(error: Any) -> _Issue:
+    """One pydantic error as an _Issue that says what was expected."""
+    loc: Loc = tuple(error["loc"])
+    kind = error["type"]
+    got = _show(error["input"])
+    if kind == "manifest":
+        expected = error["msg"]
+    elif kind == "missing":
+        expected, got = "this key (it is required)", "nothing"
+    elif kind == "extra_forbidden":
+        keys = _known_keys(loc[:-1])
+        expected = "one of the keys " + ", ".join(keys) if keys else "no such key"
+        got = "an unknown key"
+    elif kind == "literal_error":
+        choices = error["ctx"]["expected"].replace("'", '"')
+        expected = f"one of {choices}" if " or " in choices else choices
+    else:
+        expected = _EXPECTED_BY_TYPE.get(kind, f"a valid value ({error['msg']})")
+    if loc and loc[-1] == "[key]":
+        loc, expected = loc[:-1], f"{expected} (as a table name)"
+    return _Issue(loc, expected, got)
+
+
+def _known_keys(loc: Loc) -> list[str]:
+    """The keys the schema allows in the table at ``loc`` (empty if it cannot tell)."""
+    node: Any = Manifest
+    for part in loc:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            if field is None:
+                return []
+            node = field.annotation
+        elif get_origin(node) in (dict, tuple):
+            node = get_args(node)[-1 if get_origin(node) is dict else 0]
+        else:
+            return []
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return list(node.model_fields)
+    return []
+
+
+def _syntax_error(path: Path, exc: tomllib.TOMLDecodeError) -> str:
+    message = str(exc)
+    match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    if match is None:
+        return f"{path}: expected valid TOML; got {message}"
+    where = f"line {match.group(1)}, column {match.group(2)}"
+    return f"{path}: {where}: expected valid TOML; got {message[: match.start()]}"
+
+
+def _line(path: Path, loc: Loc, expected: str, got: str) -> str:
+    return f"{path}: {_dotted(loc)}: expected {expected}; got {got}"
+
+
+def _dotted(loc: Loc) -> str:
+    key = ""
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else f".{part}" if key else str(part)
+    return key or "<top level>"
+
+
+def _show(value: object, limit: int = 80) -> str:
+    """A value as TOML-like text, shortened."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _choices(items: Sequence[str], conjunction: str) -> str:
+    quoted = [f'"{item}"' for item in items]
+    if len(quoted) <= 1:
+        return "".join(quoted) or "(none declared)"
+    return f"{', '.join(quoted[:-1])} {conjunction} {quoted[-1]}"

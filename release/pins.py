@@ -1,0 +1,38 @@
+"""pyproject.toml is the single source of pinned versions; this reads its dependency groups."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from release.errors import ReleaseError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def pyproject() -> dict:
+    with PYPROJECT.open("rb") as stream:
+        return tomllib.load(stream)
+
+
+def project_version() -> str:
+    return str(pyproject()["project"]["version"])
+
+
+def dependency_group(name: str) -> list[str]:
+    """The requirement strings of one group, with included groups expanded."""
+    groups = pyproject().get("dependency-groups", {})
+    if name not in groups:
+        raise ReleaseError(f"{PYPROJECT}: dependency-groups.{name}: expected a declared group")
+    requirements: list[str] = []
+    for entry in groups[name]:
+        if isinstance(entry, dict):
+            requirements += dependency_group(entry["include-group"])
+        else:
+            requirements.append(entry)
+    return requirements

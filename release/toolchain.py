@@ -1,0 +1,198 @@
+"""The hermetic toolchain: pinned zig as C/C++ compiler and linker, nvcc with the host C++ compiler.
+
+zig targets the manifest's glibc, so the wheel links against no newer glibc symbols than the
+declared manylinux policy allows, whatever the build machine's glibc is (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from release.errors import BuildError
+from release.manifest import Manifest
+from release.pins import dependency_group
+
+_NVCC_RELEASE = re.compile(r"release (\d+\.\d+)")
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Resolved compilers and the settings that hand them to CMake."""
+
+    zig: Path
+    cc: Path
+    cxx: Path
+    ar: Path
+    ranlib: Path
+    zig_target: str
+    nvcc: Path
+    cuda_root: Path
+    cuda_host_compiler: Path
+    ccache: Path | None
+    cache_dir: Path
+
+    def cmake_defines(self) -> dict[str, str]:
+        defines = {
+            "CMAKE_C_COMPILER": str(self.cc),
+            "CMAKE_CXX_COMPILER": str(self.cxx),
+            "CMAKE_AR": str(self.ar),
+            "CMAKE_RANLIB": str(self.ranlib),
+            "CMAKE_CUDA_COMPILER": str(self.nvcc),
+            "CMAKE_CUDA_HOST_COMPILER": str(self.cuda_host_compiler),
+            "CUDAToolkit_ROOT": str(self.cuda_root),
+        }
+        if self.ccache is not None:
+            for lang in ("C", "CXX", "CUDA"):
+                defines[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = str(self.ccache)
+        return defines
+
+    def environment(self) -> dict[str, str]:
+        """Variables the compilers read: zig's and ccache's caches live in the state directory."""
+        return {
+            "ZIG_GLOBAL_CACHE_DIR": str(self.cache_dir / "zig-global"),
+            "ZIG_LOCAL_CACHE_DIR": str(self.cache_dir / "zig-local"),
+            "CCACHE_DIR": str(self.cache_dir / "ccache"),
+            # Objects are shared across build directories and interpreters: hash content, not paths.
+            "CCACHE_NOHASHDIR": "1",
+            "CCACHE_COMPILERCHECK": "content",
+            "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime,time_macros",
+        }
+
+    def identity(self) -> dict[str, str]:
+        """Versions of every compiler, for the provenance and the summary."""
+        return {
+            "zig": _first_line([str(self.zig), "version"]),
+            "zig_target": self.zig_target,
+            "nvcc": _first_line([str(self.nvcc), "--version"], pick=_NVCC_RELEASE),
+            "cuda_host_compiler": _first_line([str(self.cuda_host_compiler), "--version"]),
+            "ccache": _first_line([str(self.ccache), "--version"]) if self.ccache else "not used",
+        }
+
+
+def _first_line(command: list[str], pick: re.Pattern[str] | None = None) -> str:
+    text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    if pick is not None and (match := pick.search(text)):
+        return match.group(1)
+    return text.strip().splitlines()[0]
+
+
+def zig_target(manifest: Manifest) -> str:
+    major, minor = manifest.build.glibc
+    return f"x86_64-linux-gnu.{major}.{minor}"
+
+
+def _write_wrapper(path: Path, argv: list[str]) -> Path:
+    # CMake wants one executable per compiler, so `zig c++ -target …` is wrapped in a script.
+    quoted = " ".join(f"'{arg}'" for arg in argv)
+    text = f'#!/bin/sh\nexec {quoted} "$@"\n'
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(path)
+    return path
+
+
+def _find_zig() -> Path:
+    try:
+        import ziglang  # the pinned ziglang distribution of the build dependency group
+    except ImportError as error:
+        raise BuildError(
+            "toolchain: the pinned `ziglang` is not installed in this environment "
+            f"({sys.executable}); install the `build` dependency group of pyproject.toml"
+        ) from error
+    zig = Path(ziglang.__file__).parent / "zig"
+    if not zig.is_file():
+        raise BuildError(f"toolchain: ziglang has no zig binary at {zig}")
+    return zig
+
+
+def _cuda_major_minor(nvcc: Path) -> str:
+    return _first_line([str(nvcc), "--version"], pick=_NVCC_RELEASE)
+
+
+def _system_nvcc() -> Path | None:
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    for root in filter(None, candidates):
+        if (nvcc := Path(root) / "bin" / "nvcc").is_file():
+            return nvcc
+    found = shutil.which("nvcc")
+    return Path(found) if found else None
+
+
+def _install_cuda_wheels(target: Path) -> Path:
+    """Installs the pinned NVIDIA compiler wheels into `target`; returns the CUDA root."""
+    root = target / "nvidia" / "cu13"
+    if not (root / "bin" / "nvcc").is_file():
+        pins = dependency_group("cuda-compiler")
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(staging), *pins],
+            check=True,
+        )
+        shutil.rmtree(target, ignore_errors=True)
+        staging.replace(target)
+    # nvcc.profile searches lib64; FindCUDAToolkit wants the unversioned libcudart.so.
+    lib64 = root / "lib64"
+    if not lib64.exists():
+        lib64.symlink_to("lib")
+    unversioned = root / "lib" / "libcudart.so"
+    if not unversioned.exists():
+        versioned = sorted((root / "lib").glob("libcudart.so.*"))
+        if not versioned:
+            raise BuildError(f"toolchain: no libcudart.so.* under {root / 'lib'}")
+        unversioned.symlink_to(versioned[0].name)
+    return root
+
+
+def resolve_toolchain(manifest: Manifest, state_dir: Path) -> Toolchain:
+    """Finds or installs every compiler the manifest's toolchain needs."""
+    tool_dir = state_dir / "toolchain"
+    target = zig_target(manifest)
+    wrapper_dir = tool_dir / f"zig-{target}"
+    wrapper_dir.mkdir(parents=True, exist_ok=True)
+    zig = _find_zig()
+
+    nvcc = _system_nvcc()
+    if nvcc is None:
+        print("toolchain: no CUDA toolkit found; installing the pinned NVIDIA compiler wheels")
+        cuda_root = _install_cuda_wheels(tool_dir / "cuda-wheels")
+        nvcc = cuda_root / "bin" / "nvcc"
+    cuda_root = nvcc.resolve().parent.parent
+    declared = manifest.build.cuda.version
+    found = _cuda_major_minor(nvcc)
+    if found != declared:
+        raise BuildError(
+            f"{manifest.path}: build.cuda.version: expected the CUDA compiler to be {declared}; "
+            f"{nvcc} is {found}"
+        )
+
+    host_name = manifest.build.toolchain.cuda_host_compiler
+    host = shutil.which(host_name)
+    if host is None:
+        raise BuildError(
+            f"{manifest.path}: build.toolchain.cuda_host_compiler: expected a program on PATH; "
+            f"{host_name!r} was not found"
+        )
+    ccache = shutil.which("ccache")
+    return Toolchain(
+        zig=zig,
+        # The names contain "clang" so ccache treats the wrappers as the clang they are.
+        cc=_write_wrapper(wrapper_dir / "zig-clang", [str(zig), "cc", "-target", target]),
+        cxx=_write_wrapper(wrapper_dir / "zig-clang++", [str(zig), "c++", "-target", target]),
+        ar=_write_wrapper(wrapper_dir / "zig-ar", [str(zig), "ar"]),
+        ranlib=_write_wrapper(wrapper_dir / "zig-ranlib", [str(zig), "ranlib"]),
+        zig_target=target,
+        nvcc=nvcc,
+        cuda_root=cuda_root,
+        cuda_host_compiler=Path(host),
+        ccache=Path(ccache) if ccache else None,
+        cache_dir=state_dir / "cache",
+    )

@@ -1,0 +1,72 @@
+"""Small, valid, pure-Python wheels for tests of the sign, publish and verify steps.
+
+The wheels are deterministic: the same arguments give the same bytes (fixed zip timestamps), so a
+"rebuild" with the same arguments is identical and one with a different ``salt`` is not.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+_DATE_TIME = (2020, 2, 2, 0, 0, 0)
+
+
+def _record_hash(data: bytes) -> str:
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def build_wheel(
+    dest_dir: Path,
+    *,
+    name: str = "activekv",
+    version: str = "0.1.0",
+    module: str = "_probe",
+    module_text: str = "VALUE = 42\n",
+    salt: str = "",
+    tag: str = "py3-none-any",
+) -> Path:
+    """Write ``<name>-<version>-<tag>.whl`` holding ``<name>/<module>.py`` into ``dest_dir``.
+
+    ``salt`` changes the module's bytes (as a comment) without changing its behaviour.
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dist_info = f"{name}-{version}.dist-info"
+    source = module_text + (f"# build salt: {salt}\n" if salt else "")
+    files: list[tuple[str, bytes]] = [
+        (f"{name}/{module}.py", source.encode("utf-8")),
+        (
+            f"{dist_info}/METADATA",
+            (
+                "Metadata-Version: 2.1\n"
+                f"Name: {name}\n"
+                f"Version: {version}\n"
+                "Summary: test fixture wheel\n"
+                "Requires-Python: >=3.8\n"
+            ).encode("utf-8"),
+        ),
+        (
+            f"{dist_info}/WHEEL",
+            (
+                "Wheel-Version: 1.0\n"
+                "Generator: tests.fixtures_wheels\n"
+                "Root-Is-Purelib: true\n"
+                f"Tag: {tag}\n"
+            ).encode("utf-8"),
+        ),
+    ]
+    record_lines = [f"{path},{_record_hash(data)},{len(data)}" for path, data in files]
+    record_lines.append(f"{dist_info}/RECORD,,")
+    files.append((f"{dist_info}/RECORD", ("\n".join(record_lines) + "\n").encode("utf-8")))
+
+    path = dest_dir / f"{name}-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for member, data in files:
+            info = zipfile.ZipInfo(member, date_time=_DATE_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    return path

@@ -1,0 +1,500 @@
+"""The manifest schema: the real manifest loads, and each malformed variant fails for its reason."""
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from release.errors import ManifestError
+from release.manifest import Manifest, load_manifest
+
+REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
+SHA = "ab" * 32
+
+Transform = Callable[[str], str]
+
+
+def replace(old: str, new: str) -> Transform:
+    """Replace the one occurrence of ``old``."""
+
+    def apply(text: str) -> str:
+        assert text.count(old) == 1, f"{old!r} must occur once in {REAL.name}"
+        return text.replace(old, new)
+
+    return apply
+
+
+def drop_line(pattern: str) -> Transform:
+    """Remove the first line that matches ``pattern`` (a regex anchored at line start)."""
+
+    def apply(text: str) -> str:
+        new, count = re.subn(rf"^{pattern}.*\n", "", text, count=1, flags=re.M)
+        assert count == 1, f"no line matches {pattern!r}"
+        return new
+
+    return apply
+
+
+def drop_table(name: str, instead: str = "") -> Transform:
+    """Remove the table ``[name]`` (header, keys and comments up to the next header)."""
+
+    def apply(text: str) -> str:
+        table = rf"^\[{re.escape(name)}\]\n(?:[^\[\n].*\n|\n)*"
+        new, count = re.subn(table, instead, text, count=1, flags=re.M)
+        assert count == 1, f"no table [{name}]"
+        return new
+
+    return apply
+
+
+def append(extra: str) -> Transform:
+    return lambda text: text + extra
+
+
+def shim(**changes: str) -> Transform:
+    fields = {"path": "activekv/vllm_hook.py", "framework": "vllm", "version": "0.33.0"}
+    fields["sha256"] = SHA
+    fields.update(changes)
+    body = ", ".join(f'{key} = "{value}"' for key, value in fields.items() if value != "-")
+    return replace("shims = []", f"shims = [{{{body}}}]")
+
+
+def load_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Manifest:
+    monkeypatch.chdir(tmp_path)
+    Path("bad.toml").write_text(text, encoding="utf-8")
+    return load_manifest(Path("bad.toml"))
+
+
+def errors_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> list[str]:
+    with pytest.raises(ManifestError) as caught:
+        load_text(tmp_path, monkeypatch, text)
+    return str(caught.value).splitlines()
+
+
+# --- the real manifest ---
+
+
+def test_real_manifest_loads() -> None:
+    manifest = load_manifest(REAL)
+    assert manifest.path == REAL
+    assert manifest.schema_version == 1
+    assert manifest.release.name == "activekv"
+    assert manifest.release.default_channel == "dev"
+    assert manifest.channel("stable").requires == ("policy", "payload", "warmup")
+    assert manifest.channel("dev").signing == "dev"
+    assert manifest.build.python == ("3.10", "3.11", "3.12", "3.13")
+    assert manifest.build.glibc == (2, 28)
+    assert manifest.build.arch == "x86_64"
+    assert manifest.build.abi3_python == "3.12"
+    assert manifest.build.toolchain.kind == "hermetic"
+    assert manifest.build.cuda.architectures == ("80", "90", "100")
+    assert manifest.payload.shims == ()
+    assert manifest.gates["warmup"].runner == "gpu"
+    assert manifest.gates["warmup"].warmup_steps == 32
+    assert manifest.gates["policy"].steady_steps is None
+    assert manifest.sign["dev"].generated
+    assert not manifest.sign["stable"].generated
+    assert manifest.publish.embedded
+    assert manifest.publish.state_dir == ".activekv"
+
+
+def test_manifest_is_frozen() -> None:
+    manifest = load_manifest(REAL)
+    with pytest.raises(ValidationError):
+        manifest.build.platform = "manylinux_2_17_x86_64"
+
+
+def test_unknown_channel_names_the_known_ones() -> None:
+    manifest = load_manifest(REAL)
+    with pytest.raises(ManifestError) as caught:
+        manifest.channel("nightly")
+    assert str(caught.value) == (
+        f'{REAL}: release.channels: expected a channel "dev" or "stable"; got "nightly"'
+    )
+
+
+def test_valid_variants_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = REAL.read_text(encoding="utf-8")
+    for transform in (
+        shim(),
+        replace('key = "file:/etc/activekv/stable-signing-key.pem"', 'key = "gcpkms:projects/p/k"'),
+        replace('index = "embedded"', 'index = "http://127.0.0.1:8080/simple/"'),
+        replace('platform = "manylinux_2_28_x86_64"', 'platform = "manylinux_2_17_aarch64"'),
+    ):
+        manifest = load_text(tmp_path, monkeypatch, transform(text))
+        assert manifest.path == Path("bad.toml")
+
+
+# --- malformed manifests: (transformation of the real one, dotted key, expected fragment) ---
+
+CASES = [
+    # structure
+    pytest.param(append("\n[extra]\nx = 1\n"), "extra", "one of the keys schema_version", id="top"),
+    pytest.param(
+        replace('[gates.policy]\nrunner = "cpu"', '[gates.policy]\nrunner = "cpu"\ntimeout = 5'),
+        "gates.policy.timeout",
+        "one of the keys runner, warmup_steps, steady_steps",
+        id="unknown-nested-key",
+    ),
+    pytest.param(drop_table("publish"), "publish", "this key (it is required)", id="no-publish"),
+    pytest.param(drop_table("build.cuda"), "build.cuda", "it is required", id="no-cuda"),
+    pytest.param(drop_line("username = "), "publish.username", "required", id="no-username"),
+    pytest.param(drop_line('runner = "cpu"'), "gates.policy.runner", "required", id="no-runner"),
+    pytest.param(
+        drop_table("build.toolchain", 'toolchain = "zig"\n\n'),
+        "build.toolchain",
+        "a table",
+        id="table-as-string",
+    ),
+    pytest.param(
+        replace("[gates.policy]", '[gates."Policy!"]'),
+        "gates.Policy!",
+        "(as a table name)",
+        id="bad-table-name",
+    ),
+    # types
+    pytest.param(
+        replace("schema_version = 1", 'schema_version = "1"'),
+        "schema_version",
+        "an integer",
+        id="t1",
+    ),
+    pytest.param(
+        replace("schema_version = 1", "schema_version = 2"), "schema_version", "1", id="v2"
+    ),
+    pytest.param(
+        replace('python = ["3.10", "3.11", "3.12", "3.13"]', 'python = "3.12"'),
+        "build.python",
+        "an array",
+        id="python-not-array",
+    ),
+    pytest.param(
+        replace("warmup_steps = 32", 'warmup_steps = "32"'),
+        "gates.warmup.warmup_steps",
+        "an integer",
+        id="steps-string",
+    ),
+    pytest.param(
+        replace("warmup_steps = 32", "warmup_steps = true"),
+        "gates.warmup.warmup_steps",
+        "an integer",
+        id="steps-bool",
+    ),
+    pytest.param(
+        replace('["80", "90", "100"]', '[80, "90", "100"]'),
+        "build.cuda.architectures[0]",
+        "a string",
+        id="arch-int",
+    ),
+    # release
+    pytest.param(
+        replace('name = "activekv"', 'name = "active kv"'),
+        "release.name",
+        "a distribution name",
+        id="name",
+    ),
+    pytest.param(
+        replace('version_source = "pyproject"', 'version_source = "git"'),
+        "release.version_source",
+        '"pyproject"',
+        id="version-source",
+    ),
+    pytest.param(
+        replace('default_channel = "dev"', 'default_channel = "nightly"'),
+        "release.default_channel",
+        'a declared channel "dev" or "stable"',
+        id="default-channel",
+    ),
+    pytest.param(
+        replace("[release.channels.stable]", "[release.channels.beta]"),
+        "release.channels",
+        'channels that include "dev" and "stable"',
+        id="no-stable-channel",
+    ),
+    pytest.param(
+        replace('"policy", "payload", "warmup"]', '"policy", "payload", "speed"]'),
+        "release.channels.stable.requires[2]",
+        "a gate declared in [gates.*]",
+        id="unknown-gate",
+    ),
+    pytest.param(
+        replace('requires = ["policy", "payload"]', "requires = []"),
+        "release.channels.dev.requires",
+        "a non-empty array",
+        id="requires-empty",
+    ),
+    pytest.param(
+        replace('requires = ["policy", "payload"]', 'requires = ["policy", "policy"]'),
+        "release.channels.dev.requires",
+        "without duplicates",
+        id="requires-duplicate",
+    ),
+    pytest.param(
+        replace('signing = "stable"', 'signing = "prod"'),
+        "release.channels.stable.signing",
+        'a key declared in [sign.*], "dev" or "stable"',
+        id="unknown-signing",
+    ),
+    pytest.param(
+        replace('signing = "stable"', 'signing = "dev"'),
+        "release.channels.stable.signing",
+        'whose key is not "generate"',
+        id="stable-signed-by-dev",
+    ),
+    # build
+    pytest.param(
+        replace('"3.10", "3.11", "3.12", "3.13"]', '"3.10", "3.x", "3.12", "3.13"]'),
+        "build.python[1]",
+        'a Python version "3.N"',
+        id="python-element",
+    ),
+    pytest.param(
+        replace('"3.10", "3.11", "3.12", "3.13"]', '"3.7", "3.11", "3.12", "3.13"]'),
+        "build.python[0]",
+        "N from 8 to 14",
+        id="python-too-old",
+    ),
+    pytest.param(
+        replace('"3.10", "3.11", "3.12", "3.13"]', '"3.11", "3.10", "3.12", "3.13"]'),
+        "build.python",
+        "in ascending order",
+        id="python-unsorted",
+    ),
+    pytest.param(
+        replace('"3.10", "3.11", "3.12", "3.13"]', '"3.10", "3.12", "3.12", "3.13"]'),
+        "build.python",
+        "without duplicates",
+        id="python-duplicate",
+    ),
+    pytest.param(
+        replace('stable_abi_from = "3.12"', 'stable_abi_from = "3.11"'),
+        "build.stable_abi_from",
+        '"3.12" or newer',
+        id="abi3-too-old",
+    ),
+    pytest.param(
+        replace('stable_abi_from = "3.12"', 'stable_abi_from = "3.14"'),
+        "build.stable_abi_from",
+        'one of build.python, "3.10", "3.11", "3.12" or "3.13"',
+        id="abi3-not-built",
+    ),
+    pytest.param(
+        replace('platform = "manylinux_2_28_x86_64"', 'platform = "linux_x86_64"'),
+        "build.platform",
+        '"manylinux_<major>_<minor>_x86_64"',
+        id="platform",
+    ),
+    pytest.param(
+        replace('build_type = "Release"', 'build_type = "Debug"'),
+        "build.build_type",
+        'one of "Release" or "RelWithDebInfo"',
+        id="build-type",
+    ),
+    pytest.param(
+        replace('kind = "hermetic"', 'kind = "docker"'),
+        "build.toolchain.kind",
+        '"hermetic" or "cibuildwheel"',
+        id="toolchain",
+    ),
+    pytest.param(
+        replace('cuda_host_compiler = "g++"', 'cuda_host_compiler = "g ++"'),
+        "build.toolchain.cuda_host_compiler",
+        "a program name without spaces",
+        id="host-compiler",
+    ),
+    pytest.param(
+        replace('version = "13.0"', 'version = "13"'),
+        "build.cuda.version",
+        'a CUDA version such as "13.0"',
+        id="cuda-version",
+    ),
+    pytest.param(
+        replace('["80", "90", "100"]', '["80", "90", "101"]'),
+        "build.cuda.architectures[2]",
+        'a compute capability, one of "75", "80"',
+        id="arch-unknown",
+    ),
+    pytest.param(
+        replace('["80", "90", "100"]', '["80", "100"]'),
+        "build.cuda.architectures",
+        'include "80" and "90"',
+        id="arch-no-90",
+    ),
+    pytest.param(
+        replace('["80", "90", "100"]', '["80", "90", "90"]'),
+        "build.cuda.architectures",
+        "without duplicates",
+        id="arch-duplicate",
+    ),
+    pytest.param(
+        replace('["80", "90", "100"]', "[]"),
+        "build.cuda.architectures",
+        "a non-empty array",
+        id="arch-empty",
+    ),
+    pytest.param(
+        replace('runtime = "static"', 'runtime = "shared"'),
+        "build.cuda.runtime",
+        '"static"',
+        id="cuda-runtime",
+    ),
+    # payload
+    pytest.param(
+        replace('"typed-marker", "metadata"]', '"typed-marker", "metadata", "binary"]'),
+        "payload.allowed_kinds[4]",
+        'one of "extension", "stub",',
+        id="kind-unknown",
+    ),
+    pytest.param(
+        replace('"typed-marker", "metadata"]', '"typed-marker", "stub"]'),
+        "payload.allowed_kinds",
+        "file kinds without duplicates",
+        id="kind-duplicate",
+    ),
+    pytest.param(
+        shim(path="vllm/hook.py"),
+        "payload.shims[0].path",
+        '"activekv/<name>.py"',
+        id="shim-outside",
+    ),
+    pytest.param(
+        shim(path="activekv/../hook.py"),
+        "payload.shims[0].path",
+        "inside the package",
+        id="shim-dotdot",
+    ),
+    pytest.param(
+        shim(path="activekv/hook.so"), "payload.shims[0].path", ".py", id="shim-not-python"
+    ),
+    pytest.param(
+        shim(version=">=0.33"), "payload.shims[0].version", "an exact version", id="shim-range"
+    ),
+    pytest.param(
+        shim(sha256="ABC"), "payload.shims[0].sha256", "64 lowercase hex digits", id="shim-sha"
+    ),
+    pytest.param(shim(framework="-"), "payload.shims[0].framework", "required", id="shim-missing"),
+    # gates
+    pytest.param(
+        replace('[gates.payload]\nrunner = "cpu"', '[gates.payload]\nrunner = "tpu"'),
+        "gates.payload.runner",
+        'one of "cpu" or "gpu"',
+        id="runner",
+    ),
+    pytest.param(
+        drop_line("steady_steps = "),
+        "gates.warmup.steady_steps",
+        "a positive integer (a gpu gate needs it)",
+        id="gpu-gate-steps",
+    ),
+    pytest.param(
+        replace("warmup_steps = 32", "warmup_steps = 0"),
+        "gates.warmup.warmup_steps",
+        "an integer greater than 0",
+        id="steps-zero",
+    ),
+    # sign
+    pytest.param(
+        replace('key = "file:/etc/activekv/stable-signing-key.pem"', 'key = "vault:secret/k"'),
+        "sign.stable.key",
+        "with scheme",
+        id="key-scheme",
+    ),
+    pytest.param(
+        replace('key = "file:/etc/activekv/stable-signing-key.pem"', 'key = "file:key.pem"'),
+        "sign.stable.key",
+        '"file:<absolute path>"',
+        id="key-relative-file",
+    ),
+    # publish
+    pytest.param(
+        replace('index = "embedded"', 'index = "http://pypi.example.com/simple/"'),
+        "publish.index",
+        "http:// only for 127.0.0.1 or localhost",
+        id="index-http",
+    ),
+    pytest.param(
+        replace('index = "embedded"', 'index = "https://u:p@pypi.example.com/simple/"'),
+        "publish.index",
+        "without credentials",
+        id="index-credentials",
+    ),
+    pytest.param(
+        replace('username = "activekv-publisher"', 'username = "active kv"'),
+        "publish.username",
+        "[A-Za-z0-9._-]",
+        id="username",
+    ),
+    pytest.param(
+        replace('state_dir = ".activekv"', 'state_dir = "../state"'),
+        "publish.state_dir",
+        'a relative path without ".."',
+        id="state-dotdot",
+    ),
+    pytest.param(
+        replace('state_dir = ".activekv"', 'state_dir = "/var/lib/activekv"'),
+        "publish.state_dir",
+        "a relative path",
+        id="state-absolute",
+    ),
+]
+
+
+@pytest.mark.parametrize(("transform", "key", "expected"), CASES)
+def test_malformed_manifest(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    transform: Transform,
+    key: str,
+    expected: str,
+) -> None:
+    lines = errors_of(tmp_path, monkeypatch, transform(REAL.read_text(encoding="utf-8")))
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"bad.toml: {key}: expected "), lines[0]
+    assert expected in lines[0].split(": expected ", 1)[1], lines[0]
+    assert "; got " in lines[0]
+
+
+def test_error_shows_the_value_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = replace('build_type = "Release"', 'build_type = "Debug"')(REAL.read_text())
+    assert errors_of(tmp_path, monkeypatch, text) == [
+        'bad.toml: build.build_type: expected one of "Release" or "RelWithDebInfo"; got "Debug"'
+    ]
+
+
+def test_several_errors_one_per_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = REAL.read_text(encoding="utf-8")
+    text = replace('build_type = "Release"', 'build_type = "Debug"')(text)
+    text = replace('runtime = "static"', 'runtime = "shared"')(text)
+    text = drop_line("username = ")(text)
+    keys = [line.split(": ")[1] for line in errors_of(tmp_path, monkeypatch, text)]
+    assert keys == ["build.build_type", "build.cuda.runtime", "publish.username"]
+
+
+def test_syntax_error_names_line_and_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = replace('name = "activekv"', 'name = "activekv')(REAL.read_text(encoding="utf-8"))
+    line = 1 + text.splitlines().index('name = "activekv')
+    [message] = errors_of(tmp_path, monkeypatch, text)
+    assert message.startswith(f"bad.toml: line {line}, column "), message
+    assert "expected valid TOML; got " in message
+
+
+def test_duplicate_key_is_a_syntax_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = replace("schema_version = 1", "schema_version = 1\nschema_version = 1")(REAL.read_text())
+    [message] = errors_of(tmp_path, monkeypatch, text)
+    assert message.startswith("bad.toml: line 4, column "), message
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "manifests" / "nope.toml"
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(missing)
+    assert str(caught.value) == f"{missing}: expected a manifest file; got no such file"
+
+
+def test_directory_is_not_a_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match=re.escape(f"{tmp_path}: expected a readable")):
+        load_manifest(tmp_path)
