@@ -1,4 +1,4 @@
-"""The ActiveKV release pipeline: build, audit, gate, sign, publish and verify, driven by the manifest.
+"""The ActiveKV release pipeline: build, audit, gate, sign, publish, verify, from the manifest.
 
 Each step is a module of its own and usable alone through ``python -m release <step>``.
 """

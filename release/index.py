@@ -22,14 +22,18 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from html.parser import HTMLParser
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from passlib.apache import HtpasswdFile
-
 from release.errors import PackageIndexError
+
+with warnings.catch_warnings():
+    # passlib 1.7.4 imports the stdlib `crypt` module, deprecated since Python 3.11.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from passlib.apache import HtpasswdFile
 
 _HOST = "127.0.0.1"
 _STOP_TIMEOUT_S = 10.0
@@ -103,6 +107,7 @@ class EmbeddedIndex:
             document = json.dumps({"username": self._username, "password": password}, indent=2)
             with contextlib.suppress(FileExistsError):
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                os.fchmod(fd, 0o600)  # whatever the umask
                 with os.fdopen(fd, "w", encoding="utf-8") as stream:
                     stream.write(document + "\n")
         mode = stat.S_IMODE(path.stat().st_mode)

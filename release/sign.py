@@ -105,6 +105,7 @@ def _generated_signer(state_dir: Path, channel: str) -> tuple[Signer, Key]:
         except FileExistsError:
             pass  # another run generated it first: load theirs below
         else:
+            os.fchmod(fd, _PRIVATE_MODE)  # whatever the umask
             with os.fdopen(fd, "wb") as stream:
                 stream.write(generated.private_bytes)
                 stream.flush()

@@ -109,21 +109,14 @@ def _verify_one(
     venv, downloads, scratch = root / "venv", root / "downloads", root / "cwd"
     for directory in (downloads, scratch):
         directory.mkdir(parents=True)
-    _run(
-        [str(interpreter), "-m", "venv", str(venv)],
-        env,
-        scratch,
-        f"creating a venv with {interpreter}",
-    )
-    python = venv / "bin" / "python"
-    version = _run([str(python), "-I", "-c", _VERSION_PROBE], env, scratch, "probe").strip()
+    _run([str(interpreter), "-m", "venv", str(venv)], env, scratch, f"venv with {interpreter}")
+    python = str(venv / "bin" / "python")
+    version = _run([python, "-I", "-c", _VERSION_PROBE], env, scratch, "version probe").strip()
     who = f"{interpreter} (Python {version})"
 
-    _run(
-        [str(python), "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-         "--index-url", simple_url, "-d", str(downloads), requirement],
-        env, scratch, f"pip download of {requirement} from {simple_url} for {who}",
-    )  # fmt: skip
+    download = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    download += ["--index-url", simple_url, "-d", str(downloads), requirement]
+    _run(download, env, scratch, f"pip download of {requirement} from {simple_url} for {who}")
     fetched = sorted(downloads.iterdir())
     if len(fetched) != 1 or fetched[0].suffix != ".whl":
         names = ", ".join(p.name for p in fetched) or "nothing"
@@ -141,18 +134,11 @@ def _verify_one(
             f"the signed statement expects {signed[wheel.name]}"
         )
 
-    _run(
-        [str(python), "-m", "pip", "install", "--no-index", "--no-deps", str(wheel)],
-        env, scratch, f"pip install of {wheel.name} into {venv}",
-    )  # fmt: skip
-    report = json.loads(
-        _run(
-            [str(python), "-I", "-c", _IMPORT_PROBE, *imports],
-            env,
-            scratch,
-            f"importing {', '.join(imports)} from {wheel.name} with {who}",
-        )  # fmt: skip
-    )
+    install = [python, "-m", "pip", "install", "--no-index", "--no-deps", str(wheel)]
+    _run(install, env, scratch, f"pip install of {wheel.name} into {venv}")
+    probe = [python, "-I", "-c", _IMPORT_PROBE, *imports]
+    what = f"importing {', '.join(imports)} from {wheel.name} with {who}"
+    report = json.loads(_run(probe, env, scratch, what))
     prefix = Path(report["prefix"]).resolve()
     for name, location in report["modules"].items():
         if location is not None and not Path(location).resolve().is_relative_to(prefix):

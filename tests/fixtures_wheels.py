@@ -46,7 +46,7 @@ def build_wheel(
                 f"Version: {version}\n"
                 "Summary: test fixture wheel\n"
                 "Requires-Python: >=3.8\n"
-            ).encode("utf-8"),
+            ).encode(),
         ),
         (
             f"{dist_info}/WHEEL",
@@ -55,7 +55,7 @@ def build_wheel(
                 "Generator: tests.fixtures_wheels\n"
                 "Root-Is-Purelib: true\n"
                 f"Tag: {tag}\n"
-            ).encode("utf-8"),
+            ).encode(),
         ),
     ]
     record_lines = [f"{path},{_record_hash(data)},{len(data)}" for path, data in files]

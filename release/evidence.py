@@ -1,0 +1,93 @@
+"""Evidence records: what each gate judged, its verdict and figures, bound to artefact digests.
+
+Every gate writes one JSON file under `<out>/evidence/`. Publishing reads them back and refuses
+unless each gate the channel requires passed on exactly the digests being published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from release.errors import GateError
+
+Verdict = Literal["pass", "fail", "not-run"]
+EVIDENCE_SCHEMA = "activekv.evidence/v1"
+
+
+def runner_identity() -> dict[str, str]:
+    """Where a gate ran. GPU gates add the GPU name and the driver."""
+    return {
+        "kind": "cpu",
+        "host": socket.gethostname(),
+        "machine": platform.machine(),
+        "system": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+@dataclass(frozen=True)
+class Evidence:
+    gate: str
+    verdict: Verdict
+    artefacts: dict[str, str]  # wheel file name -> sha256
+    figures: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    runner: dict[str, str] = field(default_factory=runner_identity)
+    tools: dict[str, str] = field(default_factory=dict)
+    time: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    schema: str = EVIDENCE_SCHEMA
+
+
+def evidence_path(out_dir: Path, gate: str) -> Path:
+    return out_dir / "evidence" / f"{gate}.json"
+
+
+def write_evidence(out_dir: Path, evidence: Evidence) -> Path:
+    path = evidence_path(out_dir, evidence.gate)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(asdict(evidence), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_evidence(out_dir: Path, gate: str) -> Evidence | None:
+    path = evidence_path(out_dir, gate)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise GateError(f"{path}: expected an evidence record in JSON; {error}") from error
+    if not isinstance(data, dict) or data.get("schema") != EVIDENCE_SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise GateError(f"{path}: schema: expected {EVIDENCE_SCHEMA!r}; got {got!r}")
+    try:
+        return Evidence(**data)
+    except TypeError as error:
+        raise GateError(f"{path}: expected the fields of an evidence record; {error}") from error
+
+
+def evidence_problems(out_dir: Path, gates: tuple[str, ...], digests: dict[str, str]) -> list[str]:
+    """Why the evidence forbids publishing `digests`; empty when every gate passed on them."""
+    problems: list[str] = []
+    for gate in gates:
+        evidence = read_evidence(out_dir, gate)
+        if evidence is None:
+            problems.append(f"{gate}: no evidence at {evidence_path(out_dir, gate)}")
+        elif evidence.verdict != "pass":
+            detail = f" ({evidence.reason})" if evidence.reason else ""
+            problems.append(f"{gate}: verdict is {evidence.verdict}{detail}")
+        elif evidence.artefacts != digests:
+            problems.append(
+                f"{gate}: evidence names {sorted(evidence.artefacts.items())}, "
+                f"not the artefacts being published {sorted(digests.items())}"
+            )
+    return problems

@@ -1,0 +1,96 @@
+"""The policy gate: `auditwheel show` reports a policy no newer than the manifest's, the wheel's
+tags claim no newer one, and no CUDA library is vendored or needed at load time.
+
+Static cudart loads libcuda with dlopen, so a wheel that names a CUDA library in DT_NEEDED or
+ships one under `activekv.libs/` would tie users to one CUDA install: both fail here.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+from packaging.utils import parse_wheel_filename
+
+from release.digests import sha256_file
+from release.errors import GateError
+from release.evidence import Evidence, write_evidence
+from release.manifest import Manifest
+
+_CUDA_LIBRARY = re.compile(
+    r"^lib(cuda|cudart|cublas|cublasLt|cufft|curand|cusparse|cusolver|cupti|nvrtc|nvJitLink|"
+    r"nccl|cudnn|nvinfer|nvToolsExt)\b"
+)
+_SHOWN_POLICY = re.compile(r'platform tag:\s*"(manylinux_(\d+)_(\d+)_\w+)"')
+_TAG_GLIBC = re.compile(r"^manylinux_(\d+)_(\d+)_")
+
+
+def shown_policy(wheel: Path) -> tuple[str, tuple[int, int]]:
+    """The platform tag `auditwheel show` reports, and its glibc version."""
+    result = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True, text=True
+    )
+    text = " ".join((result.stdout + result.stderr).split())
+    match = _SHOWN_POLICY.search(text)
+    if result.returncode != 0 or match is None:
+        raise GateError(f"{wheel}: auditwheel show gave no platform tag: {text[-800:]}")
+    return match.group(1), (int(match.group(2)), int(match.group(3)))
+
+
+def _cuda_references(wheel: Path) -> list[str]:
+    problems: list[str] = []
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            base = Path(name).name
+            if _CUDA_LIBRARY.match(base):
+                problems.append(f"{name}: a vendored CUDA library")
+            if ".so" not in base:
+                continue
+            elf = ELFFile(io.BytesIO(archive.read(name)))
+            dynamic = elf.get_section_by_name(".dynamic")
+            if isinstance(dynamic, DynamicSection):
+                for tag in dynamic.iter_tags():
+                    if tag.entry.d_tag == "DT_NEEDED" and _CUDA_LIBRARY.match(tag.needed):
+                        problems.append(f"{name}: needs {tag.needed} (expected static cudart)")
+    return problems
+
+
+def judge_wheel(wheel: Path, declared: tuple[int, int]) -> tuple[dict[str, str], list[str]]:
+    """Figures and problems of one wheel against the declared glibc."""
+    tag, shown = shown_policy(wheel)
+    problems: list[str] = []
+    if shown > declared:
+        problems.append(f"auditwheel show reports {tag}, newer than the declared glibc {declared}")
+    for wheel_tag in parse_wheel_filename(wheel.name)[3]:
+        match = _TAG_GLIBC.match(wheel_tag.platform)
+        if match is None:
+            problems.append(f"platform tag {wheel_tag.platform} is not a manylinux tag")
+        elif (int(match.group(1)), int(match.group(2))) > declared:
+            problems.append(f"platform tag {wheel_tag.platform} is newer than the declared policy")
+    problems += _cuda_references(wheel)
+    return {"auditwheel_show": tag}, [f"{wheel.name}: {p}" for p in problems]
+
+
+def run_policy_gate(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) -> Evidence:
+    declared = manifest.build.glibc
+    figures: dict[str, dict[str, str]] = {}
+    problems: list[str] = []
+    for wheel in wheels:
+        figures[wheel.name], found = judge_wheel(wheel, declared)
+        problems += found
+    evidence = Evidence(
+        gate="policy",
+        verdict="fail" if problems else "pass",
+        artefacts={wheel.name: sha256_file(wheel) for wheel in wheels},
+        figures={"declared": manifest.build.platform, "wheels": figures, "failures": problems},
+        reason="; ".join(problems),
+    )
+    write_evidence(out_dir, evidence)
+    return evidence

@@ -1,0 +1,323 @@
+"""The embedded index and the publish step against a real pypiserver with htpasswd auth, real
+twine uploads and real DSSE envelopes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import stat
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from fixtures_wheels import build_wheel
+
+from release.errors import PackageIndexError, PublishError
+from release.index import EmbeddedIndex, list_project_files
+from release.publish import ALREADY_PRESENT, UPLOADED, envelope_path_for, publish
+from release.sign import build_statement, load_signer, sign_statement, write_envelope
+
+USER = "activekv-publisher"
+MANYLINUX = "py3-none-manylinux_2_17_x86_64"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _envelope(wheels: list[Path], state_dir: Path, out: Path) -> Path:
+    """A real signed envelope over ``wheels`` (dev key generated under ``state_dir``)."""
+    signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
+    started = datetime.now(timezone.utc)
+    statement = build_statement(
+        wheels,
+        version="0.1.0",
+        channel="dev",
+        manifest_path=Path("manifests/activekv.toml"),
+        manifest_sha256="0" * 64,
+        source_commit=None,
+        source_date_epoch=1_700_000_000,
+        toolchain={"python": "3"},
+        started=started,
+        finished=started + timedelta(seconds=1),
+    )
+    write_envelope(sign_statement(statement, signer), out)
+    return out
+
+
+def _server_files(index: EmbeddedIndex) -> dict[str, tuple[int, int, str]]:
+    """name -> (inode, mtime_ns, sha256) of what the server stores."""
+    return {
+        p.name: (p.stat().st_ino, p.stat().st_mtime_ns, _sha256(p))
+        for p in sorted(index.packages_dir.iterdir())
+    }
+
+
+def _upload_requests(index: EmbeddedIndex) -> int:
+    """How many upload requests the server has logged (accepted or not)."""
+    return index.log_path.read_text().count('"POST / HTTP')
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def index(state_dir: Path) -> Iterator[EmbeddedIndex]:
+    with EmbeddedIndex(state_dir, USER) as running:
+        yield running
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+def _multipart_upload(url: str, wheel: Path, auth: tuple[str, str] | None) -> int:
+    boundary = "----activekv-test-boundary"
+    parts = []
+    for name, value in ((":action", "file_upload"), ("name", "activekv"), ("version", "0.1.0")):
+        header = f'Content-Disposition: form-data; name="{name}"'
+        parts.append(f"--{boundary}\r\n{header}\r\n\r\n{value}\r\n".encode())
+    parts.append(
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="content"; '
+            f'filename="{wheel.name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
+        + wheel.read_bytes()
+        + b"\r\n"
+    )
+    parts.append(f"--{boundary}--\r\n".encode())
+    request = urllib.request.Request(
+        url + "/",
+        data=b"".join(parts),
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        method="POST",
+    )
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_upload_needs_the_right_credentials(index: EmbeddedIndex, tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    assert _multipart_upload(index.url, wheel, auth=None) == 401
+    assert _multipart_upload(index.url, wheel, auth=(USER, "wrong-password")) == 403
+    assert _multipart_upload(index.url, wheel, auth=("someone-else", index.password)) == 403
+    assert list(index.packages_dir.iterdir()) == []
+    assert list_project_files(index.simple_url, "activekv") == {}
+    # and the right credentials are accepted: the control for the two refusals above
+    assert _multipart_upload(index.url, wheel, auth=(USER, index.password)) == 200
+    assert list_project_files(index.simple_url, "activekv") == {wheel.name: _sha256(wheel)}
+    # a re-upload is refused (409 to a client that is not twine), the file stays
+    before = _server_files(index)
+    assert _multipart_upload(index.url, wheel, auth=(USER, index.password)) == 409
+    assert _server_files(index) == before
+
+
+def test_state_files_are_private_and_hold_no_plain_password_in_htpasswd(
+    index: EmbeddedIndex,
+) -> None:
+    credentials = index.credentials_path
+    assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
+    assert json.loads(credentials.read_text()) == {"username": USER, "password": index.password}
+    assert stat.S_IMODE(index.htpasswd_path.stat().st_mode) == 0o600
+    htpasswd = index.htpasswd_path.read_text()
+    assert htpasswd.startswith(f"{USER}:")
+    assert index.password not in htpasswd
+    assert len(index.password) >= 32
+
+
+def test_unknown_project_lists_empty(index: EmbeddedIndex) -> None:
+    # --disable-fallback: a 404, never a redirect to pypi.org
+    assert list_project_files(index.simple_url, "no-such-project") == {}
+
+
+def test_url_is_refused_when_not_running(state_dir: Path) -> None:
+    with pytest.raises(PackageIndexError, match="not running"):
+        _ = EmbeddedIndex(state_dir, USER).url
+
+
+# ----------------------------------------------------------------------------- publish
+
+
+def test_publish_uploads_and_the_index_lists_identical_digests(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    wheels = [build_wheel(tmp_path / "dist"), build_wheel(tmp_path / "dist", tag=MANYLINUX)]
+    envelope = _envelope(wheels, state_dir, tmp_path / "envelope.json")
+    metadata = state_dir / "metadata"
+
+    report = publish(wheels, index, envelope=envelope, metadata_dir=metadata)
+
+    assert sorted(report.uploaded) == sorted(w.name for w in wheels)
+    assert report.already_present == ()
+    assert {f.outcome for f in report.files} == {UPLOADED}
+    assert "uploaded 2 file(s)" in report.message
+    assert list_project_files(index.simple_url, "activekv") == {w.name: _sha256(w) for w in wheels}
+    assert {n: d for n, (_, _, d) in _server_files(index).items()} == {
+        w.name: _sha256(w) for w in wheels
+    }
+    assert report.envelope_stored
+    assert report.envelope_path == envelope_path_for(metadata, "activekv", "0.1.0")
+    assert report.envelope_path.read_bytes() == envelope.read_bytes()
+
+
+def test_second_publish_of_the_same_files_uploads_nothing(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    wheels = [build_wheel(tmp_path / "dist"), build_wheel(tmp_path / "dist", tag=MANYLINUX)]
+    envelope = _envelope(wheels, state_dir, tmp_path / "envelope.json")
+    publish(wheels, index, envelope=envelope, metadata_dir=state_dir / "metadata")
+    before, uploads_before = _server_files(index), _upload_requests(index)
+    assert uploads_before == 2
+
+    # a reproducible rebuild: same bytes, fresh files
+    rebuilt = [
+        build_wheel(tmp_path / "rebuilt"),
+        build_wheel(tmp_path / "rebuilt", tag=MANYLINUX),
+    ]
+    assert [_sha256(w) for w in rebuilt] == [_sha256(w) for w in wheels]
+    report = publish(rebuilt, index, envelope=envelope, metadata_dir=state_dir / "metadata")
+
+    assert report.message == "activekv 0.1.0 already exists on the index; nothing uploaded"
+    assert report.uploaded == ()
+    assert {f.outcome for f in report.files} == {ALREADY_PRESENT}
+    assert _server_files(index) == before  # same inode, mtime and bytes
+    assert _upload_requests(index) == uploads_before  # twine was not even called
+
+
+def test_rebuilt_wheel_with_different_bytes_is_refused_and_nothing_uploaded(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    first = build_wheel(tmp_path / "dist")
+    publish(
+        [first],
+        index,
+        envelope=_envelope([first], state_dir, tmp_path / "e1.json"),
+        metadata_dir=state_dir / "metadata",
+    )
+    before = _server_files(index)
+    first_digest = _sha256(first)
+
+    changed = build_wheel(tmp_path / "rebuilt", salt="non-reproducible")
+    new_file = build_wheel(tmp_path / "rebuilt", tag=MANYLINUX)
+    assert changed.name == first.name and _sha256(changed) != first_digest
+    envelope = _envelope([changed, new_file], state_dir, tmp_path / "e2.json")
+
+    with pytest.raises(PublishError) as caught:
+        publish([changed, new_file], index, envelope=envelope, metadata_dir=state_dir / "m2")
+    message = str(caught.value)
+    assert first.name in message
+    assert first_digest in message and _sha256(changed) in message
+    assert "Nothing was uploaded" in message
+    assert _server_files(index) == before  # not even the new manylinux file
+    assert list_project_files(index.simple_url, "activekv") == {first.name: first_digest}
+    assert not (state_dir / "m2").exists()
+
+
+def test_a_new_file_not_named_by_the_stored_statement_is_refused(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    first = build_wheel(tmp_path / "dist")
+    metadata = state_dir / "metadata"
+    envelope = _envelope([first], state_dir, tmp_path / "e1.json")
+    publish([first], index, envelope=envelope, metadata_dir=metadata)
+    extra = build_wheel(tmp_path / "dist", tag=MANYLINUX)
+    envelope = _envelope([first, extra], state_dir, tmp_path / "e2.json")
+    with pytest.raises(PublishError, match="stored \\(authoritative\\) statement") as caught:
+        publish([first, extra], index, envelope=envelope, metadata_dir=metadata)
+    assert extra.name in str(caught.value)
+    assert sorted(list_project_files(index.simple_url, "activekv")) == [first.name]
+
+
+def test_an_envelope_that_does_not_cover_the_wheels_is_refused(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    signed = build_wheel(tmp_path / "dist")
+    envelope = _envelope([signed], state_dir, tmp_path / "e.json")
+    other = build_wheel(tmp_path / "other", salt="unsigned")
+    with pytest.raises(PublishError, match="does not cover") as caught:
+        publish([other], index, envelope=envelope, metadata_dir=state_dir / "metadata")
+    assert other.name in str(caught.value) and _sha256(other) in str(caught.value)
+    assert list(index.packages_dir.iterdir()) == []
+
+
+def test_envelope_is_stored_once_and_never_overwritten(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    metadata = state_dir / "metadata"
+    first_envelope = _envelope([wheel], state_dir, tmp_path / "e1.json")
+    first = publish([wheel], index, envelope=first_envelope, metadata_dir=metadata)
+    stored = first.envelope_path
+    stored_bytes, stored_inode = stored.read_bytes(), stored.stat().st_ino
+
+    # the same files signed again: a new statement (new invocation id), a different envelope
+    second_envelope = _envelope([wheel], state_dir, tmp_path / "e2.json")
+    assert second_envelope.read_bytes() != stored_bytes
+    second = publish([wheel], index, envelope=second_envelope, metadata_dir=metadata)
+
+    assert first.envelope_stored and not second.envelope_stored
+    assert second.envelope_path == stored
+    assert stored.read_bytes() == stored_bytes and stored.stat().st_ino == stored_inode
+    assert [p.name for p in metadata.iterdir()] == [stored.name]  # no temporary left behind
+
+
+@dataclass(frozen=True)
+class _Target:
+    url: str
+    simple_url: str
+    username: str
+    password: str
+
+
+def test_twine_failure_is_reported_with_the_password_redacted(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    envelope = _envelope([wheel], state_dir, tmp_path / "e.json")
+    wrong = "Wr0ng-" + index.password[::-1]
+    target = _Target(index.url, index.simple_url, USER, wrong)
+    with pytest.raises(PublishError) as caught:
+        publish([wheel], target, envelope=envelope, metadata_dir=state_dir / "metadata")
+    message = str(caught.value)
+    assert "403" in message and wheel.name in message
+    assert wrong not in message and index.password not in message
+    assert list(index.packages_dir.iterdir()) == []
+    assert not (state_dir / "metadata").exists()  # nothing published: no statement stored
+
+
+def test_state_persists_across_two_index_sessions(state_dir: Path, tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    envelope = _envelope([wheel], state_dir, tmp_path / "e.json")
+    with EmbeddedIndex(state_dir, USER) as first:
+        publish([wheel], first, envelope=envelope, metadata_dir=state_dir / "metadata")
+        password, htpasswd = first.password, first.htpasswd_path.read_bytes()
+        first_url = first.url
+
+    with EmbeddedIndex(state_dir, USER) as second:
+        assert second.password == password
+        assert second.htpasswd_path.read_bytes() == htpasswd
+        assert list_project_files(second.simple_url, "activekv") == {wheel.name: _sha256(wheel)}
+        report = publish([wheel], second, envelope=envelope, metadata_dir=state_dir / "metadata")
+        assert report.uploaded == ()
+    # the first server really stopped
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(first_url + "/simple/", timeout=2)
+
+
+def test_credentials_for_another_user_are_refused(state_dir: Path) -> None:
+    with EmbeddedIndex(state_dir, USER):
+        pass
+    with pytest.raises(PackageIndexError, match="holds credentials for user"):
+        EmbeddedIndex(state_dir, "another-user").__enter__()
