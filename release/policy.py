@@ -30,6 +30,15 @@ _CUDA_LIBRARY = re.compile(
 )
 _SHOWN_POLICY = re.compile(r'platform tag:\s*"(manylinux_(\d+)_(\d+)_\w+)"')
 _TAG_GLIBC = re.compile(r"^manylinux_(\d+)_(\d+)_")
+# PEP 600's aliases for the legacy tags that auditwheel still adds beside the PEP 600 ones.
+_LEGACY_TAGS = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def tag_glibc(platform_tag: str) -> tuple[int, int] | None:
+    """The glibc version a manylinux platform tag requires, or None for another kind of tag."""
+    if match := _TAG_GLIBC.match(platform_tag):
+        return int(match.group(1)), int(match.group(2))
+    return _LEGACY_TAGS.get(platform_tag.split("_", 1)[0])
 
 
 def shown_policy(wheel: Path) -> tuple[str, tuple[int, int]]:
@@ -69,10 +78,10 @@ def judge_wheel(wheel: Path, declared: tuple[int, int]) -> tuple[dict[str, str],
     if shown > declared:
         problems.append(f"auditwheel show reports {tag}, newer than the declared glibc {declared}")
     for wheel_tag in parse_wheel_filename(wheel.name)[3]:
-        match = _TAG_GLIBC.match(wheel_tag.platform)
-        if match is None:
+        glibc = tag_glibc(wheel_tag.platform)
+        if glibc is None:
             problems.append(f"platform tag {wheel_tag.platform} is not a manylinux tag")
-        elif (int(match.group(1)), int(match.group(2))) > declared:
+        elif glibc > declared:
             problems.append(f"platform tag {wheel_tag.platform} is newer than the declared policy")
     problems += _cuda_references(wheel)
     return {"auditwheel_show": tag}, [f"{wheel.name}: {p}" for p in problems]

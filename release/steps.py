@@ -1,20 +1,43 @@
-"""The steps behind the command line; each reads the manifest and files under `<out>/`."""
+"""The steps behind the command line; each reads the manifest and the files under `<out>/`."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
+from release import summary
 from release.build import build_wheels
-from release.errors import GateError
-from release.evidence import Evidence
-from release.manifest import Manifest
+from release.digests import sha256_file
+from release.errors import GateError, PublishError
+from release.evidence import Evidence, evidence_problems
+from release.gpu import record_gpu_gates
+from release.index import EmbeddedIndex
+from release.interpreters import find_interpreter
+from release.manifest import ChannelSpec, Manifest
 from release.payload import run_payload_gate
+from release.pins import project_version
 from release.policy import run_policy_gate
 from release.progress import console
+from release.publish import envelope_path_for, publish
+from release.records import read_record, write_record
+from release.sign import (
+    build_statement,
+    load_signer,
+    read_and_verify_envelope,
+    sign_statement,
+    write_envelope,
+    write_public_key,
+)
+from release.verify import verify_from_index
+
+MODULES = ("activekv._engine", "activekv._fabric")
 
 
 @dataclass(frozen=True)
@@ -28,6 +51,22 @@ class Context:
     def wheels_dir(self) -> Path:
         return self.out_dir / "wheels"
 
+    @property
+    def metadata_dir(self) -> Path:
+        return self.state_dir / "index" / "metadata"
+
+    @property
+    def envelope_path(self) -> Path:
+        return (
+            self.out_dir
+            / "provenance"
+            / f"{self.manifest.release.name}-{project_version()}.intoto.json"
+        )
+
+    def channel(self, name: str | None) -> tuple[str, ChannelSpec]:
+        chosen = name or self.manifest.release.default_channel
+        return chosen, self.manifest.channel(chosen)
+
     def built_wheels(self) -> list[Path]:
         wheels = sorted(self.wheels_dir.glob("*.whl"))
         if not wheels:
@@ -35,6 +74,14 @@ class Context:
                 f"{self.wheels_dir}: expected built wheels; run `python -m release build`"
             )
         return wheels
+
+    def index(self) -> EmbeddedIndex:
+        if not self.manifest.publish.embedded:
+            raise PublishError(
+                f'{self.manifest.path}: publish.index: only "embedded" is supported by this '
+                f"version of the pipeline; got {self.manifest.publish.index!r}"
+            )
+        return EmbeddedIndex(self.state_dir, self.manifest.publish.username)
 
 
 def _print_verdict(evidence: Evidence) -> int:
@@ -45,19 +92,35 @@ def _print_verdict(evidence: Evidence) -> int:
     return 0 if evidence.verdict == "pass" else 1
 
 
-def step_check_manifest(context: Context) -> int:
-    console.print(f"{context.manifest.path}: valid")
-    return 0
+def _git_commit(source_dir: Path) -> str | None:
+    result = subprocess.run(
+        ["git", "-C", str(source_dir), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return result.stdout.strip() if result.returncode == 0 else None
 
 
 def step_build(context: Context, only: list[str]) -> int:
-    build_wheels(
+    started = datetime.now(timezone.utc)
+    report = build_wheels(
         context.manifest,
         source_dir=context.source_dir,
         out_dir=context.out_dir,
         state_dir=context.state_dir,
         only=only,
     )
+    write_record(context.out_dir, "build", {
+        "started": started.isoformat(),
+        "finished": datetime.now(timezone.utc).isoformat(),
+        "source_date_epoch": report.source_date_epoch,
+        "toolchain": report.toolchain,
+        "wheels": [
+            {"file": w.path.name, "python": w.python, "serves": list(w.serves),
+             "seconds": round(w.seconds, 1), "cached": w.cached, "size": w.size,
+             "sha256": sha256_file(w.path)}
+            for w in report.wheels
+        ],
+        "skipped": [{"python": s.python, "reason": s.reason} for s in report.skipped],
+    })  # fmt: skip
     return 0
 
 
@@ -67,12 +130,158 @@ def step_gate(context: Context, gate: str, wheels: list[Path]) -> int:
     return _print_verdict(runner(context.manifest, chosen, context.out_dir))
 
 
+def _signing(context: Context, channel: str, spec: ChannelSpec) -> tuple[Any, Any]:
+    key_ref = context.manifest.sign[spec.signing].key
+    return load_signer(key_ref, channel=channel, state_dir=context.state_dir)
+
+
+def step_sign(context: Context, channel_name: str | None) -> int:
+    channel, spec = context.channel(channel_name)
+    wheels = context.built_wheels()
+    build = read_record(context.out_dir, "build", "python -m release build")
+    signer, public_key = _signing(context, channel, spec)
+    statement = build_statement(
+        wheels,
+        version=project_version(),
+        channel=channel,
+        manifest_path=context.manifest.path,
+        manifest_sha256=sha256_file(context.manifest.path),
+        source_commit=_git_commit(context.source_dir),
+        source_date_epoch=int(build["source_date_epoch"]),
+        toolchain=build["toolchain"],
+        started=datetime.fromisoformat(build["started"]),
+        finished=datetime.fromisoformat(build["finished"]),
+    )
+    envelope = context.envelope_path
+    envelope.parent.mkdir(parents=True, exist_ok=True)
+    write_envelope(sign_statement(statement, signer), envelope)
+    public_path = envelope.parent / f"{channel}-signing-key.pub.json"
+    write_public_key(public_key, public_path)
+    write_record(context.out_dir, "sign", {
+        "channel": channel, "envelope": str(envelope), "envelope_sha256": sha256_file(envelope),
+        "keyid": public_key.keyid, "public_key": str(public_path),
+        "subjects": {w.name: sha256_file(w) for w in wheels},
+    })  # fmt: skip
+    console.print(f"signed {len(wheels)} wheel(s): {envelope} (key {public_key.keyid[:16]})")
+    return 0
+
+
+def check_channel_evidence(context: Context, channel: str, spec: ChannelSpec) -> None:
+    """Refuses (PublishError) unless every required gate passed on exactly these wheels."""
+    digests = {wheel.name: sha256_file(wheel) for wheel in context.built_wheels()}
+    problems = evidence_problems(context.out_dir, spec.requires, digests)
+    if problems:
+        raise PublishError(
+            f"channel {channel!r} refuses to publish; nothing was uploaded:\n  "
+            + "\n  ".join(problems)
+        )
+
+
+def _publish_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
+    check_channel_evidence(context, channel, spec)
+    _, public_key = _signing(context, channel, spec)
+    # The envelope must verify with the channel's key before anything leaves this machine.
+    read_and_verify_envelope(context.envelope_path, public_key)
+    report = publish(
+        context.built_wheels(), index, envelope=context.envelope_path,
+        metadata_dir=context.metadata_dir,
+    )  # fmt: skip
+    console.print(escape(report.message))
+    write_record(context.out_dir, "publish", {
+        "channel": channel, "index": index.simple_url, "message": report.message,
+        "files": [{"file": f.filename, "sha256": f.sha256, "outcome": f.outcome}
+                  for f in report.files],
+        "statement": str(report.envelope_path), "statement_stored": report.envelope_stored,
+    })  # fmt: skip
+
+
+def _verify_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
+    _, public_key = _signing(context, channel, spec)
+    version = project_version()
+    stored = envelope_path_for(context.metadata_dir, context.manifest.release.name, version)
+    statement = read_and_verify_envelope(stored, public_key)
+    interpreters = [p for v in context.manifest.build.python if (p := find_interpreter(v))]
+    with console.status("installing from the index into fresh venvs"):
+        checks = verify_from_index(
+            simple_url=index.simple_url, project=context.manifest.release.name, version=version,
+            statement=statement, interpreters=interpreters, imports=MODULES,
+            workdir=context.out_dir / "verify",
+        )  # fmt: skip
+    for check in checks:
+        console.print(f"  python {check.python_version}: {check.wheel} digest matches the signed "
+                      f"statement; imported {', '.join(check.imported)}")  # fmt: skip
+    write_record(context.out_dir, "verify", {
+        "index": index.simple_url, "statement": str(stored),
+        "checks": [{"python": c.python_version, "wheel": c.wheel, "sha256": c.sha256,
+                    "digest_ok": c.digest_ok, "imported": list(c.imported)} for c in checks],
+    })  # fmt: skip
+
+
+def step_publish(context: Context, channel_name: str | None) -> int:
+    channel, spec = context.channel(channel_name)
+    with context.index() as index:
+        _publish_with(context, index, channel, spec)
+    return 0
+
+
+def step_verify(context: Context, channel_name: str | None) -> int:
+    channel, spec = context.channel(channel_name)
+    with context.index() as index:
+        _verify_with(context, index, channel, spec)
+    return 0
+
+
+def step_serve(context: Context) -> int:
+    with context.index() as index:
+        console.print(f"serving {index.packages_dir} at {index.simple_url} (Ctrl-C stops)")
+        console.print(summary.install_hint(index.simple_url, context.manifest.release.name))
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+
+
+def step_run(context: Context, channel_name: str | None) -> int:
+    """The main job: build, gates, sign, publish, verify, then the summary."""
+    channel, spec = context.channel(channel_name)
+    for stale in ("publish", "verify", "sign"):
+        (context.out_dir / f"{stale}.json").unlink(missing_ok=True)
+    console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
+    step_build(context, [])
+    wheels = context.built_wheels()
+    console.rule("gates")
+    verdicts = [
+        _print_verdict(run_payload_gate(context.manifest, wheels, context.out_dir)),
+        _print_verdict(run_policy_gate(context.manifest, wheels, context.out_dir)),
+    ]
+    verdicts += [_print_verdict(e) for e in record_gpu_gates(context.manifest, wheels, context.out_dir)]  # fmt: skip
+    try:
+        check_channel_evidence(context, channel, spec)
+        console.rule("sign")
+        step_sign(context, channel)
+        with context.index() as index:
+            console.rule(f"publish to {index.simple_url}")
+            _publish_with(context, index, channel, spec)
+            console.rule("verify")
+            _verify_with(context, index, channel, spec)
+    finally:
+        summary.print_summary(context.out_dir, context.manifest, channel)
+    return 0
+
+
 def dispatch(args: argparse.Namespace, context: Context) -> int:
     command = args.command
     if command == "check-manifest":
-        return step_check_manifest(context)
+        console.print(f"{context.manifest.path}: valid")
+        return 0
     if command == "build":
         return step_build(context, args.python)
     if command in ("payload", "policy"):
         return step_gate(context, command, [w.resolve() for w in args.wheels])
-    raise GateError(f"{command}: not available yet")
+    steps = {"sign": step_sign, "publish": step_publish, "verify": step_verify, "run": step_run}
+    if command in steps:
+        return steps[command](context, args.channel)
+    if command == "serve":
+        return step_serve(context)
+    raise GateError(f"{command}: unknown step")

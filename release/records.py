@@ -1,0 +1,29 @@
+"""Small JSON records the steps leave under `<out>/` for the next step and the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from release.errors import ReleaseError
+
+
+def write_record(out_dir: Path, name: str, data: dict[str, Any]) -> Path:
+    path = out_dir / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_record(out_dir: Path, name: str, made_by: str) -> dict[str, Any]:
+    path = out_dir / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReleaseError(f"{path}: expected the record of `{made_by}`; run it first") from None
+    except json.JSONDecodeError as error:
+        raise ReleaseError(f"{path}: expected JSON written by `{made_by}`; {error}") from None
