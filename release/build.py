@@ -182,13 +182,13 @@ class WheelBuilder:
     """Builds, checks and repairs the wheels of one manifest with one toolchain."""
 
     def __init__(
-        self, manifest: Manifest, source_dir: Path, out_dir: Path, state_dir: Path
+        self, manifest: Manifest, source_dir: Path, out_dir: Path, cache_dir: Path
     ) -> None:
         self.manifest = manifest
         self.source_dir = source_dir
         self.out_dir = out_dir
-        self.state_dir = state_dir
-        self.toolchain = resolve_toolchain(manifest, state_dir)
+        self.cache_dir = cache_dir
+        self.toolchain = resolve_toolchain(manifest, cache_dir)
         self.epoch = source_date_epoch(source_dir)
         self.defines = _cmake_settings(manifest, self.toolchain)
         self.logs = out_dir / "logs"
@@ -217,7 +217,7 @@ class WheelBuilder:
 
     def build(self, target: BuildTarget, staging: Path) -> BuiltWheel:
         started = time.monotonic()
-        cache = self.state_dir / "wheel-cache" / self._cache_key(target)
+        cache = self.cache_dir / "wheels" / self._cache_key(target)
         cached = sorted(cache.glob("*.whl")) if cache.is_dir() else []
         if len(cached) == 1:
             wheel = staging / cached[0].name
@@ -228,7 +228,7 @@ class WheelBuilder:
         log.unlink(missing_ok=True)
         work = staging / f".work-{target.python}"
         raw_dir, repaired_dir = work / "raw", work / "repaired"
-        build_dir = self.state_dir / "build" / f"py{target.python}-{self.toolchain_key}"
+        build_dir = self.cache_dir / "build" / f"py{target.python}-{self.toolchain_key}"
         command = [
             str(target.interpreter), "-m", "pip", "wheel", str(self.source_dir),
             "--no-deps", "--disable-pip-version-check", "-w", str(raw_dir),
@@ -285,7 +285,7 @@ def build_wheels(
     *,
     source_dir: Path,
     out_dir: Path,
-    state_dir: Path,
+    cache_dir: Path,
     only: Sequence[str] = (),
 ) -> BuildReport:
     """Builds every planned wheel; `<out>/wheels/` changes only when all of them succeeded."""
@@ -295,7 +295,7 @@ def build_wheels(
         raise BuildError(
             f"{manifest.path}: build.python: no declared version can be built ({reasons})"
         )
-    builder = WheelBuilder(manifest, source_dir, out_dir, state_dir)
+    builder = WheelBuilder(manifest, source_dir, out_dir, cache_dir)
     builder.logs.mkdir(parents=True, exist_ok=True)
     staging = out_dir / ".wheels.partial"
     shutil.rmtree(staging, ignore_errors=True)

@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="override the manifest's build.toolchain.kind",
     )
+    cpp = sub.add_parser("cpp-tests", parents=[common], help="build and run the C++ tests (ctest)")
+    cpp.add_argument("--sanitizer", default=None, help="asan-ubsan or tsan")
     for gate in ("payload", "policy"):
         step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
         step.add_argument(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from rich.markup import escape
 
 from release import summary
 from release.build import build_wheels
+from release.cpptests import run_cpp_tests
 from release.digests import sha256_file
 from release.errors import GateError, PublishError
 from release.evidence import Evidence, evidence_problems
@@ -50,6 +53,11 @@ class Context:
     @property
     def wheels_dir(self) -> Path:
         return self.out_dir / "wheels"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Compiler caches, build trees and built wheels by input digest: safe to share."""
+        return Path(os.environ.get("ACTIVEKV_CACHE_DIR") or self.state_dir / "cache").resolve()
 
     @property
     def metadata_dir(self) -> Path:
@@ -105,7 +113,7 @@ def step_build(context: Context, only: list[str]) -> int:
         context.manifest,
         source_dir=context.source_dir,
         out_dir=context.out_dir,
-        state_dir=context.state_dir,
+        cache_dir=context.cache_dir,
         only=only,
     )
     write_record(context.out_dir, "build", {
@@ -177,11 +185,14 @@ def check_channel_evidence(context: Context, channel: str, spec: ChannelSpec) ->
         )
 
 
-def _publish_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
+def check_publishable(context: Context, channel: str, spec: ChannelSpec) -> None:
+    """Evidence and signature checks, all made before any index is started or contacted."""
     check_channel_evidence(context, channel, spec)
     _, public_key = _signing(context, channel, spec)
-    # The envelope must verify with the channel's key before anything leaves this machine.
     read_and_verify_envelope(context.envelope_path, public_key)
+
+
+def _publish_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
     report = publish(
         context.built_wheels(), index, envelope=context.envelope_path,
         metadata_dir=context.metadata_dir,
@@ -219,6 +230,7 @@ def _verify_with(context: Context, index: EmbeddedIndex, channel: str, spec: Cha
 
 def step_publish(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
+    check_publishable(context, channel, spec)
     with context.index() as index:
         _publish_with(context, index, channel, spec)
     return 0
@@ -245,21 +257,25 @@ def step_serve(context: Context) -> int:
 def step_run(context: Context, channel_name: str | None) -> int:
     """The main job: build, gates, sign, publish, verify, then the summary."""
     channel, spec = context.channel(channel_name)
+    # Records of an earlier run must not speak for this one.
     for stale in ("publish", "verify", "sign"):
         (context.out_dir / f"{stale}.json").unlink(missing_ok=True)
+    shutil.rmtree(context.out_dir / "evidence", ignore_errors=True)
     console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
     step_build(context, [])
     wheels = context.built_wheels()
     console.rule("gates")
-    verdicts = [
-        _print_verdict(run_payload_gate(context.manifest, wheels, context.out_dir)),
-        _print_verdict(run_policy_gate(context.manifest, wheels, context.out_dir)),
-    ]
-    verdicts += [_print_verdict(e) for e in record_gpu_gates(context.manifest, wheels, context.out_dir)]  # fmt: skip
+    for evidence in (
+        run_payload_gate(context.manifest, wheels, context.out_dir),
+        run_policy_gate(context.manifest, wheels, context.out_dir),
+        *record_gpu_gates(context.manifest, wheels, context.out_dir),
+    ):
+        _print_verdict(evidence)
     try:
         check_channel_evidence(context, channel, spec)
         console.rule("sign")
         step_sign(context, channel)
+        check_publishable(context, channel, spec)
         with context.index() as index:
             console.rule(f"publish to {index.simple_url}")
             _publish_with(context, index, channel, spec)
@@ -277,6 +293,11 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
         return 0
     if command == "build":
         return step_build(context, args.python)
+    if command == "cpp-tests":
+        return run_cpp_tests(
+            context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
+            sanitizer=args.sanitizer,
+        )  # fmt: skip
     if command in ("payload", "policy"):
         return step_gate(context, command, [w.resolve() for w in args.wheels])
     steps = {"sign": step_sign, "publish": step_publish, "verify": step_verify, "run": step_run}

@@ -53,7 +53,7 @@ class Toolchain:
         return defines
 
     def environment(self) -> dict[str, str]:
-        """Variables the compilers read: zig's and ccache's caches live in the state directory."""
+        """Variables the compilers read: zig's and ccache's caches live in the cache directory."""
         return {
             "ZIG_GLOBAL_CACHE_DIR": str(self.cache_dir / "zig-global"),
             "ZIG_LOCAL_CACHE_DIR": str(self.cache_dir / "zig-local"),
@@ -152,9 +152,9 @@ def _install_cuda_wheels(target: Path) -> Path:
     return root
 
 
-def resolve_toolchain(manifest: Manifest, state_dir: Path) -> Toolchain:
-    """Finds or installs every compiler the manifest's toolchain needs."""
-    tool_dir = state_dir / "toolchain"
+def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
+    """Finds or installs every compiler the manifest's toolchain needs, caching under cache_dir."""
+    tool_dir = cache_dir / "toolchain"
     target = zig_target(manifest)
     wrapper_dir = tool_dir / f"zig-{target}"
     wrapper_dir.mkdir(parents=True, exist_ok=True)
@@ -194,5 +194,5 @@ def resolve_toolchain(manifest: Manifest, state_dir: Path) -> Toolchain:
         cuda_root=cuda_root,
         cuda_host_compiler=Path(host),
         ccache=Path(ccache) if ccache else None,
-        cache_dir=state_dir / "cache",
+        cache_dir=cache_dir,
     )

@@ -1,0 +1,42 @@
+"""Sessions of the ActiveKV pipeline: each is one call into `release/`; pins live in pyproject."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests"]
+
+PYPROJECT = nox.project.load_toml(Path(__file__).resolve().parent / "pyproject.toml")
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    session.install(*nox.project.dependency_groups(PYPROJECT, *groups))
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build one manylinux wheel per declared Python version (python -m release build)."""
+    _install(session, "build", "release")
+    session.run("python", "-m", "release", "build", *session.posargs)
+
+
+@nox.session
+def release(session: nox.Session) -> None:
+    """The main job: wheels, gates, sign, publish to the embedded index, verify (channel dev)."""
+    _install(session, "build", "release")
+    session.run("python", "-m", "release", "run", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """C++ tests (ctest), lint, then the pipeline's tests and the end-to-end release (pytest)."""
+    _install(session, "test")
+    session.run("python", "-m", "release", "cpp-tests")
+    session.run("ruff", "check", "release", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "release", "tests", "noxfile.py")
+    session.run("pytest", *session.posargs)

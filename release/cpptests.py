@@ -1,0 +1,60 @@
+"""`python -m release cpp-tests`: the C++ tests, built by the host compiler and run by ctest.
+
+The engine libraries are compiled here by the host g++ (not zig): the tests exercise the C++
+itself, and sanitizer runtimes come with the host compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from release.errors import BuildError
+from release.manifest import Manifest
+from release.toolchain import resolve_toolchain
+
+SANITIZERS = {"asan-ubsan": "address,undefined", "tsan": "thread"}
+
+
+def run_cpp_tests(
+    manifest: Manifest, *, source_dir: Path, cache_dir: Path, sanitizer: str | None = None
+) -> int:
+    """Configures, builds and runs the C++ tests; returns ctest's exit status."""
+    toolchain = resolve_toolchain(manifest, cache_dir)
+    host = str(toolchain.cuda_host_compiler)
+    name = "ctest" if sanitizer is None else f"ctest-{sanitizer}"
+    build_dir = source_dir / "build" / name
+    configure = [
+        "cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+        "-DACTIVEKV_BUILD_TESTS=ON", "-DCMAKE_BUILD_TYPE=Debug",
+        f"-DCMAKE_CXX_COMPILER={host}",
+        f"-DCMAKE_CUDA_COMPILER={toolchain.nvcc}",
+        f"-DCMAKE_CUDA_HOST_COMPILER={host}",
+        f"-DCUDAToolkit_ROOT={toolchain.cuda_root}",
+        f"-DACTIVEKV_CUDA_ARCHITECTURES={';'.join(manifest.build.cuda.architectures)}",
+    ]  # fmt: skip
+    if sanitizer is not None:
+        if sanitizer not in SANITIZERS:
+            raise BuildError(
+                f"--sanitizer: expected one of {sorted(SANITIZERS)}; got {sanitizer!r}"
+            )
+        flags = f"-fsanitize={SANITIZERS[sanitizer]} -fno-omit-frame-pointer"
+        configure += [f"-DCMAKE_CXX_FLAGS={flags}", f"-DCMAKE_EXE_LINKER_FLAGS={flags}"]
+    if toolchain.ccache is not None:
+        configure += [
+            f"-DCMAKE_{lang}_COMPILER_LAUNCHER={toolchain.ccache}" for lang in ("CXX", "CUDA")
+        ]
+    env = {**os.environ, **toolchain.environment()}
+    for command in (
+        configure,
+        ["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2)],
+    ):
+        if subprocess.run(command, env=env).returncode != 0:
+            raise BuildError(f"C++ tests: `{' '.join(command[:3])} …` failed; see the output above")
+    if shutil.which("ctest") is None:
+        raise BuildError("ctest: not on PATH; install the `build` dependency group (cmake)")
+    return subprocess.run(
+        ["ctest", "--test-dir", str(build_dir), "--output-on-failure"], env=env
+    ).returncode

@@ -1,0 +1,58 @@
+"""Bad command-line input gets a clear error naming the argument, and exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from release.cli import main
+
+
+def test_unknown_channel_names_the_known_ones(tmp_path, capsys):
+    code = main(
+        ["sign", "--channel", "nightly", "--out", str(tmp_path), "--state-dir", str(tmp_path)]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "release.channels" in err and "nightly" in err and "dev" in err
+
+
+def test_missing_manifest_names_the_path(tmp_path, capsys):
+    missing = tmp_path / "nope.toml"
+    assert main(["check-manifest", "--manifest", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_undeclared_python_version_names_the_argument(tmp_path, capsys):
+    code = main(["build", "--python", "3.9", "--out", str(tmp_path), "--state-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--python" in err and "3.9" in err and "3.10" in err
+
+
+def test_gates_without_wheels_say_how_to_build(tmp_path, capsys):
+    assert main(["policy", "--out", str(tmp_path), "--state-dir", str(tmp_path)]) == 2
+    assert "python -m release build" in capsys.readouterr().err
+
+
+def test_publish_without_evidence_is_refused_before_any_index_starts(tmp_path, capsys):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "activekv-0.1.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+    assert main(["publish", "--out", str(tmp_path), "--state-dir", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "refuses to publish" in err and "payload: no evidence" in err
+    assert not (tmp_path / "s" / "index").exists()
+
+
+def test_unknown_step_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["deploy"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'deploy'" in capsys.readouterr().err
+
+
+def test_default_manifest_is_valid(capsys):
+    assert main(["check-manifest"]) == 0
+    assert Path("manifests/activekv.toml").name in capsys.readouterr().out

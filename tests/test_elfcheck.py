@@ -1,0 +1,156 @@
+"""The post-link libstdc++ check (release/elfcheck.py, release/build.py check_wheel_objects).
+
+Negative controls reproduce the real failure mode: objects compiled by the host g++ (as nvcc's
+host compiler does) linked by zig under its static libc++, where libstdc++ symbols stay undefined
+and only the import fails; and a shared object linked by g++ that needs libstdc++.so.6.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from release.build import check_wheel_objects
+from release.elfcheck import check_shared_object
+
+ZIG_TARGET = "x86_64-linux-gnu.2.28"
+
+# std::string forces out-of-line libstdc++ (g++) or libc++ (zig) symbols.
+CXX_SOURCE = """\
+#include <string>
+extern "C" int probe(const char* text) {
+    std::string copy(text);
+    copy += "!";
+    return static_cast<int>(copy.size());
+}
+"""
+C_SOURCE = "int probe(int x) { return 2 * x + 1; }\n"
+
+
+def _zig() -> Path | None:
+    try:
+        import ziglang
+    except ImportError:
+        return None
+    zig = Path(ziglang.__file__).parent / "zig"
+    return zig if zig.is_file() else None
+
+
+def _run(*command: str | Path) -> None:
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True)
+    assert result.returncode == 0, f"{command}: {result.stderr}"
+
+
+@dataclass(frozen=True)
+class Objects:
+    gxx_under_zig: Path  # g++ -c objects, linked by zig c++ (libstdc++ symbols left undefined)
+    gxx_linked: Path  # compiled and linked by g++ (DT_NEEDED libstdc++.so.6)
+    zig_only: Path  # compiled and linked by zig c++ (static libc++)
+    c_by_gcc: Path  # plain C linked by gcc (glibc's __cxa_finalize, nothing of C++)
+
+
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory: pytest.TempPathFactory) -> Objects:
+    zig = _zig()
+    gxx = shutil.which("g++")
+    gcc = shutil.which("gcc")
+    if zig is None:
+        pytest.skip("zig is missing (install the pinned `ziglang` of the build dependency group)")
+    if gxx is None or gcc is None:
+        pytest.skip("the host g++/gcc is missing")
+    root = tmp_path_factory.mktemp("elfcheck")
+    cxx = root / "probe.cpp"
+    cxx.write_text(CXX_SOURCE)
+    c = root / "probe.c"
+    c.write_text(C_SOURCE)
+    made = Objects(
+        gxx_under_zig=root / "gxx_under_zig.so",
+        gxx_linked=root / "gxx_linked.so",
+        zig_only=root / "zig_only.so",
+        c_by_gcc=root / "c_by_gcc.so",
+    )
+    _run(gxx, "-c", "-fPIC", "-O1", cxx, "-o", root / "probe.o")
+    _run(zig, "c++", "-target", ZIG_TARGET, "-shared", root / "probe.o", "-o", made.gxx_under_zig)
+    _run(gxx, "-shared", "-fPIC", "-O1", cxx, "-o", made.gxx_linked)
+    _run(zig, "c++", "-target", ZIG_TARGET, "-shared", "-fPIC", "-O1", cxx, "-o", made.zig_only)
+    _run(gcc, "-shared", "-fPIC", "-O1", c, "-o", made.c_by_gcc)
+    return made
+
+
+def _undefined_by_nm(path: Path) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm is missing")
+    text = subprocess.run(
+        [nm, "-D", "--undefined-only", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    return {line.split()[-1].split("@")[0] for line in text.splitlines() if line.strip()}
+
+
+def test_gxx_objects_linked_by_zig_leave_libstdcxx_symbols_undefined(objects: Objects) -> None:
+    findings = check_shared_object(objects.gxx_under_zig)
+    problems = [f.problem for f in findings]
+    assert problems, "g++ objects under zig's libc++ must be caught"
+    assert all(f.module == objects.gxx_under_zig.name for f in findings)
+    assert all(p.startswith("undefined libstdc++ symbol ") for p in problems), problems
+    named = {p.removeprefix("undefined libstdc++ symbol ").split("@")[0] for p in problems}
+    # gcc's std::string (the __cxx11 ABI) and its throw helpers stay undefined under libc++.
+    assert any(name.startswith("_ZNSt7__cxx1112basic_string") for name in named), named
+    assert any(name.startswith("_ZSt20__throw_length_error") for name in named), named
+    # Every reported symbol is one `nm -D --undefined-only` also lists (DESIGN.md §5).
+    assert named <= _undefined_by_nm(objects.gxx_under_zig)
+
+
+def test_gxx_linked_object_needs_libstdcxx(objects: Objects) -> None:
+    problems = [f.problem for f in check_shared_object(objects.gxx_linked)]
+    assert any(p.startswith("needs libstdc++.so.6") for p in problems), problems
+    # With libstdc++ in the link its symbols carry GLIBCXX versions; those are named as well.
+    assert any("@GLIBCXX_" in p for p in problems), problems
+
+
+def test_cxx_object_compiled_and_linked_by_zig_has_no_findings(objects: Objects) -> None:
+    assert check_shared_object(objects.zig_only) == []
+
+
+def test_glibc_cxa_symbols_are_not_mistaken_for_libstdcxx(objects: Objects) -> None:
+    # gcc-linked C refers to __cxa_finalize@GLIBC_2.2.5: glibc's, not the C++ runtime's.
+    assert "__cxa_finalize" in _undefined_by_nm(objects.c_by_gcc)
+    assert check_shared_object(objects.c_by_gcc) == []
+
+
+def _zip_wheel(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_check_wheel_objects_names_the_wheel_and_member(objects: Objects, tmp_path: Path) -> None:
+    bad = "activekv/_bad.cpython-311-x86_64-linux-gnu.so"
+    good = "activekv/_good.cpython-311-x86_64-linux-gnu.so"
+    wheel = _zip_wheel(
+        tmp_path / "activekv-0.0.1-cp311-cp311-linux_x86_64.whl",
+        {
+            bad: objects.gxx_under_zig.read_bytes(),
+            good: objects.zig_only.read_bytes(),
+            "activekv/_bad.pyi": b"def probe(text: str) -> int: ...\n",
+            "activekv-0.0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\n",
+        },
+    )
+    problems = check_wheel_objects(wheel)
+    assert problems
+    assert all(p.startswith(f"{wheel.name}: {bad}: undefined libstdc++ symbol ") for p in problems)
+    assert not any(good in p for p in problems)
+
+
+def test_check_wheel_objects_passes_a_zig_linked_wheel(objects: Objects, tmp_path: Path) -> None:
+    wheel = _zip_wheel(
+        tmp_path / "activekv-0.0.1-cp312-abi3-linux_x86_64.whl",
+        {"activekv/_engine.abi3.so": objects.zig_only.read_bytes()},
+    )
+    assert check_wheel_objects(wheel) == []

@@ -1,0 +1,125 @@
+"""The main job end to end: real builds, real gates, a real pypiserver, fresh venvs.
+
+The wheels are built once for the module (compiler caches are shared with the repository's
+`.activekv/cache`, so a warm machine rebuilds nothing); every test reads that one release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from release.digests import sha256_file
+from release.policy import tag_glibc
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _release(*args: str, out: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ACTIVEKV_CACHE_DIR": str(REPO / ".activekv" / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "release", *args, "--out", str(out), "--state-dir", str(state)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=3000,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def release_run(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("release")
+    out, state = root / "out", root / "state"
+    result = _release("run", out=out, state=state)
+    print(result.stdout[-6000:], result.stderr[-6000:])
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result, out, state
+
+
+def _index_files(state: Path) -> dict[str, tuple[str, int]]:
+    packages = state / "index" / "packages"
+    return {p.name: (sha256_file(p), p.stat().st_mtime_ns) for p in packages.iterdir()}
+
+
+def test_release_summary_names_every_wheel_and_the_signed_statement(release_run):
+    result, out, _ = release_run
+    wheels = sorted((out / "wheels").glob("*.whl"))
+    assert len(wheels) >= 1
+    for wheel in wheels:
+        assert sha256_file(wheel) in result.stdout
+        assert wheel.name.startswith("activekv-0.1.0-")
+    envelope = out / "provenance" / "activekv-0.1.0.intoto.json"
+    assert sha256_file(envelope) in result.stdout
+    assert "install with: PIP_CONFIG_FILE=/dev/null pip install --index-url" in result.stdout
+
+
+def test_skipped_versions_are_said_with_a_reason(release_run):
+    _, out, _ = release_run
+    build = json.loads((out / "build.json").read_text())
+    built = {v for wheel in build["wheels"] for v in wheel["serves"]}
+    skipped = {s["python"]: s["reason"] for s in build["skipped"]}
+    assert built | set(skipped) == {"3.10", "3.11", "3.12", "3.13"}
+    assert all(reason for reason in skipped.values())
+
+
+def test_auditwheel_policy_is_no_newer_than_declared(release_run):
+    _, out, _ = release_run
+    policy = json.loads((out / "evidence" / "policy.json").read_text())
+    assert policy["verdict"] == "pass"
+    for wheel in (out / "wheels").glob("*.whl"):
+        shown = policy["figures"]["wheels"][wheel.name]["auditwheel_show"]
+        assert tag_glibc(shown) <= (2, 28)
+        assert policy["artefacts"][wheel.name] == sha256_file(wheel)
+
+
+def test_published_wheels_install_from_the_index_and_import(release_run):
+    _, out, _ = release_run
+    publish = json.loads((out / "publish.json").read_text())
+    assert {f["outcome"] for f in publish["files"]} == {"uploaded"}
+    verify = json.loads((out / "verify.json").read_text())
+    wheels = {w.name: sha256_file(w) for w in (out / "wheels").glob("*.whl")}
+    assert {check["wheel"] for check in verify["checks"]} == set(wheels)
+    for check in verify["checks"]:
+        assert check["digest_ok"] and check["sha256"] == wheels[check["wheel"]]
+        assert check["imported"] == ["activekv._engine", "activekv._fabric"]
+
+
+def test_second_publish_says_the_version_exists_and_changes_nothing(release_run):
+    _, out, state = release_run
+    before = _index_files(state)
+    again = _release("publish", out=out, state=state)
+    assert again.returncode == 0, again.stderr
+    assert "activekv 0.1.0 already exists on the index; nothing uploaded" in again.stdout
+    assert _index_files(state) == before
+
+
+def test_a_wheel_changed_after_its_gates_is_refused(release_run, tmp_path):
+    _, out, state = release_run
+    tampered_out = tmp_path / "out"
+    shutil.copytree(out, tampered_out)
+    wheel = sorted((tampered_out / "wheels").glob("*.whl"))[0]
+    with wheel.open("ab") as stream:
+        stream.write(b"\0")
+    before = _index_files(state)
+    refused = _release("publish", out=tampered_out, state=state)
+    assert refused.returncode == 2
+    assert "refuses to publish; nothing was uploaded" in refused.stderr
+    assert re.search(
+        r"payload: evidence names .* not the artefacts being published", refused.stderr
+    )
+    assert _index_files(state) == before
+
+
+def test_stable_refuses_without_gpu_evidence(release_run):
+    _, out, state = release_run
+    before = _index_files(state)
+    refused = _release("publish", "--channel", "stable", out=out, state=state)
+    assert refused.returncode == 2
+    assert "channel 'stable' refuses to publish" in refused.stderr
+    assert "warmup: verdict is not-run (not run: no GPU runner)" in refused.stderr
+    assert _index_files(state) == before
