@@ -119,13 +119,14 @@ def _version_tuple(version: str) -> tuple[int, int]:
 
 
 def source_date_epoch(source_dir: Path) -> int:
-    """SOURCE_DATE_EPOCH from the environment, else the last commit's time."""
+    """SOURCE_DATE_EPOCH from the environment, else the time of the last commit that changed
+    what goes into a wheel (so a commit to tests or the pipeline leaves the wheels' bytes alone)."""
     if value := os.environ.get("SOURCE_DATE_EPOCH"):
         if not value.isdigit():
             raise BuildError(f"SOURCE_DATE_EPOCH: expected seconds since the epoch; got {value!r}")
         return int(value)
     result = subprocess.run(
-        ["git", "-C", str(source_dir), "log", "-1", "--format=%ct"],
+        ["git", "-C", str(source_dir), "log", "-1", "--format=%ct", "--", *_SOURCE_ROOTS],
         capture_output=True,
         text=True,
     )

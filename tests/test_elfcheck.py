@@ -29,7 +29,8 @@ extern "C" int probe(const char* text) {
     return static_cast<int>(copy.size());
 }
 """
-C_SOURCE = "int probe(int x) { return 2 * x + 1; }\n"
+C_PURE = "int probe(int x) { return 2 * x + 1; }\n"
+C_WITH_LIBC = "#include <string.h>\nint probe(const char* s) { return (int)strlen(s); }\n"
 
 
 def _zig() -> Path | None:
@@ -51,7 +52,8 @@ class Objects:
     gxx_under_zig: Path  # g++ -c objects, linked by zig c++ (libstdc++ symbols left undefined)
     gxx_linked: Path  # compiled and linked by g++ (DT_NEEDED libstdc++.so.6)
     zig_only: Path  # compiled and linked by zig c++ (static libc++)
-    c_by_gcc: Path  # plain C linked by gcc (glibc's __cxa_finalize, nothing of C++)
+    c_with_libc: Path  # C linked by gcc, needs libc: __cxa_finalize@GLIBC_2.2.5 (glibc's)
+    c_without_libc: Path  # C linked by gcc, needs nothing: crtstuff's unversioned weak one
 
 
 @pytest.fixture(scope="module")
@@ -66,19 +68,23 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> Objects:
     root = tmp_path_factory.mktemp("elfcheck")
     cxx = root / "probe.cpp"
     cxx.write_text(CXX_SOURCE)
-    c = root / "probe.c"
-    c.write_text(C_SOURCE)
+    c_pure = root / "pure.c"
+    c_pure.write_text(C_PURE)
+    c_libc = root / "libc.c"
+    c_libc.write_text(C_WITH_LIBC)
     made = Objects(
         gxx_under_zig=root / "gxx_under_zig.so",
         gxx_linked=root / "gxx_linked.so",
         zig_only=root / "zig_only.so",
-        c_by_gcc=root / "c_by_gcc.so",
+        c_with_libc=root / "c_with_libc.so",
+        c_without_libc=root / "c_without_libc.so",
     )
     _run(gxx, "-c", "-fPIC", "-O1", cxx, "-o", root / "probe.o")
     _run(zig, "c++", "-target", ZIG_TARGET, "-shared", root / "probe.o", "-o", made.gxx_under_zig)
     _run(gxx, "-shared", "-fPIC", "-O1", cxx, "-o", made.gxx_linked)
     _run(zig, "c++", "-target", ZIG_TARGET, "-shared", "-fPIC", "-O1", cxx, "-o", made.zig_only)
-    _run(gcc, "-shared", "-fPIC", "-O1", c, "-o", made.c_by_gcc)
+    _run(gcc, "-shared", "-fPIC", "-O1", c_libc, "-o", made.c_with_libc)
+    _run(gcc, "-shared", "-fPIC", "-O1", c_pure, "-o", made.c_without_libc)
     return made
 
 
@@ -117,10 +123,26 @@ def test_cxx_object_compiled_and_linked_by_zig_has_no_findings(objects: Objects)
     assert check_shared_object(objects.zig_only) == []
 
 
-def test_glibc_cxa_symbols_are_not_mistaken_for_libstdcxx(objects: Objects) -> None:
-    # gcc-linked C refers to __cxa_finalize@GLIBC_2.2.5: glibc's, not the C++ runtime's.
-    assert "__cxa_finalize" in _undefined_by_nm(objects.c_by_gcc)
-    assert check_shared_object(objects.c_by_gcc) == []
+def _nm_lines(path: Path) -> list[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm is missing")
+    result = subprocess.run([nm, "-D", str(path)], capture_output=True, text=True, check=True)
+    return result.stdout.splitlines()
+
+
+def test_versioned_glibc_cxa_finalize_is_not_libstdcxx(objects: Objects) -> None:
+    assert any(
+        line.endswith("__cxa_finalize@GLIBC_2.2.5") for line in _nm_lines(objects.c_with_libc)
+    )
+    assert check_shared_object(objects.c_with_libc) == []
+
+
+def test_unversioned_glibc_cxa_finalize_is_not_libstdcxx(objects: Objects) -> None:
+    # A gcc-linked object that needs no library keeps crtstuff's weak, unversioned
+    # __cxa_finalize; glibc defines it (libstdc++ never does), so it is no C++ runtime reference.
+    assert any(line.split()[-1] == "__cxa_finalize" for line in _nm_lines(objects.c_without_libc))
+    assert check_shared_object(objects.c_without_libc) == []
 
 
 def _zip_wheel(path: Path, members: dict[str, bytes]) -> Path:

@@ -29,6 +29,9 @@ DeviceCount device_count() {
   return DeviceCount{status, count};
 }
 
+// doctest prints a const char* as a pointer: turn the runtime's messages into strings.
+std::string error_text(int status) { return akv_cuda_error_string(status); }
+
 bool is_no_gpu_status(int status) { return status == kInsufficientDriver || status == kNoDevice; }
 
 // Runs the checksum of `words` and checks it against the host sum, or against the no-GPU error.
@@ -40,7 +43,8 @@ void check_checksum(const std::vector<std::uint32_t>& words) {
   std::uint64_t sum = 0xDEADBEEFCAFEF00Dull;  // the function must overwrite it on every path
   const int status = akv_cuda_checksum(words.data(), words.size(), &sum);
   CAPTURE(words.size());
-  CAPTURE(akv_cuda_error_string(status));
+  const std::string status_text = error_text(status);
+  CAPTURE(status_text);
   if (devices.status == kSuccess) {
     REQUIRE(status == kSuccess);
     CHECK(sum == expected);
@@ -61,13 +65,14 @@ TEST_CASE("compiled runtime version is CUDART_VERSION") {
 
 TEST_CASE("device count is a success with devices or a clean no-GPU error") {
   const DeviceCount devices = device_count();
+  const std::string status_text = error_text(devices.status);
   CAPTURE(devices.status);
-  CAPTURE(akv_cuda_error_string(devices.status));
+  CAPTURE(status_text);
   if (devices.status == kSuccess) {
     MESSAGE("CUDA devices: " << devices.count);
     CHECK(devices.count > 0);
   } else {
-    MESSAGE("no usable GPU: " << devices.status << " " << akv_cuda_error_string(devices.status));
+    MESSAGE("no usable GPU: " << devices.status << " " << status_text);
     CHECK(is_no_gpu_status(devices.status));
     CHECK(devices.count == 0);
   }

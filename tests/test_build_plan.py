@@ -1,0 +1,154 @@
+"""Which wheels `python -m release build` plans (release/build.py plan_targets), and where
+SOURCE_DATE_EPOCH comes from (source_date_epoch). Interpreters are injected: no build runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+from release.build import BuildTarget, SkippedPython, plan_targets, source_date_epoch
+from release.errors import BuildError
+from release.manifest import Manifest, load_manifest
+
+REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
+SERVED = "served by the stable-ABI wheel built with 3.12"
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    return load_manifest(REAL)
+
+
+def finder(versions: Iterable[str]) -> Callable[[str], Path | None]:
+    """A `find` that knows exactly `versions`, at fake paths."""
+    known = {version: Path(f"/fake/bin/python{version}") for version in versions}
+    return known.get
+
+
+def python(version: str) -> Path:
+    return Path(f"/fake/bin/python{version}")
+
+
+def test_manifest_matrix_is_the_one_planned_here(manifest: Manifest) -> None:
+    assert manifest.build.python == ("3.10", "3.11", "3.12", "3.13")
+    assert manifest.build.stable_abi_from == "3.12"
+
+
+def test_every_interpreter_present(manifest: Manifest) -> None:
+    targets, skipped = plan_targets(manifest, find=finder(["3.10", "3.11", "3.12", "3.13"]))
+    assert targets == [
+        BuildTarget("3.10", python("3.10"), False, ("3.10",)),
+        BuildTarget("3.11", python("3.11"), False, ("3.11",)),
+        BuildTarget("3.12", python("3.12"), True, ("3.12", "3.13")),
+    ]
+    assert skipped == [SkippedPython("3.13", SERVED)]
+
+
+def test_missing_version_specific_interpreter_is_skipped_with_its_reason(
+    manifest: Manifest,
+) -> None:
+    targets, skipped = plan_targets(manifest, find=finder(["3.11", "3.12", "3.13"]))
+    assert [t.python for t in targets] == ["3.11", "3.12"]
+    assert SkippedPython("3.10", "no python3.10 on PATH or under pyenv") in skipped
+    assert SkippedPython("3.13", SERVED) in skipped
+    assert len(skipped) == 2
+
+
+def test_only_a_newer_abi3_version_still_plans_the_abi3_wheel(manifest: Manifest) -> None:
+    targets, skipped = plan_targets(
+        manifest, only=["3.13"], find=finder(["3.10", "3.11", "3.12", "3.13"])
+    )
+    assert targets == [BuildTarget("3.12", python("3.12"), True, ("3.12", "3.13"))]
+    assert skipped == [SkippedPython("3.13", SERVED)]
+
+
+def test_only_version_specific_versions(manifest: Manifest) -> None:
+    targets, skipped = plan_targets(
+        manifest, only=["3.11"], find=finder(["3.10", "3.11", "3.12", "3.13"])
+    )
+    assert targets == [BuildTarget("3.11", python("3.11"), False, ("3.11",))]
+    assert skipped == []
+
+
+def test_abi3_wheel_is_built_with_the_oldest_available_abi3_version(manifest: Manifest) -> None:
+    targets, skipped = plan_targets(manifest, find=finder(["3.10", "3.11", "3.13"]))
+    assert targets[-1] == BuildTarget("3.13", python("3.13"), True, ("3.12", "3.13"))
+    assert skipped == [
+        SkippedPython("3.12", "served by the stable-ABI wheel built with 3.13"),
+    ]
+
+
+def test_undeclared_version_is_refused(manifest: Manifest) -> None:
+    with pytest.raises(BuildError) as raised:
+        plan_targets(manifest, only=["3.9"], find=finder(["3.9", "3.12"]))
+    message = str(raised.value)
+    assert "--python" in message
+    assert "['3.10', '3.11', '3.12', '3.13']" in message
+    assert "['3.9']" in message
+    assert str(manifest.path) in message
+
+
+def test_no_interpreter_at_all_skips_every_version(manifest: Manifest) -> None:
+    targets, skipped = plan_targets(manifest, find=finder([]))
+    assert targets == []
+    assert skipped == [
+        SkippedPython(version, f"no python{version} on PATH or under pyenv")
+        for version in ("3.10", "3.11", "3.12", "3.13")
+    ]
+
+
+# --- SOURCE_DATE_EPOCH ---
+
+
+@pytest.fixture
+def no_git_discovery(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """git must not find a repository above tmp_path, nor one named by the environment."""
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "SOURCE_DATE_EPOCH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+
+
+def test_environment_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert source_date_epoch(tmp_path) == 1_700_000_000  # not a git repository: never asked
+
+
+@pytest.mark.parametrize("value", ["17e8", "-1", "1700000000.5", " 1700000000", "now"])
+def test_non_digit_environment_value_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+    with pytest.raises(BuildError, match="SOURCE_DATE_EPOCH") as raised:
+        source_date_epoch(tmp_path)
+    assert repr(value) in str(raised.value)
+
+
+def test_directory_without_commits_is_refused(no_git_discovery: None, tmp_path: Path) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git is missing")
+    with pytest.raises(BuildError, match="SOURCE_DATE_EPOCH") as raised:
+        source_date_epoch(tmp_path)
+    assert str(tmp_path) in str(raised.value)
+
+
+def test_last_commit_time_is_used(no_git_discovery: None, tmp_path: Path) -> None:
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is missing")
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+        "GIT_AUTHOR_DATE": "@1600000000 +0000",
+        "GIT_COMMITTER_DATE": "@1650000000 +0000",
+    }
+    for command in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "fixture"]):
+        subprocess.run([git, "-C", str(tmp_path), *command], check=True, env=env)
+    assert source_date_epoch(tmp_path) == 1_650_000_000  # the committer's time

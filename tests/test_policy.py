@@ -1,0 +1,280 @@
+"""The policy gate (release/policy.py) with the real `auditwheel show`.
+
+Fixture wheels hold real ELF shared objects: one compiled by zig for glibc 2.28 (passes), and
+negative controls that each must fail: a host-gcc object calling GLIBC_2.34 symbols, a vendored
+libcudart, a DT_NEEDED libcudart, and a file name claiming a newer policy than the manifest's.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from release.digests import sha256_file
+from release.evidence import Evidence, evidence_path
+from release.manifest import Manifest, load_manifest
+from release.policy import run_policy_gate, shown_policy, tag_glibc
+
+REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
+ZIG_TARGET = "x86_64-linux-gnu.2.28"
+MODULE = "activekv/_x.cpython-311-x86_64-linux-gnu.so"
+DECLARED_TAG = "manylinux_2_28_x86_64"
+
+C_PLAIN = "#include <unistd.h>\nint probe(void) { return (int)getpid(); }\n"
+# pthread_create, pthread_join and dlopen moved into libc with new versions in glibc 2.34.
+C_GLIBC_234 = """\
+#include <dlfcn.h>
+#include <pthread.h>
+static void* run(void* arg) { return arg; }
+int probe(void) {
+    pthread_t thread;
+    void* handle = dlopen("libm.so.6", RTLD_NOW);
+    if (pthread_create(&thread, 0, run, handle) != 0) return 1;
+    return pthread_join(thread, 0);
+}
+"""
+C_CUDART_STUB = "int cudaFree(void* pointer) { (void)pointer; return 0; }\n"
+C_CALLS_CUDART = "int cudaFree(void*);\nint probe(void) { return cudaFree(0); }\n"
+
+
+def _zig() -> Path | None:
+    try:
+        import ziglang
+    except ImportError:
+        return None
+    zig = Path(ziglang.__file__).parent / "zig"
+    return zig if zig.is_file() else None
+
+
+def _run(*command: str | Path) -> str:
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True)
+    assert result.returncode == 0, f"{command}: {result.stderr}"
+    return result.stdout
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def platform_wheel(
+    directory: Path,
+    module: Path,
+    *,
+    platforms: tuple[str, ...] = (DECLARED_TAG,),
+    extra: dict[str, bytes] | None = None,
+) -> Path:
+    """A valid platform wheel (Root-Is-Purelib: false, RECORD, tags in name and WHEEL) holding
+    `module` as activekv/_x.cpython-311-x86_64-linux-gnu.so, plus `extra` members."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dist_info = "activekv-0.0.1.dist-info"
+    tags = [f"cp311-cp311-{platform}" for platform in platforms]
+    files = {
+        MODULE: module.read_bytes(),
+        **(extra or {}),
+        f"{dist_info}/METADATA": b"Metadata-Version: 2.1\nName: activekv\nVersion: 0.0.1\n",
+        f"{dist_info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: tests.test_policy\nRoot-Is-Purelib: false\n"
+            + "".join(f"Tag: {tag}\n" for tag in tags)
+        ).encode(),
+    }
+    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
+    files[f"{dist_info}/RECORD"] = (record + f"{dist_info}/RECORD,,\n").encode()
+    path = directory / f"activekv-0.0.1-cp311-cp311-{'.'.join(platforms)}.whl"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2020, 2, 2, 0, 0, 0))
+            info.external_attr = 0o755 << 16 if name.endswith(".so") else 0o644 << 16
+            archive.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+    return path
+
+
+@dataclass(frozen=True)
+class Objects:
+    zig_228: Path  # C by zig for glibc 2.28
+    gcc_234: Path  # C by the host gcc, calling GLIBC_2.34 symbols
+    cudart_stub: Path  # a stub with soname libcudart.so.13
+    needs_cudart: Path  # C by zig with DT_NEEDED libcudart.so.13
+
+
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory: pytest.TempPathFactory) -> Objects:
+    zig = _zig()
+    if zig is None:
+        pytest.skip("zig is missing (install the pinned `ziglang` of the build dependency group)")
+    root = tmp_path_factory.mktemp("policy")
+    sources = {"plain": C_PLAIN, "glibc234": C_GLIBC_234, "stub": C_CUDART_STUB}
+    sources["calls"] = C_CALLS_CUDART
+    for name, text in sources.items():
+        (root / f"{name}.c").write_text(text)
+    made = Objects(
+        zig_228=root / "zig_228.so",
+        gcc_234=root / "gcc_234.so",
+        cudart_stub=root / "stub" / "libcudart.so.13",
+        needs_cudart=root / "needs_cudart.so",
+    )
+    made.cudart_stub.parent.mkdir()
+    zig_cc = (zig, "cc", "-target", ZIG_TARGET, "-O2", "-shared", "-fPIC")
+    _run(*zig_cc, root / "plain.c", "-o", made.zig_228)
+    _run(*zig_cc, "-Wl,-soname,libcudart.so.13", root / "stub.c", "-o", made.cudart_stub)
+    _run(*zig_cc, root / "calls.c", "-Wl,--no-as-needed", f"-L{made.cudart_stub.parent}",
+         "-l:libcudart.so.13", "-o", made.needs_cudart)  # fmt: skip
+    gcc = shutil.which("gcc")
+    if gcc is not None:
+        _run(gcc, "-shared", "-fPIC", "-O1", root / "glibc234.c", "-o", made.gcc_234)
+    return made
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    return load_manifest(REAL)
+
+
+def _read_evidence(out: Path) -> dict:
+    return json.loads(evidence_path(out, "policy").read_text())
+
+
+def _assert_fails(evidence: Evidence, wheel: Path, *phrases: str) -> None:
+    assert evidence.verdict == "fail", evidence.figures
+    for phrase in phrases:
+        assert f"{wheel.name}: " in evidence.reason
+        assert phrase in evidence.reason, evidence.reason
+
+
+def test_declared_policy_is_manylinux_2_28(manifest: Manifest) -> None:
+    assert manifest.build.platform == DECLARED_TAG
+    assert manifest.build.glibc == (2, 28)
+
+
+@pytest.mark.parametrize(
+    ("tag", "glibc"),
+    [
+        ("manylinux_2_28_x86_64", (2, 28)),
+        ("manylinux_2_34_x86_64", (2, 34)),
+        ("manylinux2014_x86_64", (2, 17)),
+        ("manylinux2010_x86_64", (2, 12)),
+        ("manylinux1_x86_64", (2, 5)),
+        ("linux_x86_64", None),
+        ("musllinux_1_2_x86_64", None),
+    ],
+)
+def test_tag_glibc(tag: str, glibc: tuple[int, int] | None) -> None:
+    assert tag_glibc(tag) == glibc
+
+
+def test_zig_built_wheel_passes(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
+    wheel = platform_wheel(tmp_path / "dist", objects.zig_228)
+    tag, shown = shown_policy(wheel)
+    assert tag.startswith("manylinux_") and shown <= (2, 28)
+    out = tmp_path / "out"
+    evidence = run_policy_gate(manifest, [wheel], out)
+    assert evidence.verdict == "pass", evidence.reason
+    record = _read_evidence(out)
+    assert record["verdict"] == "pass"
+    assert record["artefacts"] == {wheel.name: sha256_file(wheel)}
+    assert record["figures"]["declared"] == DECLARED_TAG
+    assert record["figures"]["wheels"][wheel.name] == {"auditwheel_show": tag}
+
+
+def test_wheel_repaired_by_auditwheel_passes(
+    objects: Objects, manifest: Manifest, tmp_path: Path
+) -> None:
+    # `auditwheel repair --plat manylinux_2_28_x86_64` of an older-policy object adds the older
+    # tags beside the requested one, legacy aliases included (manylinux1, manylinux2014).
+    raw = platform_wheel(tmp_path / "raw", objects.zig_228, platforms=("linux_x86_64",))
+    repaired_dir = tmp_path / "repaired"
+    env = {
+        **os.environ,
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "SOURCE_DATE_EPOCH": "1700000000",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "repair", "--plat", DECLARED_TAG,
+         "-w", str(repaired_dir), str(raw)],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (repaired,) = repaired_dir.glob("*.whl")
+    assert DECLARED_TAG in repaired.name and "manylinux1_x86_64" in repaired.name
+    evidence = run_policy_gate(manifest, [repaired], tmp_path / "out")
+    assert evidence.verdict == "pass", evidence.reason
+
+
+def test_glibc_234_symbols_fail_naming_the_newer_policy(
+    objects: Objects, manifest: Manifest, tmp_path: Path
+) -> None:
+    if not objects.gcc_234.exists():
+        pytest.skip("the host gcc is missing")
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is missing")
+    symbols = _run(readelf, "--dyn-syms", "-W", objects.gcc_234)
+    versioned = set(re.findall(r"\b(pthread_create|pthread_join|dlopen)@GLIBC_2\.34\b", symbols))
+    if not versioned:
+        pytest.skip("the host glibc is older than 2.34: its gcc cannot plant GLIBC_2.34 symbols")
+    wheel = platform_wheel(tmp_path / "dist", objects.gcc_234)
+    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    _assert_fails(evidence, wheel, "auditwheel show reports manylinux_2_34_x86_64", "newer than")
+    assert evidence.figures["wheels"][wheel.name] == {"auditwheel_show": "manylinux_2_34_x86_64"}
+    assert _read_evidence(tmp_path / "out")["verdict"] == "fail"
+
+
+def test_vendored_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
+    vendored = "activekv.libs/libcudart-1234abcd.so.13"
+    wheel = platform_wheel(
+        tmp_path / "dist", objects.zig_228, extra={vendored: objects.cudart_stub.read_bytes()}
+    )
+    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    _assert_fails(evidence, wheel, f"{vendored}: a vendored CUDA library")
+
+
+def test_needed_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
+    readelf = shutil.which("readelf")
+    if readelf is not None:
+        assert "Shared library: [libcudart.so.13]" in _run(readelf, "-d", objects.needs_cudart)
+    wheel = platform_wheel(tmp_path / "dist", objects.needs_cudart)
+    # auditwheel show reports a needed library outside every manylinux policy as linux_x86_64:
+    # the gate must still judge (verdict fail, with the CUDA library named), not give up.
+    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    _assert_fails(evidence, wheel, f"{MODULE}: needs libcudart.so.13 (expected static cudart)")
+    assert _read_evidence(tmp_path / "out")["verdict"] == "fail"
+
+
+def test_file_name_claiming_a_newer_policy_fails(
+    objects: Objects, manifest: Manifest, tmp_path: Path
+) -> None:
+    wheel = platform_wheel(tmp_path / "dist", objects.zig_228, platforms=("manylinux_2_34_x86_64",))
+    _, shown = shown_policy(wheel)
+    assert shown <= (2, 28)  # the objects are fine: only the claim is wrong
+    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    _assert_fails(evidence, wheel, "platform tag manylinux_2_34_x86_64 is newer than the declared")
+
+
+def test_one_failing_wheel_fails_the_gate_and_every_digest_is_recorded(
+    objects: Objects, manifest: Manifest, tmp_path: Path
+) -> None:
+    good = platform_wheel(tmp_path / "good", objects.zig_228)
+    bad = platform_wheel(
+        tmp_path / "bad", objects.zig_228, platforms=(DECLARED_TAG, "manylinux_2_34_x86_64")
+    )
+    out = tmp_path / "out"
+    evidence = run_policy_gate(manifest, [good, bad], out)
+    assert evidence.verdict == "fail"
+    assert evidence.figures["failures"] == [
+        f"{bad.name}: platform tag manylinux_2_34_x86_64 is newer than the declared policy"
+    ]
+    assert _read_evidence(out)["artefacts"] == {
+        good.name: sha256_file(good),
+        bad.name: sha256_file(bad),
+    }
