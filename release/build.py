@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import parse_wheel_filename
+
+from release.cibuildwheel import run_cibuildwheel, selectors
 from release.digests import sha256_file
 from release.elfcheck import cxx_runtime_findings
 from release.errors import BuildError
@@ -288,9 +291,13 @@ def build_wheels(
     out_dir: Path,
     cache_dir: Path,
     only: Sequence[str] = (),
+    toolchain_kind: str | None = None,
 ) -> BuildReport:
     """Builds every planned wheel; `<out>/wheels/` changes only when all of them succeeded."""
     targets, skipped = plan_targets(manifest, only)
+    kind = toolchain_kind or manifest.build.toolchain.kind
+    if kind == "cibuildwheel":
+        return _build_with_cibuildwheel(manifest, targets, skipped, source_dir, out_dir)
     if not targets:
         reasons = "; ".join(f"{s.python}: {s.reason}" for s in skipped)
         raise BuildError(
@@ -322,3 +329,46 @@ def build_wheels(
     for skip in skipped:
         console.print(f"  python {skip.python}: skipped, {skip.reason}")
     return BuildReport(wheels, tuple(skipped), builder.toolchain.identity(), builder.epoch)
+
+
+def _build_with_cibuildwheel(
+    manifest: Manifest,
+    targets: list[BuildTarget],
+    skipped: list[SkippedPython],
+    source_dir: Path,
+    out_dir: Path,
+) -> BuildReport:
+    """The same plan through cibuildwheel; its wheels get the same post-link check."""
+    epoch = source_date_epoch(source_dir)
+    staging = out_dir / ".wheels.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    started = time.monotonic()
+    try:
+        run_cibuildwheel(
+            source_dir,
+            staging,
+            selectors([t.python for t in targets]),
+            {"SOURCE_DATE_EPOCH": str(epoch)},
+        )
+        wheels = sorted(staging.glob("*.whl"))
+        problems = [p for wheel in wheels for p in check_wheel_objects(wheel)]
+        if problems:
+            raise BuildError("post-link check:\n  " + "\n  ".join(problems))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    final = out_dir / "wheels"
+    shutil.rmtree(final, ignore_errors=True)
+    staging.replace(final)
+    seconds = time.monotonic() - started
+    by_tag = {f"cp{t.python.replace('.', '')}": t for t in targets}
+    built = []
+    for wheel in sorted(final.glob("*.whl")):
+        interpreter = next(iter(parse_wheel_filename(wheel.name)[3])).interpreter
+        if interpreter not in by_tag:
+            raise BuildError(f"cibuildwheel made {wheel.name}, which no planned target asked for")
+        target = by_tag[interpreter]
+        built.append(BuiltWheel(wheel, target.python, target.serves, seconds, False))
+    return BuildReport(
+        tuple(built), tuple(skipped), {"cibuildwheel": "manylinux containers"}, epoch
+    )

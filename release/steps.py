@@ -107,7 +107,7 @@ def _git_commit(source_dir: Path) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def step_build(context: Context, only: list[str]) -> int:
+def step_build(context: Context, only: list[str], toolchain_kind: str | None = None) -> int:
     started = datetime.now(timezone.utc)
     report = build_wheels(
         context.manifest,
@@ -115,6 +115,7 @@ def step_build(context: Context, only: list[str]) -> int:
         out_dir=context.out_dir,
         cache_dir=context.cache_dir,
         only=only,
+        toolchain_kind=toolchain_kind,
     )
     write_record(context.out_dir, "build", {
         "started": started.isoformat(),
@@ -292,7 +293,7 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
         console.print(f"{context.manifest.path}: valid")
         return 0
     if command == "build":
-        return step_build(context, args.python)
+        return step_build(context, args.python, args.toolchain)
     if command == "cpp-tests":
         return run_cpp_tests(
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,

@@ -136,19 +136,47 @@ def test_directory_without_commits_is_refused(no_git_discovery: None, tmp_path: 
     assert str(tmp_path) in str(raised.value)
 
 
-def test_last_commit_time_is_used(no_git_discovery: None, tmp_path: Path) -> None:
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is missing")
+def _commit(git: str, repo: Path, path: str, when: int) -> None:
+    file = repo / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(f"changed at {when}\n")
     env = {
         **os.environ,
         "GIT_AUTHOR_NAME": "t",
         "GIT_AUTHOR_EMAIL": "t@example.invalid",
         "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@example.invalid",
-        "GIT_AUTHOR_DATE": "@1600000000 +0000",
-        "GIT_COMMITTER_DATE": "@1650000000 +0000",
+        "GIT_AUTHOR_DATE": f"@{when - 1000} +0000",
+        "GIT_COMMITTER_DATE": f"@{when} +0000",
     }
-    for command in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "fixture"]):
-        subprocess.run([git, "-C", str(tmp_path), *command], check=True, env=env)
-    assert source_date_epoch(tmp_path) == 1_650_000_000  # the committer's time
+    for command in (["add", path], ["commit", "-q", "-m", f"change {path}"]):
+        subprocess.run([git, "-C", str(repo), *command], check=True, env=env)
+
+
+def test_time_of_the_last_commit_to_the_sources_is_used(
+    no_git_discovery: None, tmp_path: Path
+) -> None:
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is missing")
+    subprocess.run([git, "-C", str(tmp_path), "init", "-q"], check=True)
+    _commit(git, tmp_path, "engine/cache.cpp", 1_600_000_000)
+    assert source_date_epoch(tmp_path) == 1_600_000_000  # the committer's time
+    _commit(git, tmp_path, "CMakeLists.txt", 1_650_000_000)
+    assert source_date_epoch(tmp_path) == 1_650_000_000
+    # A later commit outside what goes into a wheel leaves the epoch (and the bytes) alone.
+    _commit(git, tmp_path, "tests/test_x.py", 1_700_000_000)
+    assert source_date_epoch(tmp_path) == 1_650_000_000
+
+
+def test_repository_without_source_commits_is_refused(
+    no_git_discovery: None, tmp_path: Path
+) -> None:
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is missing")
+    subprocess.run([git, "-C", str(tmp_path), "init", "-q"], check=True)
+    _commit(git, tmp_path, "docs/notes.md", 1_600_000_000)
+    with pytest.raises(BuildError, match="SOURCE_DATE_EPOCH") as raised:
+        source_date_epoch(tmp_path)
+    assert str(tmp_path) in str(raised.value)
