@@ -24,6 +24,8 @@ _LIBSTDCXX_SYMBOL = re.compile(
     r"_ZTVN10__cxxabiv1|__cxa_|__gxx_personality_v0|_Zn[wa][mj]|_Zd[la]Pv)"
 )
 _LIBSTDCXX_VERSION = re.compile(r"^(GLIBCXX|CXXABI)_")
+# glibc defines these C++ ABI helpers itself; an unversioned weak reference is not libstdc++.
+_GLIBC_CXA = frozenset({"__cxa_atexit", "__cxa_finalize", "__cxa_thread_atexit_impl"})
 _FOREIGN_RUNTIMES = re.compile(r"^(libstdc\+\+|libc\+\+|libc\+\+abi|libgcc_s)\.so")
 
 
@@ -70,7 +72,7 @@ def cxx_runtime_findings(stream: BinaryIO, module: str) -> list[Finding]:
         version = ""
         if versym is not None:
             version = versions.get(versym.get_symbol(index).entry.ndx, "")
-        if version.startswith("GLIBC_"):
+        if version.startswith("GLIBC_") or symbol.name in _GLIBC_CXA:
             continue  # glibc's own (__cxa_atexit, __cxa_finalize), not the C++ runtime
         if _LIBSTDCXX_VERSION.match(version) or _LIBSTDCXX_SYMBOL.match(symbol.name):
             suffix = f"@{version}" if version else ""

@@ -70,9 +70,12 @@ def read_evidence(out_dir: Path, gate: str) -> Evidence | None:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise GateError(f"{path}: schema: expected {EVIDENCE_SCHEMA!r}; got {got!r}")
     try:
-        return Evidence(**data)
+        evidence = Evidence(**data)
     except TypeError as error:
         raise GateError(f"{path}: expected the fields of an evidence record; {error}") from error
+    if evidence.gate != gate:
+        raise GateError(f"{path}: gate: expected {gate!r}; got {evidence.gate!r}")
+    return evidence
 
 
 def evidence_problems(out_dir: Path, gates: tuple[str, ...], digests: dict[str, str]) -> list[str]:

@@ -28,7 +28,7 @@ _CUDA_LIBRARY = re.compile(
     r"^lib(cuda|cudart|cublas|cublasLt|cufft|curand|cusparse|cusolver|cupti|nvrtc|nvJitLink|"
     r"nccl|cudnn|nvinfer|nvToolsExt)\b"
 )
-_SHOWN_POLICY = re.compile(r'platform tag:\s*"(manylinux_(\d+)_(\d+)_\w+)"')
+_SHOWN_POLICY = re.compile(r'platform tag:\s*"((?:manylinux_(\d+)_(\d+)|linux)_\w+)"')
 _TAG_GLIBC = re.compile(r"^manylinux_(\d+)_(\d+)_")
 # PEP 600's aliases for the legacy tags that auditwheel still adds beside the PEP 600 ones.
 _LEGACY_TAGS = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
@@ -41,8 +41,8 @@ def tag_glibc(platform_tag: str) -> tuple[int, int] | None:
     return _LEGACY_TAGS.get(platform_tag.split("_", 1)[0])
 
 
-def shown_policy(wheel: Path) -> tuple[str, tuple[int, int]]:
-    """The platform tag `auditwheel show` reports, and its glibc version."""
+def shown_policy(wheel: Path) -> tuple[str, tuple[int, int] | None]:
+    """The platform tag `auditwheel show` reports, and its glibc version (None: no manylinux)."""
     result = subprocess.run(
         [sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True, text=True
     )
@@ -50,6 +50,8 @@ def shown_policy(wheel: Path) -> tuple[str, tuple[int, int]]:
     match = _SHOWN_POLICY.search(text)
     if result.returncode != 0 or match is None:
         raise GateError(f"{wheel}: auditwheel show gave no platform tag: {text[-800:]}")
+    if match.group(2) is None:
+        return match.group(1), None
     return match.group(1), (int(match.group(2)), int(match.group(3)))
 
 
@@ -75,7 +77,11 @@ def judge_wheel(wheel: Path, declared: tuple[int, int]) -> tuple[dict[str, str],
     """Figures and problems of one wheel against the declared glibc."""
     tag, shown = shown_policy(wheel)
     problems: list[str] = []
-    if shown > declared:
+    if shown is None:
+        problems.append(
+            f"auditwheel show reports {tag}: it needs a library outside every manylinux policy"
+        )
+    elif shown > declared:
         problems.append(f"auditwheel show reports {tag}, newer than the declared glibc {declared}")
     for wheel_tag in parse_wheel_filename(wheel.name)[3]:
         glibc = tag_glibc(wheel_tag.platform)
