@@ -1,5 +1,6 @@
 #include "offload/kv_layout.h"
 
+#include <initializer_list>
 #include <limits>
 
 namespace activekv::offload {
@@ -48,12 +49,16 @@ KvBlockLayout::KvBlockLayout(std::uint32_t num_layers, std::uint32_t block_size,
   require_positive(block_size, "block_size");
   require_positive(num_kv_heads, "num_kv_heads");
   require_positive(head_dim, "head_dim");
-  dtype_bytes(dtype);  // rejects a value outside the enum
-  // Reject geometries whose block size overflows size_t rather than wrapping silently.
-  const unsigned __int128 block = static_cast<unsigned __int128>(block_size) * num_kv_heads *
-                                  head_dim * dtype_bytes(dtype) * 2 * num_layers;
-  if (block > std::numeric_limits<std::size_t>::max()) {
-    throw LayoutError("block: expected a block size that fits in memory; got " + describe());
+  // Reject geometries whose block size overflows size_t rather than wrapping silently: each
+  // multiplication is checked (the factors are non-zero, checked above).
+  std::size_t block = 1;
+  for (const std::size_t factor : {std::size_t{block_size}, std::size_t{num_kv_heads},
+                                   std::size_t{head_dim}, dtype_bytes(dtype), std::size_t{2},
+                                   std::size_t{num_layers}}) {
+    if (block > std::numeric_limits<std::size_t>::max() / factor) {
+      throw LayoutError("block: expected a block size that fits in memory; got " + describe());
+    }
+    block *= factor;
   }
 }
 
