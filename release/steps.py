@@ -130,7 +130,9 @@ def step_build(context: Context, only: list[str], toolchain_kind: str | None = N
         ],
         "skipped": [{"python": s.python, "reason": s.reason} for s in report.skipped],
     })  # fmt: skip
-    return 0
+    # The policy is part of the build: auditwheel's verdict on exactly the wheels just made.
+    wheels = [wheel.path for wheel in report.wheels]
+    return _print_verdict(run_policy_gate(context.manifest, wheels, context.out_dir))
 
 
 def step_gate(context: Context, gate: str, wheels: list[Path]) -> int:
@@ -263,14 +265,11 @@ def step_run(context: Context, channel_name: str | None) -> int:
         (context.out_dir / f"{stale}.json").unlink(missing_ok=True)
     shutil.rmtree(context.out_dir / "evidence", ignore_errors=True)
     console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
-    step_build(context, [])
+    step_build(context, [])  # includes the policy gate
     wheels = context.built_wheels()
     console.rule("gates")
-    for evidence in (
-        run_payload_gate(context.manifest, wheels, context.out_dir),
-        run_policy_gate(context.manifest, wheels, context.out_dir),
-        *record_gpu_gates(context.manifest, wheels, context.out_dir),
-    ):
+    _print_verdict(run_payload_gate(context.manifest, wheels, context.out_dir))
+    for evidence in record_gpu_gates(context.manifest, wheels, context.out_dir):
         _print_verdict(evidence)
     try:
         check_channel_evidence(context, channel, spec)

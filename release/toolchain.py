@@ -160,9 +160,13 @@ def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
     wrapper_dir.mkdir(parents=True, exist_ok=True)
     zig = _find_zig()
 
-    nvcc = _system_nvcc()
+    # ACTIVEKV_CUDA_COMPILER=wheels uses the pinned NVIDIA wheels even where a toolkit exists.
+    choice = os.environ.get("ACTIVEKV_CUDA_COMPILER", "auto")
+    if choice not in ("auto", "wheels"):
+        raise BuildError(f"ACTIVEKV_CUDA_COMPILER: expected 'auto' or 'wheels'; got {choice!r}")
+    nvcc = _system_nvcc() if choice == "auto" else None
     if nvcc is None:
-        print("toolchain: no CUDA toolkit found; installing the pinned NVIDIA compiler wheels")
+        print("toolchain: installing the pinned NVIDIA compiler wheels (no CUDA toolkit used)")
         cuda_root = _install_cuda_wheels(tool_dir / "cuda-wheels")
         nvcc = cuda_root / "bin" / "nvcc"
     cuda_root = nvcc.resolve().parent.parent
