@@ -33,6 +33,13 @@ def release(session: nox.Session) -> None:
 
 
 @nox.session
+def serve(session: nox.Session) -> None:
+    """Serve the embedded index of the state directory on 127.0.0.1 until Ctrl-C."""
+    _install(session, "release")
+    session.run("python", "-m", "release", "serve", *session.posargs)
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """C++ tests (ctest), lint, then the pipeline's tests and the end-to-end release (pytest)."""
     _install(session, "test")

@@ -21,10 +21,21 @@ Verdict = Literal["pass", "fail", "not-run"]
 EVIDENCE_SCHEMA = "activekv.evidence/v1"
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def runner_identity() -> dict[str, str]:
     """Where a gate ran. GPU gates add the GPU name and the driver."""
     return {
         "kind": "cpu",
+        "cpu": _cpu_model(),
         "host": socket.gethostname(),
         "machine": platform.machine(),
         "system": platform.platform(),

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from elftools.elf.dynamic import DynamicSection
@@ -106,6 +107,7 @@ def run_policy_gate(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) -
         artefacts={wheel.name: sha256_file(wheel) for wheel in wheels},
         figures={"declared": manifest.build.platform, "wheels": figures, "failures": problems},
         reason="; ".join(problems),
+        tools={"auditwheel": version("auditwheel"), "pyelftools": version("pyelftools")},
     )
     write_evidence(out_dir, evidence)
     return evidence

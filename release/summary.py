@@ -96,6 +96,6 @@ def print_summary(out_dir: Path, manifest: Manifest, channel: str) -> None:
         console.print("verify: not run")
     if publish:
         console.print(
-            "the index lives in the state directory; `python -m release serve` serves it again, "
+            "the index lives in the state directory; `nox -s serve` serves it again, "
             f"then {install_hint('http://127.0.0.1:<port>/simple/', manifest.release.name)}"
         )
