@@ -3,7 +3,9 @@
 
 #include <cuda_runtime.h>
 
-namespace {
+// A named namespace, not an anonymous one: nvcc names anonymous namespaces after a hash of the
+// source file's absolute path, which would make the wheel's bytes depend on where it was built.
+namespace activekv_cuda_detail {
 
 __global__ void sum_words(const uint32_t* words, size_t count, unsigned long long* sum) {
   unsigned long long local = 0;
@@ -24,7 +26,10 @@ struct DeviceBuffer {
   }
 };
 
-}  // namespace
+}  // namespace activekv_cuda_detail
+
+using activekv_cuda_detail::DeviceBuffer;
+using activekv_cuda_detail::sum_words;
 
 extern "C" int akv_cuda_compiled_runtime_version(void) { return CUDART_VERSION; }
 
