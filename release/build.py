@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -275,6 +276,22 @@ def _single_wheel(directory: Path) -> Path:
     return wheels[0]
 
 
+@contextmanager
+def _staging_area(out_dir: Path) -> Iterator[Path]:
+    """A fresh folder for this build's wheels; it replaces `<out>/wheels` only on success."""
+    staging = out_dir / ".wheels.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    final = out_dir / "wheels"
+    shutil.rmtree(final, ignore_errors=True)
+    staging.replace(final)
+
+
 def _store_in_cache(wheel: Path, cache: Path) -> None:
     partial = cache.with_name(cache.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -305,11 +322,8 @@ def build_wheels(
         )
     builder = WheelBuilder(manifest, source_dir, out_dir, cache_dir)
     builder.logs.mkdir(parents=True, exist_ok=True)
-    staging = out_dir / ".wheels.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     built: list[BuiltWheel] = []
-    try:
+    with _staging_area(out_dir) as staging:
         for target in targets:
             label = f"python {target.python}" + (" (stable ABI)" if target.stable_abi else "")
             with console.status(f"building the {label} wheel"):
@@ -317,12 +331,7 @@ def build_wheels(
             how = "cached" if wheel.cached else f"built in {wheel.seconds:.0f} s"
             console.print(f"  {wheel.path.name}: {how}, {wheel.size / 1e6:.2f} MB")
             built.append(wheel)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     final = out_dir / "wheels"
-    shutil.rmtree(final, ignore_errors=True)
-    staging.replace(final)
     wheels = tuple(
         BuiltWheel(final / w.path.name, w.python, w.serves, w.seconds, w.cached) for w in built
     )
@@ -340,10 +349,8 @@ def _build_with_cibuildwheel(
 ) -> BuildReport:
     """The same plan through cibuildwheel; its wheels get the same post-link check."""
     epoch = source_date_epoch(source_dir)
-    staging = out_dir / ".wheels.partial"
-    shutil.rmtree(staging, ignore_errors=True)
     started = time.monotonic()
-    try:
+    with _staging_area(out_dir) as staging:
         run_cibuildwheel(
             source_dir,
             staging,
@@ -354,12 +361,7 @@ def _build_with_cibuildwheel(
         problems = [p for wheel in wheels for p in check_wheel_objects(wheel)]
         if problems:
             raise BuildError("post-link check:\n  " + "\n  ".join(problems))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     final = out_dir / "wheels"
-    shutil.rmtree(final, ignore_errors=True)
-    staging.replace(final)
     seconds = time.monotonic() - started
     by_tag = {f"cp{t.python.replace('.', '')}": t for t in targets}
     built = []

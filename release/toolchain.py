@@ -99,7 +99,8 @@ def _write_wrapper(path: Path, argv: list[str]) -> Path:
     return path
 
 
-def _find_zig() -> Path:
+def find_zig() -> Path:
+    """The zig binary of the pinned `ziglang` distribution installed in this environment."""
     try:
         import ziglang  # the pinned ziglang distribution of the build dependency group
     except ImportError as error:
@@ -158,7 +159,7 @@ def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
     target = zig_target(manifest)
     wrapper_dir = tool_dir / f"zig-{target}"
     wrapper_dir.mkdir(parents=True, exist_ok=True)
-    zig = _find_zig()
+    zig = find_zig()
 
     # ACTIVEKV_CUDA_COMPILER=wheels uses the pinned NVIDIA wheels even where a toolkit exists.
     choice = os.environ.get("ACTIVEKV_CUDA_COMPILER", "auto")

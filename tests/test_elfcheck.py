@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import run_tool, zig_binary
 
 from release.build import check_wheel_objects
 from release.elfcheck import check_shared_object
@@ -33,20 +34,6 @@ C_PURE = "int probe(int x) { return 2 * x + 1; }\n"
 C_WITH_LIBC = "#include <string.h>\nint probe(const char* s) { return (int)strlen(s); }\n"
 
 
-def _zig() -> Path | None:
-    try:
-        import ziglang
-    except ImportError:
-        return None
-    zig = Path(ziglang.__file__).parent / "zig"
-    return zig if zig.is_file() else None
-
-
-def _run(*command: str | Path) -> None:
-    result = subprocess.run([str(c) for c in command], capture_output=True, text=True)
-    assert result.returncode == 0, f"{command}: {result.stderr}"
-
-
 @dataclass(frozen=True)
 class Objects:
     gxx_under_zig: Path  # g++ -c objects, linked by zig c++ (libstdc++ symbols left undefined)
@@ -58,7 +45,7 @@ class Objects:
 
 @pytest.fixture(scope="module")
 def objects(tmp_path_factory: pytest.TempPathFactory) -> Objects:
-    zig = _zig()
+    zig = zig_binary()
     gxx = shutil.which("g++")
     gcc = shutil.which("gcc")
     if zig is None:
@@ -79,12 +66,14 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> Objects:
         c_with_libc=root / "c_with_libc.so",
         c_without_libc=root / "c_without_libc.so",
     )
-    _run(gxx, "-c", "-fPIC", "-O1", cxx, "-o", root / "probe.o")
-    _run(zig, "c++", "-target", ZIG_TARGET, "-shared", root / "probe.o", "-o", made.gxx_under_zig)
-    _run(gxx, "-shared", "-fPIC", "-O1", cxx, "-o", made.gxx_linked)
-    _run(zig, "c++", "-target", ZIG_TARGET, "-shared", "-fPIC", "-O1", cxx, "-o", made.zig_only)
-    _run(gcc, "-shared", "-fPIC", "-O1", c_libc, "-o", made.c_with_libc)
-    _run(gcc, "-shared", "-fPIC", "-O1", c_pure, "-o", made.c_without_libc)
+    run_tool(gxx, "-c", "-fPIC", "-O1", cxx, "-o", root / "probe.o")
+    run_tool(
+        zig, "c++", "-target", ZIG_TARGET, "-shared", root / "probe.o", "-o", made.gxx_under_zig
+    )
+    run_tool(gxx, "-shared", "-fPIC", "-O1", cxx, "-o", made.gxx_linked)
+    run_tool(zig, "c++", "-target", ZIG_TARGET, "-shared", "-fPIC", "-O1", cxx, "-o", made.zig_only)
+    run_tool(gcc, "-shared", "-fPIC", "-O1", c_libc, "-o", made.c_with_libc)
+    run_tool(gcc, "-shared", "-fPIC", "-O1", c_pure, "-o", made.c_without_libc)
     return made
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import run_tool, zig_binary
 
 from release.digests import sha256_file
 from release.evidence import Evidence, evidence_path
@@ -46,21 +47,6 @@ int probe(void) {
 """
 C_CUDART_STUB = "int cudaFree(void* pointer) { (void)pointer; return 0; }\n"
 C_CALLS_CUDART = "int cudaFree(void*);\nint probe(void) { return cudaFree(0); }\n"
-
-
-def _zig() -> Path | None:
-    try:
-        import ziglang
-    except ImportError:
-        return None
-    zig = Path(ziglang.__file__).parent / "zig"
-    return zig if zig.is_file() else None
-
-
-def _run(*command: str | Path) -> str:
-    result = subprocess.run([str(c) for c in command], capture_output=True, text=True)
-    assert result.returncode == 0, f"{command}: {result.stderr}"
-    return result.stdout
 
 
 def _record_hash(data: bytes) -> str:
@@ -110,7 +96,7 @@ class Objects:
 
 @pytest.fixture(scope="module")
 def objects(tmp_path_factory: pytest.TempPathFactory) -> Objects:
-    zig = _zig()
+    zig = zig_binary()
     if zig is None:
         pytest.skip("zig is missing (install the pinned `ziglang` of the build dependency group)")
     root = tmp_path_factory.mktemp("policy")
@@ -126,13 +112,13 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> Objects:
     )
     made.cudart_stub.parent.mkdir()
     zig_cc = (zig, "cc", "-target", ZIG_TARGET, "-O2", "-shared", "-fPIC")
-    _run(*zig_cc, root / "plain.c", "-o", made.zig_228)
-    _run(*zig_cc, "-Wl,-soname,libcudart.so.13", root / "stub.c", "-o", made.cudart_stub)
-    _run(*zig_cc, root / "calls.c", "-Wl,--no-as-needed", f"-L{made.cudart_stub.parent}",
+    run_tool(*zig_cc, root / "plain.c", "-o", made.zig_228)
+    run_tool(*zig_cc, "-Wl,-soname,libcudart.so.13", root / "stub.c", "-o", made.cudart_stub)
+    run_tool(*zig_cc, root / "calls.c", "-Wl,--no-as-needed", f"-L{made.cudart_stub.parent}",
          "-l:libcudart.so.13", "-o", made.needs_cudart)  # fmt: skip
     gcc = shutil.which("gcc")
     if gcc is not None:
-        _run(gcc, "-shared", "-fPIC", "-O1", root / "glibc234.c", "-o", made.gcc_234)
+        run_tool(gcc, "-shared", "-fPIC", "-O1", root / "glibc234.c", "-o", made.gcc_234)
     return made
 
 
@@ -219,7 +205,7 @@ def test_glibc_234_symbols_fail_naming_the_newer_policy(
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf is missing")
-    symbols = _run(readelf, "--dyn-syms", "-W", objects.gcc_234)
+    symbols = run_tool(readelf, "--dyn-syms", "-W", objects.gcc_234)
     versioned = set(re.findall(r"\b(pthread_create|pthread_join|dlopen)@GLIBC_2\.34\b", symbols))
     if not versioned:
         pytest.skip("the host glibc is older than 2.34: its gcc cannot plant GLIBC_2.34 symbols")
@@ -242,7 +228,7 @@ def test_vendored_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: P
 def test_needed_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
     readelf = shutil.which("readelf")
     if readelf is not None:
-        assert "Shared library: [libcudart.so.13]" in _run(readelf, "-d", objects.needs_cudart)
+        assert "Shared library: [libcudart.so.13]" in run_tool(readelf, "-d", objects.needs_cudart)
     wheel = platform_wheel(tmp_path / "dist", objects.needs_cudart)
     # auditwheel show reports a needed library outside every manylinux policy as linux_x86_64:
     # the gate must still judge (verdict fail, with the CUDA library named), not give up.
