@@ -327,12 +327,41 @@ class PayloadPolicy(_Model):
     shims: Annotated[tuple[Shim, ...], AfterValidator(_shims)]
 
 
+def _unique_cells(value: tuple[ParityCell, ...]) -> tuple[ParityCell, ...]:
+    names = [cell.name for cell in value]
+    _check(len(set(names)) == len(names), "cells with distinct names")
+    return value
+
+
+class ParityCell(_Model):
+    """One ``[[gates.<name>.cells]]`` entry: a trace configuration the parity gate replays."""
+
+    name: Annotated[
+        StrictStr, AfterValidator(_pattern(r"[a-z0-9][a-z0-9._-]*", "a cell name of [a-z0-9._-]"))
+    ]
+    mode: Literal["exact", "int8", "fp8_e4m3"]
+    dtype: Literal["fp16", "bf16", "fp32"]
+    num_layers: PositiveInt
+    block_size: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    # Host pool size in blocks: below the trace's working set, it forces eviction and refusal.
+    pool_blocks: PositiveInt
+    num_regions: PositiveInt
+    region_blocks: PositiveInt
+    steps: PositiveInt
+    # Fence faults the trace injects (each quarantines a region for good).
+    fence_faults: Annotated[StrictInt, Field(ge=0)]
+    seed: Annotated[StrictInt, Field(ge=0)]
+
+
 class GateSpec(_Model):
     """``[gates.<name>]``: where a gate runs and its parameters."""
 
     runner: Literal["cpu", "gpu"]
     warmup_steps: PositiveInt | None = None
     steady_steps: PositiveInt | None = None
+    cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
 
 
 class SignSpec(_Model):
@@ -487,6 +516,10 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                 _show(m.build.stable_abi_from),
             )
         )
+    if "parity" in m.gates and not m.gates["parity"].cells:
+        issues.append(
+            _Issue(("gates", "parity", "cells"), "a non-empty array of parity cells", "nothing")
+        )
     for name, gate in m.gates.items():
         if gate.runner != "gpu":
             continue
@@ -504,6 +537,7 @@ _EXPECTED_BY_TYPE = {
     "string_type": "a string",
     "int_type": "an integer",
     "greater_than": "an integer greater than 0",
+    "greater_than_equal": "an integer of 0 or more",
     "tuple_type": "an array",
     "list_type": "an array",
     "dict_type": "a table",
