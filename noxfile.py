@@ -33,6 +33,14 @@ def release(session: nox.Session) -> None:
 
 
 @nox.session
+def parity(session: nox.Session) -> None:
+    """Parity gate: manifest cells replayed through the reference and the built engine."""
+    _install(session, "build", "release")
+    session.run("python", "-m", "release", "build")
+    session.run("python", "-m", "release", "parity", *session.posargs)
+
+
+@nox.session
 def serve(session: nox.Session) -> None:
     """Serve the embedded index of the state directory on 127.0.0.1 until Ctrl-C."""
     _install(session, "release")

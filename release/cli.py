@@ -54,6 +54,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     cpp = sub.add_parser("cpp-tests", parents=[common], help="build and run the C++ tests (ctest)")
     cpp.add_argument("--sanitizer", default=None, help="asan-ubsan or tsan")
+    parity = sub.add_parser(
+        "parity",
+        parents=[common],
+        help="replay the manifest's parity cells: reference against engine",
+    )
+    parity.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="wheel under test (default: the built wheel for this interpreter)",
+    )
+    parity.add_argument(
+        "--cell",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this cell (repeatable)",
+    )
     for gate in ("payload", "policy"):
         step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
         step.add_argument(

@@ -141,6 +141,14 @@ def step_gate(context: Context, gate: str, wheels: list[Path]) -> int:
     return _print_verdict(runner(context.manifest, chosen, context.out_dir))
 
 
+def step_parity(context: Context, wheel: Path | None, cells: list[str]) -> int:
+    from release.parity import run_parity_gate, wheel_for_this_interpreter
+
+    chosen = wheel.resolve() if wheel else wheel_for_this_interpreter(context.built_wheels())
+    console.print(f"parity: engine of {chosen.name} against the Python reference")
+    return _print_verdict(run_parity_gate(context.manifest, chosen, context.out_dir, cells=cells))
+
+
 def _signing(context: Context, channel: str, spec: ChannelSpec) -> tuple[Any, Any]:
     key_ref = context.manifest.sign[spec.signing].key
     return load_signer(key_ref, channel=channel, state_dir=context.state_dir)
@@ -298,6 +306,8 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
             sanitizer=args.sanitizer,
         )  # fmt: skip
+    if command == "parity":
+        return step_parity(context, args.wheel, args.cell)
     if command in ("payload", "policy"):
         return step_gate(context, command, [w.resolve() for w in args.wheels])
     steps = {"sign": step_sign, "publish": step_publish, "verify": step_verify, "run": step_run}
