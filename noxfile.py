@@ -41,6 +41,14 @@ def parity(session: nox.Session) -> None:
 
 
 @nox.session
+def sanitize(session: nox.Session) -> None:
+    """C++ tests under AddressSanitizer with UndefinedBehaviorSanitizer, then ThreadSanitizer."""
+    _install(session, "build", "release")
+    for sanitizer in ("asan-ubsan", "tsan"):
+        session.run("python", "-m", "release", "cpp-tests", "--sanitizer", sanitizer)
+
+
+@nox.session
 def serve(session: nox.Session) -> None:
     """Serve the embedded index of the state directory on 127.0.0.1 until Ctrl-C."""
     _install(session, "release")
