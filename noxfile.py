@@ -41,6 +41,14 @@ def parity(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmark: engine bookkeeping per layer-step against the reference, as a ratio."""
+    _install(session, "build", "release")
+    session.run("python", "-m", "release", "build")
+    session.run("python", "-m", "release", "bench", *session.posargs)
+
+
+@nox.session
 def sanitize(session: nox.Session) -> None:
     """C++ tests under AddressSanitizer with UndefinedBehaviorSanitizer, then ThreadSanitizer."""
     _install(session, "build", "release")

@@ -72,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run only this cell (repeatable)",
     )
+    bench = sub.add_parser(
+        "bench", parents=[common], help="engine against reference: bookkeeping per layer-step"
+    )
+    bench.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="wheel under test (default: the built wheel for this interpreter)",
+    )
+    bench.add_argument("--blocks", type=int, default=256, help="blocks per step (default 256)")
     for gate in ("payload", "policy"):
         step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
         step.add_argument(

@@ -306,6 +306,19 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
             sanitizer=args.sanitizer,
         )  # fmt: skip
+    if command == "bench":
+        from release.bench import run_bench
+        from release.parity import wheel_for_this_interpreter
+
+        wheel = (
+            args.wheel.resolve()
+            if args.wheel
+            else wheel_for_this_interpreter(context.built_wheels())
+        )
+        write_record(
+            context.out_dir, "bench", run_bench(wheel, context.out_dir, blocks=args.blocks)
+        )
+        return 0
     if command == "parity":
         return step_parity(context, args.wheel, args.cell)
     if command in ("payload", "policy"):
