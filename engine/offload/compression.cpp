@@ -1,9 +1,18 @@
-// Placeholder with the exact mode only; the compressed modes follow SPEC.md §5.
+// Compression of offloaded KV, SPEC.md §5: exact raw words, or int8 / fp8 (E4M3FN) codes with one
+// float32 scale per (token, head) group of head_dim elements, K and V separately. Every float
+// operation is one IEEE binary32 operation (this file is compiled with -ffp-contract=off); the
+// format conversions are integer code in float_bits.h. Bit-identical to
+// tests/reference/compression.py.
 #include "offload/compression.h"
 
 #include <cstring>
+#include <vector>
+
+#include "offload/float_bits.h"
 
 namespace activekv::offload {
+
+namespace fb = float_bits;
 
 CompressionMode parse_mode(std::string_view name) {
   if (name == "exact") return CompressionMode::exact;
@@ -29,24 +38,161 @@ std::size_t stored_layer_bytes(const KvBlockLayout& layout, CompressionMode mode
   const std::size_t elements =
       std::size_t{layout.block_size()} * layout.num_kv_heads() * layout.head_dim();
   const std::size_t groups = std::size_t{layout.block_size()} * layout.num_kv_heads();
-  if (mode == CompressionMode::exact) return 2 * elements * dtype_bytes(layout.dtype());
-  return 2 * elements + 2 * groups * sizeof(float);
+  switch (mode) {
+    case CompressionMode::exact:
+      return 2 * elements * dtype_bytes(layout.dtype());
+    case CompressionMode::int8:
+    case CompressionMode::fp8_e4m3:
+      return 2 * elements + 2 * groups * sizeof(float);
+  }
+  throw LayoutError("mode: expected exact, int8 or fp8_e4m3");
 }
+
+namespace {
+
+void require_compressed(CompressionMode mode) {
+  if (mode != CompressionMode::int8 && mode != CompressionMode::fp8_e4m3) {
+    throw LayoutError("mode: expected exact, int8 or fp8_e4m3");
+  }
+}
+
+// Element `index` of an array of raw words of `dtype`, widened exactly to binary32 bits. The
+// words are read with memcpy: the caller's buffer need not be aligned.
+std::uint32_t load_f32_bits(KvDtype dtype, const std::uint8_t* words, std::size_t index) {
+  if (dtype == KvDtype::fp32) {
+    std::uint32_t word;
+    std::memcpy(&word, words + index * sizeof word, sizeof word);
+    return word;
+  }
+  std::uint16_t word;
+  std::memcpy(&word, words + index * sizeof word, sizeof word);
+  return dtype == KvDtype::fp16 ? fb::fp16_to_f32_bits(word) : fb::bf16_to_f32_bits(word);
+}
+
+// Narrows a dequantized binary32 value to `dtype` and stores it as element `index`. A NaN (which
+// only stored bytes that encode_layer never writes can produce) becomes the dtype's canonical
+// quiet NaN, since the sign and payload of a NaN product are not specified by IEEE-754.
+void store_narrowed(KvDtype dtype, float value, std::uint8_t* words, std::size_t index) {
+  const std::uint32_t bits = fb::float_to_bits(value);
+  const bool nan = fb::f32_is_nan(bits);
+  if (dtype == KvDtype::fp32) {
+    const std::uint32_t word = nan ? fb::kF32CanonicalNan : bits;
+    std::memcpy(words + index * sizeof word, &word, sizeof word);
+    return;
+  }
+  std::uint16_t word;
+  if (dtype == KvDtype::fp16) {
+    word = nan ? fb::kFp16CanonicalNan : fb::f32_bits_to_fp16(bits);
+  } else {
+    word = nan ? fb::kBf16CanonicalNan : fb::f32_bits_to_bf16(bits);
+  }
+  std::memcpy(words + index * sizeof word, &word, sizeof word);
+}
+
+// Quantizes one tensor (K or V: `groups` groups of `group_size` elements): `codes` receives
+// groups * group_size bytes, `scales` groups float32 values (byte-wise, as memcpy lays them out).
+void encode_tensor(KvDtype dtype, CompressionMode mode, const std::uint8_t* words,
+                   std::size_t groups, std::size_t group_size, std::uint8_t* codes,
+                   std::uint8_t* scales) {
+  const float divisor = mode == CompressionMode::int8 ? 127.0f : 448.0f;
+  std::vector<float> group(group_size);
+  std::vector<bool> is_nan(group_size);
+  for (std::size_t g = 0; g < groups; ++g) {
+    // Widen and find amax over the finite elements (0 if there are none).
+    float amax = 0.0f;
+    for (std::size_t i = 0; i < group_size; ++i) {
+      const std::uint32_t bits = load_f32_bits(dtype, words, g * group_size + i);
+      is_nan[i] = fb::f32_is_nan(bits);
+      group[i] = fb::bits_to_float(bits);
+      if (fb::f32_is_finite(bits)) {
+        const float magnitude = fb::bits_to_float(bits & fb::kF32AbsMask);
+        if (magnitude > amax) amax = magnitude;
+      }
+    }
+    const float scale = amax / divisor;
+    std::memcpy(scales + g * sizeof scale, &scale, sizeof scale);
+    std::uint8_t* out = codes + g * group_size;
+    if (scale == 0.0f) {  // every code 0, whatever the elements (NaN and ±inf included)
+      std::memset(out, 0, group_size);
+      continue;
+    }
+    for (std::size_t i = 0; i < group_size; ++i) {
+      if (is_nan[i]) {
+        out[i] = 0;
+        continue;
+      }
+      const float y = group[i] / scale;  // ±inf stays ±inf and saturates below
+      if (mode == CompressionMode::int8) {
+        out[i] = static_cast<std::uint8_t>(fb::f32_to_int8_rne(y));
+      } else {
+        out[i] = fb::f32_bits_to_e4m3(fb::float_to_bits(y));
+      }
+    }
+  }
+}
+
+// Inverse of encode_tensor: decode(code) * scale in binary32, narrowed to `dtype`.
+void decode_tensor(KvDtype dtype, CompressionMode mode, const std::uint8_t* codes,
+                   const std::uint8_t* scales, std::size_t groups, std::size_t group_size,
+                   std::uint8_t* words) {
+  for (std::size_t g = 0; g < groups; ++g) {
+    float scale;
+    std::memcpy(&scale, scales + g * sizeof scale, sizeof scale);
+    for (std::size_t i = 0; i < group_size; ++i) {
+      const std::size_t index = g * group_size + i;
+      const std::uint8_t code = codes[index];
+      const float decoded = mode == CompressionMode::int8
+                                ? static_cast<float>(static_cast<std::int8_t>(code))
+                                : fb::bits_to_float(fb::e4m3_to_f32_bits(code));
+      store_narrowed(dtype, decoded * scale, words, index);
+    }
+  }
+}
+
+}  // namespace
 
 void encode_layer(const KvBlockLayout& layout, CompressionMode mode, const void* k, const void* v,
                   std::uint8_t* out) {
-  if (mode != CompressionMode::exact) throw LayoutError("mode: not implemented yet");
   const std::size_t half = layout.bytes_per_tensor();
-  std::memcpy(out, k, half);
-  std::memcpy(out + half, v, half);
+  if (mode == CompressionMode::exact) {
+    std::memcpy(out, k, half);
+    std::memcpy(out + half, v, half);
+    return;
+  }
+  require_compressed(mode);
+  const std::size_t group_size = layout.head_dim();
+  const std::size_t groups = std::size_t{layout.block_size()} * layout.num_kv_heads();
+  const std::size_t elements = groups * group_size;
+  std::uint8_t* k_codes = out;
+  std::uint8_t* v_codes = out + elements;
+  std::uint8_t* k_scales = out + 2 * elements;
+  std::uint8_t* v_scales = k_scales + groups * sizeof(float);
+  encode_tensor(layout.dtype(), mode, static_cast<const std::uint8_t*>(k), groups, group_size,
+                k_codes, k_scales);
+  encode_tensor(layout.dtype(), mode, static_cast<const std::uint8_t*>(v), groups, group_size,
+                v_codes, v_scales);
 }
 
 void decode_layer(const KvBlockLayout& layout, CompressionMode mode, const std::uint8_t* stored,
                   void* k, void* v) {
-  if (mode != CompressionMode::exact) throw LayoutError("mode: not implemented yet");
   const std::size_t half = layout.bytes_per_tensor();
-  std::memcpy(k, stored, half);
-  std::memcpy(v, stored + half, half);
+  if (mode == CompressionMode::exact) {
+    std::memcpy(k, stored, half);
+    std::memcpy(v, stored + half, half);
+    return;
+  }
+  require_compressed(mode);
+  const std::size_t group_size = layout.head_dim();
+  const std::size_t groups = std::size_t{layout.block_size()} * layout.num_kv_heads();
+  const std::size_t elements = groups * group_size;
+  const std::uint8_t* k_codes = stored;
+  const std::uint8_t* v_codes = stored + elements;
+  const std::uint8_t* k_scales = stored + 2 * elements;
+  const std::uint8_t* v_scales = k_scales + groups * sizeof(float);
+  decode_tensor(layout.dtype(), mode, k_codes, k_scales, groups, group_size,
+                static_cast<std::uint8_t*>(k));
+  decode_tensor(layout.dtype(), mode, v_codes, v_scales, groups, group_size,
+                static_cast<std::uint8_t*>(v));
 }
 
 }  // namespace activekv::offload
