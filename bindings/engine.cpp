@@ -9,12 +9,19 @@
 #include <vector>
 
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings/common.h"
 #include "offload/compression.h"
+#include "offload/engine.h"
 #include "offload/kv_layout.h"
 
 namespace nb = nanobind;
+using activekv::offload::DeviceKvLayer;
+using activekv::offload::Engine;
+using activekv::offload::EngineInputError;
+using activekv::offload::EngineStateError;
 using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
 using activekv::offload::LayoutError;
@@ -58,6 +65,159 @@ nb::dlpack::dtype word_dtype(const KvBlockLayout& layout) {
                                                              : nb::dtype<std::uint32_t>();
 }
 
+// ---- Engine ----
+
+std::size_t non_negative(std::int64_t value, const char* name) {
+  if (value < 0) {
+    throw EngineInputError(std::string(name) + ": expected a non-negative integer; got " +
+                           std::to_string(value));
+  }
+  return static_cast<std::size_t>(value);
+}
+
+// Items of a Python iterable as integers of type T; EngineInputError naming `name[i]` for an item
+// that is not an integer in T's range (TypeError from Python for something not iterable).
+template <typename T>
+std::vector<T> integers_from(nb::handle iterable, const char* name, const char* expected) {
+  std::vector<T> values;
+  std::size_t index = 0;
+  for (nb::handle item : iterable) {
+    T value{};
+    if (!nb::try_cast<T>(item, value)) {
+      throw EngineInputError(std::string(name) + "[" + std::to_string(index) + "]: expected " +
+                             expected + "; got " + nb::repr(item).c_str());
+    }
+    values.push_back(value);
+    ++index;
+  }
+  return values;
+}
+
+std::vector<std::uint64_t> hashes_from(nb::handle iterable) {
+  return integers_from<std::uint64_t>(iterable, "hashes", "an unsigned 64-bit block hash");
+}
+
+std::vector<std::int64_t> device_blocks_from(nb::handle iterable) {
+  return integers_from<std::int64_t>(iterable, "device_blocks", "a device block index");
+}
+
+std::string dtype_text(const nb::dlpack::dtype& dtype) {
+  using Code = nb::dlpack::dtype_code;
+  const std::pair<Code, const char*> kinds[] = {{Code::Int, "int"},       {Code::UInt, "uint"},
+                                                {Code::Float, "float"},   {Code::Bfloat, "bfloat"},
+                                                {Code::Complex, "complex"}, {Code::Bool, "bool"}};
+  const std::string lanes = dtype.lanes == 1 ? "" : "x" + std::to_string(dtype.lanes);
+  for (const auto& [code, name] : kinds) {
+    if (dtype.code == static_cast<std::uint8_t>(code)) {
+      return name + std::to_string(dtype.bits) + lanes;  // numpy's spelling: uint16, float32
+    }
+  }
+  return "DLPack type code " + std::to_string(dtype.code) + " of " + std::to_string(dtype.bits) +
+         " bits" + lanes;
+}
+
+std::string list_text(const std::vector<std::int64_t>& values) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(values[i]);
+  }
+  return text + "]";
+}
+
+// Any array without conversion: the engine keeps the caller's memory, never a copy of it.
+using AnyArray = nb::ndarray<>;
+
+// layers[index] as the engine may read and write it in place: a writable host array of the
+// layout's raw words, C-contiguous [2, num_device_blocks, T, H, D]. EngineInputError otherwise.
+AnyArray checked_kv_layer(const KvBlockLayout& layout, std::size_t num_device_blocks,
+                          nb::handle item, std::size_t index) {
+  const std::string name = "layers[" + std::to_string(index) + "]";
+  AnyArray array;
+  if (!nb::try_cast<AnyArray>(item, array, /*convert=*/false)) {
+    nb::ndarray<nb::ro> read_only;
+    if (nb::try_cast(item, read_only, /*convert=*/false)) {
+      throw EngineInputError(name + ": expected a writable array (loads write into it); got a "
+                                    "read-only one");
+    }
+    throw EngineInputError(name + ": expected an array of raw words (a numpy array); got " +
+                           nb::type_name(item.type()).c_str());
+  }
+  if (array.device_type() != nb::device::cpu::value) {
+    throw EngineInputError(name + ": expected an array in host memory (CPU route)");
+  }
+  const std::size_t bits = activekv::offload::dtype_bytes(layout.dtype()) * 8;
+  const nb::dlpack::dtype dtype = array.dtype();
+  if (dtype.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) || dtype.bits != bits ||
+      dtype.lanes != 1) {
+    throw EngineInputError(name + ": expected raw words (uint" + std::to_string(bits) +
+                           ") of dtype " + activekv::offload::dtype_name(layout.dtype()) +
+                           "; got " + dtype_text(dtype));
+  }
+  const std::vector<std::int64_t> expected{
+      2, static_cast<std::int64_t>(num_device_blocks), layout.block_size(), layout.num_kv_heads(),
+      layout.head_dim()};
+  std::vector<std::int64_t> shape(array.shape_ptr(), array.shape_ptr() + array.ndim());
+  if (shape != expected) {
+    throw EngineInputError(name + ": expected shape [2, num_device_blocks, block_size, "
+                                  "num_kv_heads, head_dim] = " +
+                           list_text(expected) + "; got " + list_text(shape));
+  }
+  // C order, in elements; a dimension of extent 1 may have any stride (as numpy has it).
+  if (array.stride_ptr() != nullptr) {
+    std::int64_t contiguous = 1;
+    for (std::size_t dim = shape.size(); dim-- > 0;) {
+      if (shape[dim] != 1 && array.stride(dim) != contiguous) {
+        std::vector<std::int64_t> strides(array.stride_ptr(), array.stride_ptr() + array.ndim());
+        throw EngineInputError(name + ": expected a C-contiguous array; got strides " +
+                               list_text(strides) + " (in elements) for shape " +
+                               list_text(shape));
+      }
+      contiguous *= shape[dim];
+    }
+  }
+  return array;
+}
+
+// Python's Engine: the engine plus the arrays it was given, which it only views. Holding the
+// arrays here keeps their memory alive for as long as the engine may copy into or out of it.
+class BoundEngine {
+ public:
+  BoundEngine(const KvBlockLayout& layout, const std::string& mode, std::int64_t capacity_bytes,
+              std::int64_t num_regions, std::int64_t region_blocks,
+              std::int64_t num_device_blocks)
+      : engine(layout, activekv::offload::parse_mode(mode),
+               non_negative(capacity_bytes, "capacity_bytes"),
+               non_negative(num_regions, "num_regions"),
+               non_negative(region_blocks, "region_blocks"),
+               non_negative(num_device_blocks, "num_device_blocks")) {}
+
+  void register_kv_caches(nb::iterable layers) {
+    std::vector<nb::object> items;  // owned: an iterator may drop each item after yielding it
+    for (nb::handle item : layers) items.push_back(nb::borrow(item));
+    const KvBlockLayout& layout = engine.layout();
+    if (items.size() != layout.num_layers()) {
+      throw EngineInputError("layers: expected num_layers = " +
+                             std::to_string(layout.num_layers()) + " arrays; got " +
+                             std::to_string(items.size()));
+    }
+    std::vector<AnyArray> arrays;
+    std::vector<DeviceKvLayer> views;
+    for (std::size_t index = 0; index < items.size(); ++index) {
+      arrays.push_back(checked_kv_layer(layout, engine.num_device_blocks(), items[index], index));
+      views.push_back({arrays.back().data(), engine.num_device_blocks()});
+    }
+    {
+      nb::gil_scoped_release release;
+      engine.register_kv_caches(views);
+    }
+    kv_arrays = std::move(arrays);
+  }
+
+  Engine engine;
+  // Each holds its source array (through DLPack or the buffer protocol) alive and unresized.
+  std::vector<AnyArray> kv_arrays;
+};
+
 }  // namespace
 
 NB_MODULE(_engine, m) {
@@ -65,6 +225,8 @@ NB_MODULE(_engine, m) {
   activekv::bindings::bind_build_and_device(m);
 
   nb::exception<activekv::offload::LayoutError>(m, "LayoutError", PyExc_ValueError);
+  nb::exception<EngineInputError>(m, "EngineInputError", PyExc_ValueError);
+  nb::exception<EngineStateError>(m, "EngineStateError", PyExc_RuntimeError);
 
   nb::enum_<KvDtype>(m, "KvDtype", "Element type of offloaded KV, carried as raw bits.")
       .value("fp16", KvDtype::fp16)
@@ -132,6 +294,109 @@ NB_MODULE(_engine, m) {
       },
       nb::arg("layout"), nb::arg("mode"), nb::arg("stored"),
       "Decodes one stored layer back into (K, V) raw words of the layout's dtype.");
+
+  using Release = nb::gil_scoped_release;
+  nb::class_<BoundEngine>(m, "Engine",
+                          "The CPU route's engine: host pool, staging regions, per-layer hooks "
+                          "(engine/offload/SPEC.md).")
+      .def(nb::init<const KvBlockLayout&, const std::string&, std::int64_t, std::int64_t,
+                    std::int64_t, std::int64_t>(),
+           nb::arg("layout"), nb::arg("mode"), nb::arg("capacity_bytes"), nb::arg("num_regions"),
+           nb::arg("region_blocks"), nb::arg("num_device_blocks"))
+      .def_prop_ro("slot_bytes", [](const BoundEngine& self) { return self.engine.slot_bytes(); })
+      .def_prop_ro("num_slots", [](const BoundEngine& self) { return self.engine.num_slots(); })
+      .def_prop_ro("fatal",
+                   [](const BoundEngine& self) {
+                     Release release;  // waits for a hook running on another thread
+                     return self.engine.fatal();
+                   })
+      .def_prop_ro("quarantined_regions",
+                   [](const BoundEngine& self) {
+                     Release release;
+                     return self.engine.quarantined_regions();
+                   })
+      .def("register_kv_caches", &BoundEngine::register_kv_caches, nb::arg("layers"),
+           "One array per layer, [2, num_device_blocks, block_size, num_kv_heads, head_dim] of "
+           "raw words (uint16 for fp16/bf16, uint32 for fp32), writable and C-contiguous; kept "
+           "by reference, never copied.")
+      .def(
+          "lookup",
+          [](BoundEngine& self, nb::typed<nb::iterable, int> hashes) {
+            const std::vector<std::uint64_t> values = hashes_from(hashes);
+            Release release;
+            return self.engine.lookup(values);
+          },
+          nb::arg("hashes"), "The number of leading hashes that are committed; pure.")
+      .def(
+          "plan_load",
+          [](BoundEngine& self, nb::typed<nb::iterable, int> hashes,
+             nb::typed<nb::iterable, int> device_blocks) {
+            const std::vector<std::uint64_t> hash_values = hashes_from(hashes);
+            const std::vector<std::int64_t> block_values = device_blocks_from(device_blocks);
+            Release release;
+            self.engine.plan_load(hash_values, block_values);
+          },
+          nb::arg("hashes"), nb::arg("device_blocks"),
+          "Plans loads of committed blocks into these device blocks in the next step.")
+      .def(
+          "plan_store",
+          [](BoundEngine& self, nb::typed<nb::iterable, int> hashes,
+             nb::typed<nb::iterable, int> device_blocks) {
+            const std::vector<std::uint64_t> hash_values = hashes_from(hashes);
+            const std::vector<std::int64_t> block_values = device_blocks_from(device_blocks);
+            Release release;
+            self.engine.plan_store(hash_values, block_values);
+          },
+          nb::arg("hashes"), nb::arg("device_blocks"),
+          "Plans stores of these device blocks under these hashes in the next step.")
+      .def(
+          "build_step", [](BoundEngine& self) { self.engine.build_step(); },
+          nb::call_guard<Release>(), "Freezes the plan: hits pin their blocks, misses are dropped.")
+      .def(
+          "start_load", [](BoundEngine& self) { self.engine.start_load(); },
+          nb::call_guard<Release>(), "Issues layer 0 of the step's loads.")
+      .def(
+          "wait_for_layer_load",
+          [](BoundEngine& self, std::int64_t layer) {
+            return self.engine.wait_for_layer_load(layer);
+          },
+          nb::arg("layer"), nb::call_guard<Release>(),
+          "Issues layer + 1, completes this layer; the device blocks whose data did not arrive.")
+      .def(
+          "save_kv_layer",
+          [](BoundEngine& self, std::int64_t layer) { self.engine.save_kv_layer(layer); },
+          nb::arg("layer"), nb::call_guard<Release>(),
+          "Issues this layer's stores (allocating slots at layer 0), completes the previous one.")
+      .def(
+          "wait_for_save", [](BoundEngine& self) { self.engine.wait_for_save(); },
+          nb::call_guard<Release>(),
+          "Completes the last store; commits or drops the step's stores.")
+      .def(
+          "inject_fence_fault",
+          [](BoundEngine& self, const std::string& direction, std::int64_t layer) {
+            const auto parsed = activekv::offload::parse_direction(direction);
+            Release release;
+            self.engine.inject_fence_fault(parsed, layer);
+          },
+          nb::arg("direction"), nb::arg("layer"),
+          "Tests and traces only: the next lease of this direction (\"load\" | \"store\") and "
+          "layer has a fence of unknown outcome.")
+      .def(
+          "events",
+          [](BoundEngine& self) {
+            std::vector<activekv::offload::Event> events;
+            {
+              Release release;
+              events = self.engine.take_events();
+            }
+            std::vector<std::tuple<std::string, std::uint64_t>> result;
+            result.reserve(events.size());
+            for (const auto& event : events) {
+              result.emplace_back(activekv::offload::event_kind_name(event.kind), event.value);
+            }
+            return result;
+          },
+          "The (kind, value) events since the last call; the log is then empty.");
 
   m.def(
       "cuda_checksum",

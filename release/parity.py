@@ -200,9 +200,15 @@ def compare_cell(
 
 
 def run_parity_gate(
-    manifest: Manifest, wheel: Path, out_dir: Path, *, cells: Sequence[str] = ()
+    manifest: Manifest,
+    wheel: Path,
+    out_dir: Path,
+    *,
+    cells: Sequence[str] = (),
+    site: Path | None = None,
 ) -> Evidence:
-    """Replays the manifest's cells against the engine of `wheel`; writes the parity evidence."""
+    """Replays the manifest's cells against the engine of `wheel` (installed under `site`, or
+    into `<out>/parity/site` here); writes the parity evidence."""
     gate = manifest.gates.get("parity")
     if gate is None or not gate.cells:
         raise GateError(f"{manifest.path}: gates.parity.cells: expected parity cells")
@@ -210,8 +216,7 @@ def run_parity_gate(
     unknown = sorted(set(cells) - {c.name for c in gate.cells})
     if unknown:
         raise GateError(f"--cell: expected cells of {manifest.path} gates.parity; got {unknown}")
-    site = install_wheel(wheel, out_dir / "parity" / "site")
-    engine = engine_implementation(site)
+    engine = engine_implementation(site or install_wheel(wheel, out_dir / "parity" / "site"))
     reference = reference_implementation()
     traces_dir = out_dir / "parity" / "traces"
     traces_dir.mkdir(parents=True, exist_ok=True)

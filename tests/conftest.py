@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from release.errors import BuildError
 from release.toolchain import find_zig
@@ -22,3 +27,47 @@ def run_tool(*command: str | Path) -> str:
     result = subprocess.run([str(c) for c in command], capture_output=True, text=True)
     assert result.returncode == 0, f"{command}: {result.stderr}"
     return result.stdout
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel for the running interpreter, built once per test session.
+
+    `ACTIVEKV_TEST_WHEEL` names a prebuilt wheel to use instead. Otherwise it is built with
+    `python -m release build --python X.Y` into a temporary output, sharing the checkout's
+    compiler and wheel caches (`.activekv/cache`), so an unchanged tree is not compiled again.
+    """
+    if given := os.environ.get("ACTIVEKV_TEST_WHEEL"):
+        return Path(given).resolve()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    work = tmp_path_factory.mktemp("engine-wheel")
+    out = work / "out"
+    env = dict(os.environ, ACTIVEKV_CACHE_DIR=str(REPO / ".activekv" / "cache"))
+    command = [sys.executable, "-m", "release", "build", "--python", version, "--out", str(out),
+               "--state-dir", str(work / "state")]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(
+            f"{' '.join(command)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
+    (wheel,) = sorted((out / "wheels").glob("activekv-*.whl"))
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def engine_site(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built wheel installed into a private folder (what the parity gate does too)."""
+    from release.parity import install_wheel
+
+    return install_wheel(built_wheel, tmp_path_factory.mktemp("engine-site"))
+
+
+@pytest.fixture(scope="session")
+def engine_module(engine_site: Path) -> ModuleType:
+    """`activekv._engine` imported from the built wheel, never from anywhere else."""
+    from release.parity import engine_implementation
+
+    return engine_implementation(engine_site).module

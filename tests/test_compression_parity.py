@@ -12,10 +12,6 @@ The module under test comes from the `engine` fixture below (see its docstring f
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import zipfile
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -33,52 +29,9 @@ WORDS = {"fp16": np.uint16, "bf16": np.uint16, "fp32": np.uint32}
 
 
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """An importable ``activekv._engine``, found in this order:
-
-    1. ``$ACTIVEKV_TEST_WHEEL_DIR``: a directory holding an unzipped activekv wheel for this
-       interpreter (e.g. ``unzip out/wheels/*cp311*.whl -d /tmp/wheel``); it is put first on
-       sys.path, and the import must succeed.
-    2. ``import activekv._engine`` as the environment has it (an installed wheel).
-    3. A wheel built now for the running interpreter, ``python -m release build --python X.Y``
-       (ACTIVEKV_CACHE_DIR=<repo>/.activekv/cache, a temporary --out and --state-dir), unzipped
-       into a temporary directory put on sys.path.
-
-    A failure at any step fails the tests that need the module; nothing is skipped.
-    """
-    wheel_dir = os.environ.get("ACTIVEKV_TEST_WHEEL_DIR")
-    if wheel_dir:
-        sys.path.insert(0, str(Path(wheel_dir).resolve()))
-        import activekv._engine as module
-
-        return module
-    try:
-        import activekv._engine as module
-
-        return module
-    except ImportError:
-        pass
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    work = tmp_path_factory.mktemp("engine-wheel")
-    out = work / "out"
-    env = dict(os.environ, ACTIVEKV_CACHE_DIR=str(REPO_ROOT / ".activekv" / "cache"))
-    command = [sys.executable, "-m", "release", "build", "--python", version, "--out", str(out)]
-    command += ["--state-dir", str(work / "state")]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.fail(
-            f"building a wheel for Python {version} failed ({' '.join(command)}):\n"
-            f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-        )
-    wheels = sorted((out / "wheels").glob("activekv-*.whl"))
-    assert len(wheels) == 1, f"expected one wheel in {out / 'wheels'}; got {wheels}"
-    unpacked = work / "wheel"
-    with zipfile.ZipFile(wheels[0]) as archive:
-        archive.extractall(unpacked)
-    sys.path.insert(0, str(unpacked))
-    import activekv._engine as module
-
-    return module
+def engine(engine_module: ModuleType) -> ModuleType:
+    """activekv._engine from the wheel under test (tests/conftest.py builds and installs it)."""
+    return engine_module
 
 
 # ---- helpers ----

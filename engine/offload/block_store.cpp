@@ -1,0 +1,193 @@
+#include "offload/block_store.h"
+
+#include <limits>
+
+namespace activekv::offload {
+
+namespace {
+
+std::string hash_text(std::uint64_t hash) { return "block " + std::to_string(hash); }
+
+}  // namespace
+
+BlockStore::BlockStore(std::size_t capacity_bytes, std::size_t slot_bytes)
+    : pool_(capacity_bytes, slot_bytes) {}
+
+std::size_t BlockStore::lookup(const std::vector<std::uint64_t>& hashes) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t found = 0;
+  for (const std::uint64_t hash : hashes) {
+    const auto it = blocks_.find(hash);
+    if (it == blocks_.end() || it->second.state != BlockState::committed) break;
+    ++found;
+  }
+  return found;
+}
+
+std::optional<std::size_t> BlockStore::pin_for_load(std::uint64_t hash) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = blocks_.find(hash);
+  if (it == blocks_.end() || it->second.state != BlockState::committed) return std::nullopt;
+  Block& block = it->second;
+  if (block.pins == std::numeric_limits<std::uint32_t>::max()) {
+    throw BlockStoreError(hash_text(hash) + ": too many pins");
+  }
+  forget(hash, block);
+  ++block.pins;
+  return block.slot;
+}
+
+void BlockStore::finish_load(std::uint64_t hash, bool loaded) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  Block& block = block_or_throw(hash, "finish_load");
+  if (block.state != BlockState::committed || block.pins == 0) {
+    throw BlockStoreError("finish_load: " + hash_text(hash) + " is not pinned by a load");
+  }
+  forget(hash, block);
+  if (loaded) block.last_use = ++clock_;
+  --block.pins;
+  remember(hash, block);
+}
+
+Allocation BlockStore::allocate_for_store(std::uint64_t hash) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (blocks_.count(hash) != 0) return {Allocation::Outcome::already_present, 0, std::nullopt};
+  Allocation allocation{Allocation::Outcome::allocated, 0, std::nullopt};
+  if (const auto slot = pool_.acquire()) {
+    allocation.slot = *slot;
+  } else if (!evictable_.empty()) {
+    const std::uint64_t victim = evictable_.begin()->second;
+    evictable_.erase(evictable_.begin());
+    const auto it = blocks_.find(victim);
+    allocation.slot = it->second.slot;  // handed straight to the new block, never freed
+    allocation.evicted = victim;
+    blocks_.erase(it);
+  } else {
+    return {Allocation::Outcome::refused, 0, std::nullopt};
+  }
+  // Pinned from allocation until commit or drop; not evictable meanwhile (it is not committed).
+  blocks_.emplace(hash, Block{allocation.slot, BlockState::storing, 1, 0});
+  return allocation;
+}
+
+void BlockStore::commit(std::uint64_t hash) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  Block& block = block_or_throw(hash, "commit");
+  if (block.state != BlockState::storing) {
+    throw BlockStoreError("commit: " + hash_text(hash) + " is not being stored");
+  }
+  block.state = BlockState::committed;
+  block.last_use = ++clock_;
+  --block.pins;
+  remember(hash, block);
+}
+
+void BlockStore::drop(std::uint64_t hash) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const Block& block = block_or_throw(hash, "drop");
+  if (block.state != BlockState::storing) {
+    throw BlockStoreError("drop: " + hash_text(hash) + " is not being stored");
+  }
+  pool_.release(block.slot);
+  blocks_.erase(hash);
+}
+
+std::uint8_t* BlockStore::slot_data(std::size_t slot) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return pool_.slot_data(slot);
+}
+
+std::optional<BlockInfo> BlockStore::info(std::uint64_t hash) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = blocks_.find(hash);
+  if (it == blocks_.end()) return std::nullopt;
+  const Block& block = it->second;
+  return BlockInfo{block.slot, block.state, block.pins, block.last_use};
+}
+
+std::size_t BlockStore::free_slots() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return pool_.free_slots();
+}
+
+std::size_t BlockStore::committed_blocks() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t count = 0;
+  for (const auto& entry : blocks_) count += entry.second.state == BlockState::committed ? 1 : 0;
+  return count;
+}
+
+std::size_t BlockStore::storing_blocks() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t count = 0;
+  for (const auto& entry : blocks_) count += entry.second.state == BlockState::storing ? 1 : 0;
+  return count;
+}
+
+std::uint64_t BlockStore::clock() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return clock_;
+}
+
+std::string BlockStore::check_invariants() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (blocks_.size() + pool_.free_slots() != pool_.num_slots()) {
+    return "blocks (" + std::to_string(blocks_.size()) + ") + free slots (" +
+           std::to_string(pool_.free_slots()) + ") != slots (" +
+           std::to_string(pool_.num_slots()) + ")";
+  }
+  std::set<std::size_t> slots;
+  std::set<std::uint64_t> stamps;
+  std::size_t expected_evictable = 0;
+  for (const auto& [hash, block] : blocks_) {
+    if (block.slot >= pool_.num_slots() || pool_.is_free(block.slot)) {
+      return hash_text(hash) + " holds slot " + std::to_string(block.slot) +
+             ", which is free or out of range";
+    }
+    if (!slots.insert(block.slot).second) {
+      return "slot " + std::to_string(block.slot) + " is held by two blocks";
+    }
+    if (block.state == BlockState::storing && (block.pins != 1 || block.last_use != 0)) {
+      return hash_text(hash) + " is being stored with " + std::to_string(block.pins) +
+             " pins and stamp " + std::to_string(block.last_use);
+    }
+    if (block.state == BlockState::committed) {
+      if (block.last_use == 0 || block.last_use > clock_) {
+        return hash_text(hash) + " has stamp " + std::to_string(block.last_use) +
+               " outside 1.." + std::to_string(clock_);
+      }
+      if (!stamps.insert(block.last_use).second) {
+        return "stamp " + std::to_string(block.last_use) + " is held by two blocks";
+      }
+    }
+    if (evictable(block)) {
+      ++expected_evictable;
+      if (evictable_.count({block.last_use, hash}) == 0) {
+        return hash_text(hash) + " is committed and unpinned but not evictable";
+      }
+    }
+  }
+  if (evictable_.size() != expected_evictable) {
+    return "the eviction order holds " + std::to_string(evictable_.size()) + " blocks; expected " +
+           std::to_string(expected_evictable);
+  }
+  return "";
+}
+
+void BlockStore::forget(std::uint64_t hash, const Block& block) {
+  if (evictable(block)) evictable_.erase({block.last_use, hash});
+}
+
+void BlockStore::remember(std::uint64_t hash, const Block& block) {
+  if (evictable(block)) evictable_.insert({block.last_use, hash});
+}
+
+BlockStore::Block& BlockStore::block_or_throw(std::uint64_t hash, const char* what) {
+  const auto it = blocks_.find(hash);
+  if (it == blocks_.end()) {
+    throw BlockStoreError(std::string(what) + ": " + hash_text(hash) + " is not in the store");
+  }
+  return it->second;
+}
+
+}  // namespace activekv::offload

@@ -1,0 +1,114 @@
+// Identity of offloaded blocks (SPEC.md §3): vLLM block hash -> host pool slot, committed or being
+// stored, pin counts, LRU stamps from one counter, and allocation that evicts the least recently
+// used unpinned committed block or refuses. Every public call takes one mutex, so a call sees and
+// leaves a consistent store and concurrent lookups of the same prefix agree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "offload/host_pool.h"
+
+namespace activekv::offload {
+
+// A call that the store's state does not allow (committing a block that is not being stored,
+// releasing a pin nobody holds): a bug in the caller, and the store is left unchanged.
+class BlockStoreError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+enum class BlockState : std::uint8_t { storing, committed };
+
+struct BlockInfo {
+  std::size_t slot;
+  BlockState state;
+  std::uint32_t pins;
+  std::uint64_t last_use;  // 0 until the block is first stamped (at commit)
+};
+
+struct Allocation {
+  enum class Outcome : std::uint8_t {
+    allocated,        // `slot` now belongs to the block, which is being stored and pinned
+    already_present,  // committed or being stored: nothing done
+    refused,          // no free slot and every committed block pinned: nothing done
+  };
+  Outcome outcome;
+  std::size_t slot = 0;
+  // The block evicted to make room, when there was no free slot.
+  std::optional<std::uint64_t> evicted;
+};
+
+class BlockStore {
+ public:
+  // The pool: capacity_bytes / slot_bytes slots (HostPoolError when none fit).
+  BlockStore(std::size_t capacity_bytes, std::size_t slot_bytes);
+
+  std::size_t num_slots() const { return pool_.num_slots(); }
+  std::size_t slot_bytes() const { return pool_.slot_bytes(); }
+
+  // The number of leading hashes that are committed. Pure: no stamp, no pin.
+  std::size_t lookup(const std::vector<std::uint64_t>& hashes) const;
+
+  // Load side. Pins a committed block (counted) and returns its slot; nullopt (nothing done) when
+  // the hash is not committed.
+  std::optional<std::size_t> pin_for_load(std::uint64_t hash);
+  // Ends one load pin; a block that loaded fully is stamped first.
+  void finish_load(std::uint64_t hash, bool loaded);
+
+  // Store side: a free slot (lowest first), else the slot of the LRU unpinned committed block,
+  // which is evicted, else a refusal. Never blocks.
+  Allocation allocate_for_store(std::uint64_t hash);
+  // A fully stored block becomes committed: stamped, its store pin released.
+  void commit(std::uint64_t hash);
+  // A block whose store failed is forgotten and its slot freed.
+  void drop(std::uint64_t hash);
+
+  // A slot's bytes: stable for the store's life. Only the holder of the block's pin (its load or
+  // its store) touches them, so no lock is needed for the bytes themselves.
+  std::uint8_t* slot_data(std::size_t slot);
+
+  // Introspection (tests and diagnostics).
+  std::optional<BlockInfo> info(std::uint64_t hash) const;
+  std::size_t free_slots() const;
+  std::size_t committed_blocks() const;
+  std::size_t storing_blocks() const;
+  std::uint64_t clock() const;
+  // Every internal invariant checked; an empty string when all hold, else the first broken one.
+  std::string check_invariants() const;
+
+ private:
+  struct Block {
+    std::size_t slot;
+    BlockState state;
+    std::uint32_t pins;
+    std::uint64_t last_use;
+  };
+
+  bool evictable(const Block& block) const {
+    return block.state == BlockState::committed && block.pins == 0;
+  }
+  // Keeps `evictable_` in step with one block: call `forget` before changing its state, pins or
+  // stamp, and `remember` after.
+  void forget(std::uint64_t hash, const Block& block);
+  void remember(std::uint64_t hash, const Block& block);
+  Block& block_or_throw(std::uint64_t hash, const char* what);
+
+  mutable std::mutex mutex_;
+  HostPool pool_;
+  std::unordered_map<std::uint64_t, Block> blocks_;
+  // Committed, unpinned blocks ordered by (last_use, hash): begin() is the LRU victim. Stamps are
+  // unique (one counter), so the order never depends on the hash.
+  std::set<std::pair<std::uint64_t, std::uint64_t>> evictable_;
+  std::uint64_t clock_ = 0;
+};
+
+}  // namespace activekv::offload

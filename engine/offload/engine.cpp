@@ -1,0 +1,465 @@
+#include "offload/engine.h"
+
+#include <cstring>
+
+namespace activekv::offload {
+
+namespace {
+
+std::size_t positive(std::size_t value, const char* what) {
+  if (value == 0) throw EngineInputError(std::string(what) + ": expected a positive value; got 0");
+  return value;
+}
+
+// capacity_bytes when at least one slot fits, else EngineInputError naming it.
+std::size_t room_for_a_slot(std::size_t capacity_bytes, std::size_t slot_bytes) {
+  if (capacity_bytes < slot_bytes) {
+    throw EngineInputError("capacity_bytes: expected room for at least one slot of " +
+                           std::to_string(slot_bytes) + " bytes; got " +
+                           std::to_string(capacity_bytes));
+  }
+  return capacity_bytes;
+}
+
+std::size_t direction_index(Direction direction) {
+  return direction == Direction::load ? 0 : 1;
+}
+
+}  // namespace
+
+Direction parse_direction(std::string_view name) {
+  if (name == "load") return Direction::load;
+  if (name == "store") return Direction::store;
+  throw EngineInputError("direction: expected \"load\" or \"store\"; got \"" + std::string(name) +
+                         "\"");
+}
+
+const char* event_kind_name(EventKind kind) {
+  switch (kind) {
+    case EventKind::lookup:
+      return "lookup";
+    case EventKind::hit:
+      return "hit";
+    case EventKind::miss:
+      return "miss";
+    case EventKind::evict:
+      return "evict";
+    case EventKind::refuse:
+      return "refuse";
+    case EventKind::quarantine:
+      return "quarantine";
+    case EventKind::fatal:
+      return "fatal";
+    case EventKind::loaded:
+      return "loaded";
+    case EventKind::load_error:
+      return "load_error";
+    case EventKind::commit:
+      return "commit";
+    case EventKind::drop:
+      return "drop";
+  }
+  return "unknown";
+}
+
+Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t capacity_bytes,
+               std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks)
+    : layout_(layout),
+      mode_(mode),
+      layer_bytes_(stored_layer_bytes(layout, mode)),
+      store_(room_for_a_slot(capacity_bytes, stored_block_bytes(layout, mode)),
+             stored_block_bytes(layout, mode)),
+      staging_(positive(num_regions, "num_regions"), positive(region_blocks, "region_blocks"),
+               layer_bytes_),
+      num_device_blocks_(positive(num_device_blocks, "num_device_blocks")) {
+  for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
+}
+
+bool Engine::fatal() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return fatal_;
+}
+
+std::size_t Engine::quarantined_regions() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return staging_.quarantined_regions();
+}
+
+void Engine::register_kv_caches(const std::vector<DeviceKvLayer>& layers) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (layers.size() != layout_.num_layers()) {
+    throw EngineInputError("layers: expected num_layers = " +
+                           std::to_string(layout_.num_layers()) + " arrays; got " +
+                           std::to_string(layers.size()));
+  }
+  for (std::size_t index = 0; index < layers.size(); ++index) {
+    const std::string name = "layers[" + std::to_string(index) + "]";
+    if (layers[index].data == nullptr) {
+      throw EngineInputError(name + ": expected the address of the layer's KV; got null");
+    }
+    if (layers[index].num_device_blocks != num_device_blocks_) {
+      throw EngineInputError(name + ": expected num_device_blocks = " +
+                             std::to_string(num_device_blocks_) + " blocks; got " +
+                             std::to_string(layers[index].num_device_blocks));
+    }
+  }
+  if (phase_ != Phase::planning) out_of_order("register_kv_caches");
+  kv_ = layers;
+}
+
+std::size_t Engine::lookup(const std::vector<std::uint64_t>& hashes) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t found = store_.lookup(hashes);
+  log(EventKind::lookup, found);
+  return found;
+}
+
+void Engine::plan_load(const std::vector<std::uint64_t>& hashes,
+                       const std::vector<std::int64_t>& device_blocks) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  add_to_plan(planned_loads_, checked_plan(hashes, device_blocks), "plan_load");
+}
+
+void Engine::plan_store(const std::vector<std::uint64_t>& hashes,
+                        const std::vector<std::int64_t>& device_blocks) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  add_to_plan(planned_stores_, checked_plan(hashes, device_blocks), "plan_store");
+}
+
+void Engine::build_step() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ != Phase::planning) out_of_order("build_step");
+  for (const PlannedBlock& planned : planned_loads_) {
+    if (const auto slot = store_.pin_for_load(planned.hash)) {
+      loads_.push_back({planned.hash, planned.device_block, *slot, false});
+      log(EventKind::hit, planned.hash);
+    } else {
+      log(EventKind::miss, planned.hash);
+    }
+  }
+  for (const PlannedBlock& planned : planned_stores_) {
+    stores_.push_back({planned.hash, planned.device_block, 0, false, false});
+  }
+  planned_loads_.clear();
+  planned_stores_.clear();
+  layers_loaded_ = 0;
+  layers_saved_ = 0;
+  phase_ = Phase::built;
+}
+
+void Engine::start_load() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ != Phase::built) out_of_order("start_load");
+  if (kv_.empty()) {
+    throw EngineStateError("start_load: called out of order; expected register_kv_caches first");
+  }
+  phase_ = Phase::running;
+  if (!loads_.empty()) issue_load(0, /*final_attempt=*/true);
+}
+
+std::vector<std::size_t> Engine::wait_for_layer_load(std::int64_t layer_argument) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const std::uint32_t layer = checked_layer(layer_argument);
+  if (phase_ != Phase::running || layers_loaded_ != layer || layers_saved_ != layer) {
+    out_of_order("wait_for_layer_load(" + std::to_string(layer) + ")");
+  }
+  // Layer n + 1 is staged behind its own fence before layer n is completed, so its copy overlaps
+  // the attention of layer n. With no region free, layer n is completed first (which frees one)
+  // and layer n + 1 is tried once more.
+  bool completed = false;
+  if (layer + 1 < layout_.num_layers() && !issue_load(layer + 1, /*final_attempt=*/false)) {
+    complete_load(layer);
+    completed = true;
+    issue_load(layer + 1, /*final_attempt=*/true);
+  }
+  if (!completed) complete_load(layer);
+  ++layers_loaded_;
+  std::vector<std::size_t> lost;
+  for (const LoadEntry& entry : loads_) {
+    if (entry.lost) lost.push_back(entry.device_block);
+  }
+  if (layer + 1 == layout_.num_layers()) finish_loads();
+  return lost;
+}
+
+void Engine::save_kv_layer(std::int64_t layer_argument) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const std::uint32_t layer = checked_layer(layer_argument);
+  if (phase_ != Phase::running || layers_loaded_ != layer + 1 || layers_saved_ != layer) {
+    out_of_order("save_kv_layer(" + std::to_string(layer) + ")");
+  }
+  if (layer == 0) allocate_stores();
+  // Issue layer n before completing layer n - 1: one lease stays in flight behind the forward.
+  // With no region free, layer n - 1 is completed first (which frees one) and layer n is tried
+  // once more.
+  std::optional<InFlight> issued;
+  if (!issue_store(layer, /*final_attempt=*/false, issued)) {
+    if (store_lease_) complete_store(*store_lease_);
+    store_lease_.reset();
+    issue_store(layer, /*final_attempt=*/true, issued);
+  }
+  if (store_lease_) complete_store(*store_lease_);
+  store_lease_ = std::move(issued);
+  ++layers_saved_;
+}
+
+void Engine::wait_for_save() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const std::uint32_t num_layers = layout_.num_layers();
+  const bool all_layers = layers_loaded_ == num_layers && layers_saved_ == num_layers;
+  const bool nothing_to_move =
+      layers_loaded_ == 0 && layers_saved_ == 0 && loads_.empty() && stores_.empty();
+  if (phase_ != Phase::running || !(all_layers || nothing_to_move)) out_of_order("wait_for_save");
+  if (store_lease_) {
+    complete_store(*store_lease_);
+    store_lease_.reset();
+  }
+  finish_stores();
+  loads_.clear();
+  stores_.clear();
+  load_leases_.clear();
+  phase_ = Phase::planning;
+}
+
+void Engine::inject_fence_fault(Direction direction, std::int64_t layer_argument) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const std::uint32_t layer = checked_layer(layer_argument);
+  ++faults_[direction_index(direction)][layer];
+}
+
+std::vector<Event> Engine::take_events() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Event> taken;
+  taken.swap(events_);
+  return taken;
+}
+
+// ---- checks ----
+
+std::uint32_t Engine::checked_layer(std::int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<std::int64_t>(layout_.num_layers())) {
+    throw EngineInputError("layer: expected 0 <= layer < " + std::to_string(layout_.num_layers()) +
+                           "; got " + std::to_string(layer));
+  }
+  return static_cast<std::uint32_t>(layer);
+}
+
+std::vector<Engine::PlannedBlock> Engine::checked_plan(
+    const std::vector<std::uint64_t>& hashes,
+    const std::vector<std::int64_t>& device_blocks) const {
+  if (device_blocks.size() != hashes.size()) {
+    throw EngineInputError("device_blocks: expected one device block per hash (" +
+                           std::to_string(hashes.size()) + "); got " +
+                           std::to_string(device_blocks.size()));
+  }
+  std::vector<PlannedBlock> blocks;
+  blocks.reserve(hashes.size());
+  for (std::size_t index = 0; index < hashes.size(); ++index) {
+    const std::int64_t device_block = device_blocks[index];
+    if (device_block < 0 || static_cast<std::uint64_t>(device_block) >= num_device_blocks_) {
+      throw EngineInputError("device_blocks[" + std::to_string(index) +
+                             "]: expected 0 <= device block < " +
+                             std::to_string(num_device_blocks_) + "; got " +
+                             std::to_string(device_block));
+    }
+    blocks.push_back({hashes[index], static_cast<std::size_t>(device_block)});
+  }
+  return blocks;
+}
+
+void Engine::add_to_plan(std::vector<PlannedBlock>& plan, std::vector<PlannedBlock> blocks,
+                         const char* call) {
+  if (phase_ != Phase::planning) out_of_order(call);
+  // One layer of a step's loads (or stores) travels in one region.
+  if (plan.size() + blocks.size() > staging_.region_blocks()) {
+    throw EngineInputError("hashes: a step moves at most region_blocks = " +
+                           std::to_string(staging_.region_blocks()) + " blocks each way; " +
+                           call + " would plan " + std::to_string(plan.size() + blocks.size()));
+  }
+  plan.insert(plan.end(), blocks.begin(), blocks.end());
+}
+
+void Engine::out_of_order(const std::string& call) const {
+  throw EngineStateError(call + ": called out of order; expected " + expected_next() + " next");
+}
+
+std::string Engine::expected_next() const {
+  switch (phase_) {
+    case Phase::planning:
+      return "plan_load, plan_store or build_step";
+    case Phase::built:
+      return "start_load";
+    case Phase::running:
+      break;
+  }
+  if (layers_saved_ == layout_.num_layers()) return "wait_for_save";
+  if (layers_loaded_ == layers_saved_) {
+    return "wait_for_layer_load(" + std::to_string(layers_loaded_) + ")";
+  }
+  return "save_kv_layer(" + std::to_string(layers_saved_) + ")";
+}
+
+// ---- transfers ----
+
+bool Engine::take_fault(Direction direction, std::uint32_t layer) {
+  std::uint64_t& pending = faults_[direction_index(direction)][layer];
+  if (pending == 0) return false;
+  --pending;
+  return true;
+}
+
+void Engine::note_lost_region(std::size_t region) {
+  log(EventKind::quarantine, region);
+  // The last region to go makes the engine fatal; no lease is in flight then (a quarantined
+  // region never is), so nothing can be waiting on one.
+  if (staging_.all_quarantined() && !fatal_) {
+    fatal_ = true;
+    log(EventKind::fatal, staging_.num_regions());
+  }
+}
+
+std::uint8_t* Engine::device_tensor(std::uint32_t layer, std::size_t device_block,
+                                    bool value) const {
+  const std::size_t tensor = (value ? num_device_blocks_ : 0) + device_block;
+  return static_cast<std::uint8_t*>(kv_[layer].data) + tensor * layout_.bytes_per_tensor();
+}
+
+bool Engine::issue_load(std::uint32_t layer, bool final_attempt) {
+  std::vector<std::size_t> entries;
+  std::vector<BlockTransfer> transfers;
+  for (std::size_t index = 0; index < loads_.size(); ++index) {
+    if (loads_[index].lost) continue;  // a lost block is not transferred again
+    entries.push_back(index);
+    transfers.push_back({loads_[index].slot, loads_[index].device_block});
+  }
+  if (entries.empty()) return true;
+  const Prepared prepared = staging_.prepare(layer, Direction::load);
+  if (prepared.status == PrepareStatus::no_region && !final_attempt) return false;
+  if (prepared.status != PrepareStatus::ok) {
+    // No region to stage through: this layer's data cannot arrive.
+    for (const std::size_t index : entries) loads_[index].lost = true;
+    return true;
+  }
+  staging_.bind(prepared.lease, std::move(transfers));
+  const FenceOutcome fence =
+      take_fault(Direction::load, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
+  staging_.transfer(prepared.lease, fence,
+                    [&](std::uint8_t* region, const std::vector<BlockTransfer>& list) {
+                      for (std::size_t i = 0; i < list.size(); ++i) {
+                        std::uint8_t* stored = region + i * layer_bytes_;
+                        std::memcpy(stored, store_.slot_data(list[i].slot) + layer * layer_bytes_,
+                                    layer_bytes_);
+                        decode_layer(layout_, mode_, stored,
+                                     device_tensor(layer, list[i].device_block, false),
+                                     device_tensor(layer, list[i].device_block, true));
+                      }
+                    });
+  load_leases_.push_back({layer, prepared.lease, std::move(entries)});
+  return true;
+}
+
+void Engine::complete_load(std::uint32_t layer) {
+  for (auto it = load_leases_.begin(); it != load_leases_.end(); ++it) {
+    if (it->layer != layer) continue;
+    const InFlight in_flight = std::move(*it);
+    load_leases_.erase(it);
+    const CompleteStatus status =
+        staging_.complete(in_flight.lease, [](std::uint8_t*, const std::vector<BlockTransfer>&) {});
+    if (status == CompleteStatus::lost) {
+      note_lost_region(in_flight.lease.region);
+      for (const std::size_t index : in_flight.entries) loads_[index].lost = true;
+    }
+    return;
+  }
+}
+
+void Engine::finish_loads() {
+  for (const LoadEntry& entry : loads_) {
+    store_.finish_load(entry.hash, !entry.lost);
+    log(entry.lost ? EventKind::load_error : EventKind::loaded, entry.hash);
+  }
+}
+
+void Engine::allocate_stores() {
+  for (StoreEntry& entry : stores_) {
+    const Allocation allocation = store_.allocate_for_store(entry.hash);
+    switch (allocation.outcome) {
+      case Allocation::Outcome::allocated:
+        if (allocation.evicted) log(EventKind::evict, *allocation.evicted);
+        entry.allocated = true;
+        entry.slot = allocation.slot;
+        break;
+      case Allocation::Outcome::refused:
+        log(EventKind::refuse, entry.hash);
+        break;
+      case Allocation::Outcome::already_present:
+        break;
+    }
+  }
+}
+
+bool Engine::issue_store(std::uint32_t layer, bool final_attempt,
+                         std::optional<InFlight>& issued) {
+  std::vector<std::size_t> entries;
+  std::vector<BlockTransfer> transfers;
+  for (std::size_t index = 0; index < stores_.size(); ++index) {
+    if (!stores_[index].allocated || stores_[index].dropped) continue;
+    entries.push_back(index);
+    transfers.push_back({stores_[index].slot, stores_[index].device_block});
+  }
+  if (entries.empty()) return true;
+  const Prepared prepared = staging_.prepare(layer, Direction::store);
+  if (prepared.status == PrepareStatus::no_region && !final_attempt) return false;
+  if (prepared.status != PrepareStatus::ok) {
+    // No region to stage through: these blocks can never have every layer stored.
+    for (const std::size_t index : entries) stores_[index].dropped = true;
+    return true;
+  }
+  staging_.bind(prepared.lease, std::move(transfers));
+  const FenceOutcome fence =
+      take_fault(Direction::store, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
+  staging_.transfer(prepared.lease, fence,
+                    [&](std::uint8_t* region, const std::vector<BlockTransfer>& list) {
+                      for (std::size_t i = 0; i < list.size(); ++i) {
+                        encode_layer(layout_, mode_,
+                                     device_tensor(layer, list[i].device_block, false),
+                                     device_tensor(layer, list[i].device_block, true),
+                                     region + i * layer_bytes_);
+                      }
+                    });
+  issued = InFlight{layer, prepared.lease, std::move(entries)};
+  return true;
+}
+
+void Engine::complete_store(const InFlight& in_flight) {
+  const std::uint32_t layer = in_flight.layer;
+  const CompleteStatus status = staging_.complete(
+      in_flight.lease, [&](std::uint8_t* region, const std::vector<BlockTransfer>& list) {
+        for (std::size_t i = 0; i < list.size(); ++i) {
+          // A block dropped since this lease was issued is freed at wait_for_save; its slot
+          // is not written.
+          if (stores_[in_flight.entries[i]].dropped) continue;
+          std::memcpy(store_.slot_data(list[i].slot) + layer * layer_bytes_,
+                      region + i * layer_bytes_, layer_bytes_);
+        }
+      });
+  if (status == CompleteStatus::lost) {
+    note_lost_region(in_flight.lease.region);
+    for (const std::size_t index : in_flight.entries) stores_[index].dropped = true;
+  }
+}
+
+void Engine::finish_stores() {
+  for (const StoreEntry& entry : stores_) {
+    if (!entry.allocated) continue;
+    if (entry.dropped) {
+      store_.drop(entry.hash);
+      log(EventKind::drop, entry.hash);
+    } else {
+      store_.commit(entry.hash);
+      log(EventKind::commit, entry.hash);
+    }
+  }
+}
+
+}  // namespace activekv::offload

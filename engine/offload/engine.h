@@ -1,0 +1,208 @@
+// The engine of the CPU route (SPEC.md §6, §7): the scheduler's plan of one step (lookups, loads
+// and stores of vLLM blocks) and the worker's per-layer hooks that move the data between the
+// device KV cache and the host pool through staging regions, with an ordered event log.
+//
+// Every public call takes the engine's mutex, so the scheduler side (lookup, plans) may run on
+// another thread than the worker hooks. A call that raises EngineInputError or EngineStateError
+// has changed nothing.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "offload/block_store.h"
+#include "offload/compression.h"
+#include "offload/kv_layout.h"
+#include "offload/staging.h"
+
+namespace activekv::offload {
+
+// Bad input: a value out of range, lists of different lengths, a plan larger than a region. The
+// message names the argument and what was expected. Python: ValueError.
+class EngineInputError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A hook called out of order (e.g. wait_for_layer_load before start_load). Python: RuntimeError.
+class EngineStateError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+// "load" | "store"; EngineInputError naming `direction` for anything else.
+Direction parse_direction(std::string_view name);
+
+// A non-owning view of one layer's device KV cache: C-contiguous
+// [2, num_device_blocks, block_size, num_kv_heads, head_dim] raw words of the layout's dtype
+// (index 0 is K, 1 is V). Whoever registers it keeps the memory alive and its shape right.
+struct DeviceKvLayer {
+  void* data;
+  std::size_t num_device_blocks;
+};
+
+enum class EventKind : std::uint8_t {
+  lookup,      // value: the number of leading committed hashes
+  hit,         // a planned load found committed at build_step: hash
+  miss,        // a planned load not committed at build_step, dropped: hash
+  evict,       // hash
+  refuse,      // a store with no slot to take: hash
+  quarantine,  // region
+  fatal,       // every region is quarantined: num_regions
+  loaded,      // hash
+  load_error,  // hash
+  commit,      // hash
+  drop,        // a store that failed: hash
+};
+const char* event_kind_name(EventKind kind);
+
+struct Event {
+  EventKind kind;
+  std::uint64_t value;
+
+  bool operator==(const Event& other) const {
+    return kind == other.kind && value == other.value;
+  }
+  bool operator!=(const Event& other) const { return !(*this == other); }
+};
+
+class Engine {
+ public:
+  // EngineInputError naming the argument: no whole slot fits in capacity_bytes, or num_regions,
+  // region_blocks or num_device_blocks is 0.
+  Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t capacity_bytes,
+         std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks);
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const KvBlockLayout& layout() const { return layout_; }
+  CompressionMode mode() const { return mode_; }
+  std::size_t slot_bytes() const { return store_.slot_bytes(); }
+  std::size_t num_slots() const { return store_.num_slots(); }
+  std::size_t num_device_blocks() const { return num_device_blocks_; }
+  bool fatal() const;
+  std::size_t quarantined_regions() const;
+
+  // One view per layer (exactly num_layers, each of num_device_blocks blocks). Only between
+  // steps; the views replace any registered before.
+  void register_kv_caches(const std::vector<DeviceKvLayer>& layers);
+
+  // Scheduler side.
+  std::size_t lookup(const std::vector<std::uint64_t>& hashes);
+  void plan_load(const std::vector<std::uint64_t>& hashes,
+                 const std::vector<std::int64_t>& device_blocks);
+  void plan_store(const std::vector<std::uint64_t>& hashes,
+                  const std::vector<std::int64_t>& device_blocks);
+  void build_step();
+
+  // Worker side, in this order per step: start_load, then for each layer n
+  // wait_for_layer_load(n) and save_kv_layer(n), then wait_for_save. A step with nothing to load
+  // or store may go from start_load straight to wait_for_save (vLLM's steps without a forward).
+  void start_load();
+  // The device blocks whose layer-`layer` data did not arrive (lost at this layer or before), in
+  // plan order.
+  std::vector<std::size_t> wait_for_layer_load(std::int64_t layer);
+  void save_kv_layer(std::int64_t layer);
+  void wait_for_save();
+
+  // The fence of the next lease of this direction and layer reports an unknown outcome
+  // (counted: two injections fault the next two such leases).
+  void inject_fence_fault(Direction direction, std::int64_t layer);
+
+  // The event log since the last call; the log is then empty.
+  std::vector<Event> take_events();
+
+  // Introspection for tests; not synchronized with a step running on another thread.
+  const BlockStore& store() const { return store_; }
+  const StagingPool& staging() const { return staging_; }
+
+ private:
+  enum class Phase : std::uint8_t { planning, built, running };
+
+  struct PlannedBlock {
+    std::uint64_t hash;
+    std::size_t device_block;
+  };
+  struct LoadEntry {
+    std::uint64_t hash;
+    std::size_t device_block;
+    std::size_t slot;
+    bool lost;
+  };
+  struct StoreEntry {
+    std::uint64_t hash;
+    std::size_t device_block;
+    std::size_t slot;
+    bool allocated;
+    bool dropped;
+  };
+  // A lease in flight and the step entries (indices into loads_ or stores_) it carries.
+  struct InFlight {
+    std::uint32_t layer;
+    Lease lease;
+    std::vector<std::size_t> entries;
+  };
+
+  std::uint32_t checked_layer(std::int64_t layer) const;
+  std::vector<PlannedBlock> checked_plan(const std::vector<std::uint64_t>& hashes,
+                                         const std::vector<std::int64_t>& device_blocks) const;
+  void add_to_plan(std::vector<PlannedBlock>& plan, std::vector<PlannedBlock> blocks,
+                   const char* call);
+  [[noreturn]] void out_of_order(const std::string& call) const;
+  std::string expected_next() const;
+
+  bool take_fault(Direction direction, std::uint32_t layer);
+  void log(EventKind kind, std::uint64_t value) { events_.push_back({kind, value}); }
+  void note_lost_region(std::size_t region);
+
+  // The K (value=false) or V half of one device block in one layer.
+  std::uint8_t* device_tensor(std::uint32_t layer, std::size_t device_block, bool value) const;
+
+  // Issue one layer's transfer of every block not lost (loads) or dropped (stores). When no region
+  // is free they return false and do nothing, unless `final_attempt`: then, as when every region
+  // is quarantined, the transfer is not made (its loads are lost, its stores dropped).
+  bool issue_load(std::uint32_t layer, bool final_attempt);
+  void complete_load(std::uint32_t layer);
+  void finish_loads();
+  void allocate_stores();
+  // The lease in flight, if one was made, goes to `issued`.
+  bool issue_store(std::uint32_t layer, bool final_attempt, std::optional<InFlight>& issued);
+  void complete_store(const InFlight& in_flight);
+  void finish_stores();
+
+  mutable std::mutex mutex_;
+  const KvBlockLayout layout_;
+  const CompressionMode mode_;
+  const std::size_t layer_bytes_;  // one layer of one block as stored
+  BlockStore store_;
+  StagingPool staging_;
+  const std::size_t num_device_blocks_;
+  std::vector<DeviceKvLayer> kv_;
+
+  bool fatal_ = false;
+  // Faults injected and not yet taken by a lease, per direction and layer.
+  std::array<std::vector<std::uint64_t>, 2> faults_;
+  std::vector<Event> events_;
+
+  Phase phase_ = Phase::planning;
+  std::vector<PlannedBlock> planned_loads_;
+  std::vector<PlannedBlock> planned_stores_;
+  // The step being run (from build_step to wait_for_save).
+  std::vector<LoadEntry> loads_;
+  std::vector<StoreEntry> stores_;
+  std::vector<InFlight> load_leases_;  // layer n and n + 1 at most
+  std::optional<InFlight> store_lease_;
+  std::uint32_t layers_loaded_ = 0;  // wait_for_layer_load calls of this step
+  std::uint32_t layers_saved_ = 0;   // save_kv_layer calls of this step
+};
+
+}  // namespace activekv::offload

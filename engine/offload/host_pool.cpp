@@ -1,0 +1,75 @@
+#include "offload/host_pool.h"
+
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+
+namespace activekv::offload {
+
+std::size_t round_up_to_pages(std::size_t bytes, const char* what) {
+  if (bytes > std::numeric_limits<std::size_t>::max() - (kPageBytes - 1)) {
+    throw HostPoolError(std::string(what) + ": expected a size that fits in memory; got " +
+                        std::to_string(bytes) + " bytes");
+  }
+  return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+}
+
+PageAlignedBuffer::PageAlignedBuffer(std::size_t bytes, const char* what) : bytes_(bytes) {
+  if (bytes == 0) return;
+  const std::size_t rounded = round_up_to_pages(bytes, what);
+  storage_.reset(static_cast<std::uint8_t*>(std::aligned_alloc(kPageBytes, rounded)));
+  if (!storage_) throw std::bad_alloc();
+  // Zero-filled so that nothing ever reads indeterminate bytes, and so that the pages are
+  // committed here rather than on the first transfer.
+  std::memset(storage_.get(), 0, rounded);
+}
+
+HostPool::HostPool(std::size_t capacity_bytes, std::size_t slot_bytes)
+    : slot_bytes_(slot_bytes),
+      num_slots_(slot_bytes == 0 ? 0 : capacity_bytes / slot_bytes),
+      memory_(num_slots_ * slot_bytes_, "capacity_bytes") {
+  if (slot_bytes_ == 0) {
+    throw HostPoolError("slot_bytes: expected a positive slot size; got 0");
+  }
+  if (num_slots_ == 0) {
+    throw HostPoolError("capacity_bytes: expected room for at least one slot of " +
+                        std::to_string(slot_bytes_) + " bytes; got " +
+                        std::to_string(capacity_bytes));
+  }
+  for (std::size_t slot = 0; slot < num_slots_; ++slot) free_.insert(free_.end(), slot);
+}
+
+std::optional<std::size_t> HostPool::acquire() {
+  if (free_.empty()) return std::nullopt;
+  const std::size_t slot = *free_.begin();
+  free_.erase(free_.begin());
+  return slot;
+}
+
+void HostPool::release(std::size_t slot) {
+  check_slot(slot, "slot");
+  if (!free_.insert(slot).second) {
+    throw HostPoolError("slot: expected a taken slot; slot " + std::to_string(slot) +
+                        " is already free");
+  }
+}
+
+std::uint8_t* HostPool::slot_data(std::size_t slot) {
+  check_slot(slot, "slot");
+  return memory_.data() + slot * slot_bytes_;
+}
+
+const std::uint8_t* HostPool::slot_data(std::size_t slot) const {
+  check_slot(slot, "slot");
+  return memory_.data() + slot * slot_bytes_;
+}
+
+void HostPool::check_slot(std::size_t slot, const char* what) const {
+  if (slot >= num_slots_) {
+    throw HostPoolError(std::string(what) + ": expected 0 <= slot < " + std::to_string(num_slots_) +
+                        "; got " + std::to_string(slot));
+  }
+}
+
+}  // namespace activekv::offload

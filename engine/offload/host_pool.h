@@ -1,0 +1,78 @@
+// The host pool of the CPU route (SPEC.md §2): one page-aligned allocation made at construction and
+// never grown, cut into fixed-size slots handed out lowest free index first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+namespace activekv::offload {
+
+// Raised for a pool that cannot hold one slot, or a slot index that the pool never handed out;
+// the message names the argument.
+class HostPoolError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+inline constexpr std::size_t kPageBytes = 4096;
+
+// Bytes rounded up to whole pages; HostPoolError naming `what` when that overflows.
+std::size_t round_up_to_pages(std::size_t bytes, const char* what);
+
+// One zero-filled, page-aligned allocation owned for its whole life (std::aligned_alloc wants a
+// size that is a multiple of the alignment, so the size is rounded up to pages).
+class PageAlignedBuffer {
+ public:
+  // `bytes` may be 0 (no allocation, data() is null); std::bad_alloc when memory is short.
+  PageAlignedBuffer(std::size_t bytes, const char* what);
+
+  std::uint8_t* data() { return storage_.get(); }
+  const std::uint8_t* data() const { return storage_.get(); }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(std::uint8_t* pointer) const noexcept { std::free(pointer); }
+  };
+
+  std::size_t bytes_;
+  std::unique_ptr<std::uint8_t, FreeDeleter> storage_;
+};
+
+// Not thread-safe on its own: BlockStore serializes every acquire and release under its mutex.
+class HostPool {
+ public:
+  // num_slots = capacity_bytes / slot_bytes; HostPoolError when that is 0. Only the slots are
+  // allocated (the remainder of capacity_bytes could never hold a block).
+  HostPool(std::size_t capacity_bytes, std::size_t slot_bytes);
+
+  std::size_t num_slots() const { return num_slots_; }
+  std::size_t slot_bytes() const { return slot_bytes_; }
+  std::size_t free_slots() const { return free_.size(); }
+  bool is_free(std::size_t slot) const { return free_.count(slot) != 0; }
+
+  // The lowest free slot, now taken; nullopt when every slot is taken.
+  std::optional<std::size_t> acquire();
+  // Gives a taken slot back; HostPoolError for a slot out of range or already free.
+  void release(std::size_t slot);
+
+  // Start of a slot's bytes; stable for the pool's life. HostPoolError for a slot out of range.
+  std::uint8_t* slot_data(std::size_t slot);
+  const std::uint8_t* slot_data(std::size_t slot) const;
+
+ private:
+  void check_slot(std::size_t slot, const char* what) const;
+
+  std::size_t slot_bytes_;
+  std::size_t num_slots_;
+  PageAlignedBuffer memory_;
+  // Sorted, so the lowest free index is begin() and slot numbers are deterministic.
+  std::set<std::size_t> free_;
+};
+
+}  // namespace activekv::offload

@@ -1,0 +1,216 @@
+"""The built engine (activekv._engine.Engine) against the Python reference: the same scripted steps
+(exact mode, and a few in the compressed modes) compared event by event and byte by byte, the same
+errors for bad input and hooks out of order (each leaving the engine usable), and the registered KV
+arrays kept alive.
+
+The module comes from the wheel under test (tests/conftest.py: `engine_module`).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from reference import engine as reference
+from test_engine_reference import (
+    SCENARIOS,
+    Driver,
+    bad_inputs,
+    check_usable,
+    out_of_order_calls,
+    raised,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def native(engine_module: Any) -> Any:
+    """activekv._engine from the wheel under test (tests/conftest.py builds and installs it)."""
+    return engine_module
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_matches_the_reference(native, name):
+    expected = SCENARIOS[name](reference).records
+    actual = SCENARIOS[name](native).records
+    assert len(actual) == len(expected)
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        assert got[0] == want[0], f"record {index}"
+        # Events and lookups first, so a difference reads as the first event that departs.
+        if got[0] == "step":
+            assert got[2] == want[2], f"record {index}: events"
+            assert got[1] == want[1], f"record {index}: lost device blocks per layer"
+            assert got[3] == want[3], f"record {index}: device KV bytes"
+        else:
+            assert got == want, f"record {index}"
+
+
+def test_stored_block_bytes_match(native):
+    for dtype in ("fp16", "bf16", "fp32"):
+        ours = native.KvBlockLayout(3, 16, 2, 64, getattr(native.KvDtype, dtype))
+        theirs = SimpleNamespace(
+            num_layers=3, block_size=16, num_kv_heads=2, head_dim=64, dtype=dtype
+        )
+        assert native.stored_block_bytes(ours, "exact") == reference.stored_block_bytes(
+            theirs, "exact"
+        )
+        engine = native.Engine(ours, "exact", 10 * native.stored_block_bytes(ours, "exact") + 5,
+                               2, 2, 4)  # fmt: skip
+        assert engine.slot_bytes == native.stored_block_bytes(ours, "exact")
+        assert engine.num_slots == 10
+        assert (engine.fatal, engine.quarantined_regions) == (False, 0)
+
+
+def _bad_input_indices() -> range:
+    return range(len(bad_inputs(Driver(reference))))
+
+
+@pytest.mark.parametrize("index", _bad_input_indices())
+def test_bad_input_matches_the_reference_and_leaves_the_engine_usable(native, index):
+    ours, theirs = Driver(native), Driver(reference)
+    name, call, text = bad_inputs(ours)[index]
+    error, message = raised(call)
+    assert (error, message) == raised(bad_inputs(theirs)[index][1]), name
+    assert error is ValueError and text in message, name
+    assert check_usable(ours) == check_usable(theirs), name
+
+
+@pytest.mark.parametrize("index", range(len(out_of_order_calls(Driver(reference)))))
+def test_hooks_out_of_order_match_the_reference(native, index):
+    ours, theirs = Driver(native), Driver(reference)
+    name, call, _ = out_of_order_calls(ours)[index]
+    error, message = raised(call)
+    assert (error, message) == raised(out_of_order_calls(theirs)[index][1]), name
+    assert error is RuntimeError, name
+    assert check_usable(ours) == check_usable(theirs), name
+
+
+def _mid_step_calls(driver: Driver) -> list[Any]:
+    """Every hook that is not the next one, at every point of a step, then the step's own call;
+    what each did, then the step's events and the device KV."""
+    engine = driver.engine
+    layers = range(driver.num_layers)
+    hooks: dict[Any, Any] = {
+        "build_step": engine.build_step,
+        "start_load": engine.start_load,
+        "plan_load": lambda: engine.plan_load([1], [2]),
+        "plan_store": lambda: engine.plan_store([1], [2]),
+        "register_kv_caches": lambda: engine.register_kv_caches(driver.kv),
+        "wait_for_save": engine.wait_for_save,
+    }
+    for layer in layers:
+        hooks["wait", layer] = lambda layer=layer: engine.wait_for_layer_load(layer)
+        hooks["save", layer] = lambda layer=layer: engine.save_kv_layer(layer)
+    order = ["build_step", "start_load"]
+    for layer in layers:
+        order += [("wait", layer), ("save", layer)]
+    order.append("wait_for_save")
+
+    outcomes: list[Any] = []
+    engine.plan_load([501, 7], [3, 4])
+    engine.plan_store([9], [5])
+    for position, key in enumerate(order):
+        for other, call in hooks.items():
+            planning_call = other in ("plan_load", "plan_store", "register_kv_caches")
+            if other == key or (position == 0 and planning_call):
+                continue
+            error, message = raised(call)
+            outcomes.append((position, other, error.__name__, message))
+        outcomes.append((position, key, "ok", hooks[key]()))
+    outcomes.append(driver.events())
+    outcomes.append(driver.kv_bytes())
+    return outcomes
+
+
+def test_hooks_out_of_order_at_every_point_of_a_step(native):
+    ours, theirs = Driver(native), Driver(reference)
+    for driver in (ours, theirs):
+        driver.fill(5)
+        driver.step(stores=[(501, 0)])
+        driver.events()
+    got = _mid_step_calls(ours)
+    assert got == _mid_step_calls(theirs)
+    assert all(outcome[2] == "RuntimeError" for outcome in got[:-2] if outcome[2] != "ok")
+    assert got[-2] == [("hit", 501), ("miss", 7), ("loaded", 501), ("commit", 9)]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ("zip", 100, 1, 1, 1),
+        ("exact", -1, 1, 1, 1),
+        ("exact", 7, 1, 1, 1),
+        ("exact", 8, 0, 1, 1),
+        ("exact", 8, 1, 0, 1),
+        ("exact", 8, 1, 1, 0),
+        ("exact", 8, -1, 1, 1),
+    ],
+)
+def test_construction_errors_match_the_reference(native, arguments):
+    ours = native.KvBlockLayout(1, 1, 1, 1, native.KvDtype.fp32)
+    theirs = SimpleNamespace(num_layers=1, block_size=1, num_kv_heads=1, head_dim=1, dtype="fp32")
+    error, message = raised(lambda: native.Engine(ours, *arguments))
+    assert error is ValueError
+    assert (error, message) == raised(lambda: reference.Engine(theirs, *arguments))
+
+
+def test_not_iterable_is_a_type_error_in_both(native):
+    for module in (native, reference):
+        driver = Driver(module)
+        with pytest.raises(TypeError):
+            driver.engine.lookup(5)
+        with pytest.raises(TypeError):
+            driver.engine.inject_fence_fault(1, 0)
+
+
+def test_registered_arrays_are_kept_alive_and_never_copied(native):
+    driver = Driver(native)
+    layers = [np.zeros_like(layer) for layer in driver.kv]
+    watchers = [weakref.ref(layer) for layer in layers]
+    first = layers[0]
+    driver.engine.register_kv_caches(layers)
+    del layers
+    gc.collect()
+    assert all(watcher() is not None for watcher in watchers)  # the engine holds them
+
+    # Written in place: a store from the registered arrays and a load back into them.
+    first[:, 0] = 0x1234
+    driver.step(stores=[(1, 0)])
+    driver.step(loads=[(1, 6)])
+    assert (first[:, 6] == 0x1234).all()
+    del first
+
+    # Registering other arrays lets the old ones go.
+    driver.engine.register_kv_caches(driver.kv)
+    gc.collect()
+    assert all(watcher() is None for watcher in watchers)
+
+
+def test_lookups_from_another_thread_during_steps(native):
+    driver = Driver(native, slots=6)
+    driver.step(stores=[(1, 0), (2, 1)])
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def look() -> None:
+        while not stop.is_set():
+            seen.append(driver.engine.lookup([1, 2]))
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    try:
+        for step in range(50):
+            driver.fill(step)
+            driver.step(loads=[(1, 2), (2, 3)], stores=[(100 + step, 4), (200 + step, 5)])
+    finally:
+        stop.set()
+        thread.join()
+    assert seen and set(seen) == {2}
+    assert driver.engine.lookup([1, 2, 149, 249]) == 4

@@ -1,0 +1,673 @@
+"""The Python reference of the engine (tests/reference/engine.py) against engine/offload/SPEC.md:
+LRU with pins and refusal, quarantine and fatal, the staging leases, events in order, hooks out of
+order and bad input.
+
+The drivers and scenarios here are shared with tests/test_engine_binding.py, which runs them
+through the built engine and compares every event and every byte with the reference.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from reference import engine as reference
+
+WORDS = {"fp16": np.uint16, "bf16": np.uint16, "fp32": np.uint32}
+
+
+class Driver:
+    """One engine (reference or built) with its device KV, driven the way vLLM drives it."""
+
+    def __init__(
+        self,
+        module: Any,
+        *,
+        num_layers: int = 3,
+        dtype: str = "fp16",
+        block_size: int = 2,
+        num_kv_heads: int = 1,
+        head_dim: int = 4,
+        slots: int = 4,
+        num_regions: int = 4,
+        region_blocks: int = 4,
+        num_device_blocks: int = 8,
+        mode: str = "exact",
+    ) -> None:
+        geometry = (num_layers, block_size, num_kv_heads, head_dim)
+        if hasattr(module, "KvBlockLayout"):
+            self.layout = module.KvBlockLayout(*geometry, getattr(module.KvDtype, dtype))
+        else:
+            self.layout = SimpleNamespace(
+                num_layers=num_layers,
+                block_size=block_size,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                dtype=dtype,
+            )
+        self.module = module
+        self.num_layers = num_layers
+        slot_bytes = module.stored_block_bytes(self.layout, mode)
+        self.engine = module.Engine(
+            self.layout, mode, slots * slot_bytes, num_regions, region_blocks, num_device_blocks
+        )
+        shape = (2, num_device_blocks, block_size, num_kv_heads, head_dim)
+        self.kv = [np.zeros(shape, dtype=WORDS[dtype]) for _ in range(num_layers)]
+        self.engine.register_kv_caches(self.kv)
+
+    def fill(self, seed: int) -> None:
+        """Random raw words (non-finite and subnormal values included) in every layer."""
+        rng = np.random.Generator(np.random.PCG64(seed))
+        for layer in self.kv:
+            bits = layer.dtype.itemsize * 8
+            layer[...] = rng.integers(0, 2**bits, layer.shape, dtype=layer.dtype)
+
+    def step(
+        self,
+        loads: Iterable[tuple[int, int]] = (),
+        stores: Iterable[tuple[int, int]] = (),
+        faults: Iterable[tuple[str, int]] = (),
+    ) -> list[list[int]]:
+        """One whole step; the device blocks reported lost at each layer."""
+        loads, stores = list(loads), list(stores)
+        if loads:
+            self.engine.plan_load([h for h, _ in loads], [d for _, d in loads])
+        if stores:
+            self.engine.plan_store([h for h, _ in stores], [d for _, d in stores])
+        self.engine.build_step()
+        for direction, layer in faults:
+            self.engine.inject_fence_fault(direction, layer)
+        self.engine.start_load()
+        lost = []
+        for layer in range(self.num_layers):
+            lost.append(list(self.engine.wait_for_layer_load(layer)))
+            self.engine.save_kv_layer(layer)
+        self.engine.wait_for_save()
+        return lost
+
+    def events(self) -> list[tuple[str, int]]:
+        return [tuple(event) for event in self.engine.events()]
+
+    def kv_bytes(self) -> bytes:
+        return b"".join(layer.tobytes() for layer in self.kv)
+
+    def state(self) -> tuple[int, int, bool, int]:
+        return (
+            self.engine.slot_bytes,
+            self.engine.num_slots,
+            self.engine.fatal,
+            self.engine.quarantined_regions,
+        )
+
+
+class Transcript:
+    """Everything a scenario observed, in order: compared whole between implementations."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.records: list[Any] = []
+
+    def step(self, seed: int | None = None, **plan: Any) -> list[list[int]]:
+        if seed is not None:
+            self.driver.fill(seed)
+        lost = self.driver.step(**plan)
+        self.records.append(("step", lost, self.driver.events(), self.driver.kv_bytes()))
+        self.records.append(("state", self.driver.state()))
+        return lost
+
+    def lookup(self, hashes: list[int]) -> int:
+        found = self.driver.engine.lookup(hashes)
+        self.records.append(("lookup", found, self.driver.events()))
+        return found
+
+
+# ---- scenarios: each drives one engine of `module` and returns its transcript ----
+
+
+def scenario_round_trip(module: Any) -> Transcript:
+    t = Transcript(Driver(module, slots=8))
+    t.step(seed=1, stores=[(11, 0), (12, 5), (13, 7)])
+    t.lookup([11, 12, 13, 14])
+    t.step(seed=2, loads=[(12, 3), (11, 6), (99, 1)])
+    t.step(seed=3, loads=[(13, 0), (13, 1)])  # one block loaded twice: two pins
+    return t
+
+
+def scenario_lru_pins_refusal(module: Any) -> Transcript:
+    t = Transcript(Driver(module, slots=2))
+    t.step(seed=1, stores=[(1, 0)])
+    t.step(seed=2, stores=[(2, 1)])
+    t.step(seed=3, loads=[(1, 2)])  # block 1 is now the more recent
+    t.step(seed=4, stores=[(3, 3)])  # evicts 2
+    t.step(seed=5, loads=[(1, 4), (3, 5)], stores=[(4, 6)])  # both pinned: refused
+    t.step(seed=6, loads=[(3, 4)], stores=[(4, 6), (5, 7)])  # evicts 1, then refuses 5
+    t.lookup([3, 4])
+    return t
+
+
+def scenario_duplicates(module: Any) -> Transcript:
+    t = Transcript(Driver(module))
+    t.step(seed=1, stores=[(1, 0)])
+    t.step(seed=2, stores=[(1, 1), (2, 2), (2, 3)])
+    t.lookup([1, 2])
+    return t
+
+
+def scenario_faults(module: Any) -> Transcript:
+    t = Transcript(Driver(module, slots=6, num_regions=5))
+    t.step(seed=1, stores=[(1, 0), (2, 1)])
+    t.step(seed=2, loads=[(1, 4), (2, 5)], faults=[("load", 1)])
+    t.step(seed=3, loads=[(1, 4)], stores=[(3, 2)], faults=[("store", 0), ("store", 2)])
+    t.step(seed=4, stores=[(3, 2)], faults=[("load", 0)])  # no load: the fault waits
+    t.step(seed=5, loads=[(2, 6)], stores=[(4, 3)])
+    t.lookup([1, 2, 3, 4])
+    return t
+
+
+def scenario_all_quarantined(module: Any) -> Transcript:
+    t = Transcript(Driver(module, num_regions=2))
+    t.step(seed=1, stores=[(1, 0)])
+    t.step(seed=2, loads=[(1, 3)], stores=[(2, 1)], faults=[("load", 0), ("store", 1)])
+    t.step(seed=3, loads=[(1, 3)], stores=[(2, 1)], faults=[("load", 2)])
+    for seed in (4, 5):
+        t.step(seed=seed, loads=[(1, 3)], stores=[(5, 4)])
+    t.lookup([1, 2, 5])
+    return t
+
+
+def scenario_one_region(module: Any) -> Transcript:
+    t = Transcript(Driver(module, num_regions=1))
+    t.step(seed=1, stores=[(1, 0), (2, 1)])
+    t.step(seed=2, loads=[(1, 6)])
+    t.step(seed=3, loads=[(2, 5)], stores=[(3, 0)])
+    t.lookup([1, 2, 3])
+    return t
+
+
+def scenario_no_forward(module: Any) -> Transcript:
+    t = Transcript(Driver(module))
+    driver = t.driver
+    driver.engine.plan_load([42], [0])
+    driver.engine.build_step()
+    driver.engine.start_load()
+    driver.engine.wait_for_save()  # nothing to move: the layer hooks may be skipped
+    t.records.append(("no_forward", driver.events()))
+    t.step(seed=1, stores=[(1, 0)])
+    return t
+
+
+def scenario_random(
+    module: Any, seed: int = 7, dtype: str = "bf16", mode: str = "exact"
+) -> Transcript:
+    """Prefix-sharing requests under a small pool, with fence faults: the trace generator's mix."""
+    rng = random.Random(seed)
+    region_blocks = 3
+    driver = Driver(
+        module,
+        num_layers=4,
+        dtype=dtype,
+        block_size=2,
+        num_kv_heads=2,
+        head_dim=3,
+        slots=8,
+        num_regions=6,
+        region_blocks=region_blocks,
+        num_device_blocks=8,
+        mode=mode,
+    )
+    t = Transcript(driver)
+    prompts: list[list[int]] = []
+    for _ in range(40):
+        shared: list[int] = []
+        if prompts and rng.random() < 0.7:
+            base = rng.choice(prompts[-4:])  # recent requests: their prefix may still be held
+            shared = base[: rng.randint(1, len(base))]
+        chain = shared + [rng.getrandbits(64) for _ in range(rng.randint(1, region_blocks))]
+        prompts.append(chain)
+        t.lookup(chain)
+        devices = rng.sample(range(8), 8)
+        loads = shared[:region_blocks]
+        stores = chain[len(loads) :][:region_blocks]
+        faults = []
+        if rng.random() < 0.08:
+            faults.append((rng.choice(["load", "store"]), rng.randrange(4)))
+        t.step(
+            seed=rng.getrandbits(32),
+            loads=list(zip(loads, devices, strict=False)),
+            stores=list(zip(stores, devices[len(loads) :], strict=False)),
+            faults=faults,
+        )
+    return t
+
+
+SCENARIOS: dict[str, Callable[[Any], Transcript]] = {
+    "round_trip": scenario_round_trip,
+    "lru_pins_refusal": scenario_lru_pins_refusal,
+    "duplicates": scenario_duplicates,
+    "faults": scenario_faults,
+    "all_quarantined": scenario_all_quarantined,
+    "one_region": scenario_one_region,
+    "no_forward": scenario_no_forward,
+    "random_bf16": lambda module: scenario_random(module, 7, "bf16"),
+    "random_fp32": lambda module: scenario_random(module, 8, "fp32"),
+    "random_fp16": lambda module: scenario_random(module, 9, "fp16"),
+    # The compressed modes move the same bytes through the same steps; only the codec differs.
+    "random_bf16_int8": lambda module: scenario_random(module, 10, "bf16", "int8"),
+    "random_fp16_fp8": lambda module: scenario_random(module, 11, "fp16", "fp8_e4m3"),
+    "random_fp32_int8": lambda module: scenario_random(module, 12, "fp32", "int8"),
+}
+
+
+# ---- bad input and hooks out of order: (name, call, error, text the message holds) ----
+
+
+def _bad_layers(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
+    kv = driver.kv
+    shape = kv[0].shape
+
+    def replaced(index: int, array: Any) -> list[Any]:
+        layers = list(kv)
+        layers[index] = array
+        return layers
+
+    read_only = np.zeros(shape, dtype=kv[0].dtype)
+    read_only.flags.writeable = False
+    wide = np.zeros((*shape[:-1], 2 * shape[-1]), dtype=kv[0].dtype)
+    register = driver.engine.register_kv_caches
+    return [
+        ("too few layers", lambda: register(kv[:-1]), "layers: expected num_layers = 3"),
+        ("not an array", lambda: register(replaced(1, [[0]])), "layers[1]"),
+        ("wrong dtype", lambda: register(replaced(2, kv[2].astype(np.uint32))), "layers[2]"),
+        ("float dtype", lambda: register(replaced(0, kv[0].view(np.float16))), "layers[0]"),
+        ("wrong shape", lambda: register(replaced(1, kv[1][:, :4])), "layers[1]: expected shape"),
+        ("wrong ndim", lambda: register(replaced(1, kv[1].reshape(-1))), "layers[1]"),
+        ("strided", lambda: register(replaced(1, wide[..., ::2])), "layers[1]: expected a C-"),
+        ("fortran", lambda: register(replaced(0, np.asfortranarray(kv[0]))), "C-contiguous"),
+        ("read-only", lambda: register(replaced(2, read_only)), "layers[2]: expected a writable"),
+    ]
+
+
+def bad_inputs(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
+    """Calls with bad input (ValueError), each naming the argument; the engine is planning."""
+    engine = driver.engine
+    return [
+        *_bad_layers(driver),
+        ("lengths", lambda: engine.plan_load([1, 2], [0]), "device_blocks: expected one"),
+        ("device -1", lambda: engine.plan_load([1], [-1]), "device_blocks[0]"),
+        ("device 8", lambda: engine.plan_store([1, 2], [0, 8]), "device_blocks[1]"),
+        ("device float", lambda: engine.plan_store([1], [0.5]), "device_blocks[0]"),
+        ("hash negative", lambda: engine.lookup([1, -1]), "hashes[1]"),
+        ("hash 2**64", lambda: engine.plan_load([2**64], [0]), "hashes[0]"),
+        ("hash str", lambda: engine.plan_store(["x"], [0]), "hashes[0]"),
+        ("too many loads", lambda: engine.plan_load([1, 2, 3, 4, 5], range(5)), "region_blocks"),
+        ("layer -1", lambda: engine.wait_for_layer_load(-1), "layer: expected 0 <= layer < 3"),
+        ("layer 3", lambda: engine.save_kv_layer(3), "layer"),
+        ("fault layer", lambda: engine.inject_fence_fault("load", 3), "layer"),
+        ("direction", lambda: engine.inject_fence_fault("sideways", 0), "direction"),
+    ]
+
+
+def out_of_order_calls(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
+    """Hooks out of order (RuntimeError) for an engine between steps."""
+    engine = driver.engine
+    return [
+        ("start_load first", engine.start_load, "expected plan_load, plan_store or build_step"),
+        ("wait first", lambda: engine.wait_for_layer_load(0), "out of order"),
+        ("save first", lambda: engine.save_kv_layer(0), "out of order"),
+        ("wait_for_save first", engine.wait_for_save, "out of order"),
+    ]
+
+
+def raised(call: Callable[[], Any]) -> tuple[type[BaseException], str]:
+    """The exception type that `call` raises, mapped to its builtin base, and its message."""
+    try:
+        call()
+    except (ValueError, RuntimeError, TypeError) as error:
+        for base in (ValueError, RuntimeError, TypeError):
+            if isinstance(error, base):
+                return base, str(error)
+    raise AssertionError("expected an exception")
+
+
+def check_usable(driver: Driver) -> list[Any]:
+    """After refused calls: a full store-and-load cycle works; what it observed."""
+    driver.fill(123)
+    first = driver.step(stores=[(501, 0), (502, 1)])
+    events = driver.events()
+    second = driver.step(loads=[(501, 2)])
+    return [first, events, second, driver.events(), driver.kv_bytes()]
+
+
+# ---- the reference against SPEC.md ----
+
+
+def make(**geometry: Any) -> Driver:
+    return Driver(reference, **geometry)
+
+
+def test_stored_block_bytes_exact():
+    layout = SimpleNamespace(num_layers=3, block_size=16, num_kv_heads=2, head_dim=64, dtype="bf16")
+    assert reference.stored_layer_bytes(layout, "exact") == 2 * 16 * 2 * 64 * 2
+    assert reference.stored_block_bytes(layout, "exact") == 3 * 2 * 16 * 2 * 64 * 2
+    k = np.arange(16 * 2 * 64, dtype=np.uint16).reshape(16, 2, 64)
+    stored = reference.encode_layer(layout, "exact", k, k[::-1].copy())
+    back_k, back_v = reference.decode_layer(layout, "exact", stored)
+    assert np.array_equal(back_k, k) and np.array_equal(back_v, k[::-1])
+    with pytest.raises(ValueError, match="mode"):
+        reference.stored_block_bytes(layout, "zip")
+
+
+def test_round_trip_restores_every_byte_and_logs_in_plan_order():
+    driver = make(slots=8)
+    driver.fill(1)
+    original = [layer.copy() for layer in driver.kv]
+    assert driver.step(stores=[(11, 0), (12, 5)]) == [[], [], []]
+    assert driver.events() == [("commit", 11), ("commit", 12)]
+    assert driver.engine.lookup([11, 12, 13]) == 2
+    assert driver.events() == [("lookup", 2)]
+    for layer in driver.kv:
+        layer[...] = 0
+    assert driver.step(loads=[(12, 3), (11, 7), (99, 1)]) == [[], [], []]
+    assert driver.events() == [
+        ("hit", 12),
+        ("hit", 11),
+        ("miss", 99),
+        ("loaded", 12),
+        ("loaded", 11),
+    ]
+    for layer, before in zip(driver.kv, original, strict=True):
+        assert np.array_equal(layer[:, 3], before[:, 5])
+        assert np.array_equal(layer[:, 7], before[:, 0])
+        assert not layer[:, [0, 1, 2, 4, 5, 6]].any()  # nothing else written
+
+
+def test_lookup_is_pure():
+    driver = make(slots=2)
+    driver.step(stores=[(1, 0)])
+    driver.step(stores=[(2, 1)])
+    driver.events()
+    for _ in range(3):
+        assert driver.engine.lookup([1, 2]) == 2  # looking 1 up does not make it recent
+    assert driver.engine.lookup([2, 3, 1]) == 1
+    driver.step(stores=[(3, 2)])
+    assert driver.events()[-2:] == [("evict", 1), ("commit", 3)]
+
+
+def test_lru_evicts_the_least_recently_used_and_loads_refresh():
+    transcript = scenario_lru_pins_refusal(reference)
+    steps = [record[2] for record in transcript.records if record[0] == "step"]
+    assert steps[3] == [("evict", 2), ("commit", 3)]
+    # Both committed blocks pinned by loads: the store is refused, nothing evicted.
+    assert steps[4] == [("hit", 1), ("hit", 3), ("refuse", 4), ("loaded", 1), ("loaded", 3)]
+    # Block 3 pinned: block 1 goes; then every unpinned block is gone and 5 is refused.
+    assert steps[5] == [("hit", 3), ("evict", 1), ("refuse", 5), ("loaded", 3), ("commit", 4)]
+    assert transcript.records[-1] == ("lookup", 2, [("lookup", 2)])
+
+
+def test_negative_control_evicts_the_most_recent(monkeypatch):
+    assert reference.FAULTS == set()  # off by default
+    assert {"lru_mru_first"} <= reference.KNOWN_FAULTS
+    monkeypatch.setattr(reference, "FAULTS", {"lru_mru_first"})
+    driver = make(slots=2)
+    driver.step(stores=[(1, 0)])
+    driver.step(stores=[(2, 1)])
+    driver.events()
+    driver.step(stores=[(3, 2)])
+    assert driver.events() == [("evict", 2), ("commit", 3)]
+
+
+def test_pins_are_counted():
+    driver = make(slots=1)
+    driver.step(stores=[(7, 0)])
+    driver.events()
+    driver.engine.plan_load([7, 7], [1, 2])
+    driver.engine.build_step()
+    driver.engine.start_load()
+    driver.engine.wait_for_layer_load(0)
+    assert driver.engine._blocks[7]["pins"] == 2
+    driver.engine.save_kv_layer(0)
+    for layer in (1, 2):
+        driver.engine.wait_for_layer_load(layer)
+        driver.engine.save_kv_layer(layer)
+    driver.engine.wait_for_save()
+    assert driver.engine._blocks[7]["pins"] == 0
+    assert driver.events() == [("hit", 7), ("hit", 7), ("loaded", 7), ("loaded", 7)]
+    assert np.array_equal(driver.kv[0][:, 1], driver.kv[0][:, 0])
+    assert np.array_equal(driver.kv[2][:, 2], driver.kv[2][:, 0])
+
+
+def test_storing_a_committed_or_planned_hash_does_nothing():
+    transcript = scenario_duplicates(reference)
+    assert transcript.records[2][2] == [("commit", 2)]
+    assert transcript.driver.engine._free == [2, 3]
+
+
+def test_load_fault_loses_blocks_from_that_layer_and_quarantines():
+    driver = make(slots=4)
+    driver.step(stores=[(1, 0), (2, 1)])
+    driver.events()
+    lost = driver.step(loads=[(1, 4), (2, 5)], faults=[("load", 1)])
+    assert lost == [[], [4, 5], [4, 5]]
+    # Layer 1 went to region 1 while layer 0 was still in flight in region 0.
+    assert driver.events() == [
+        ("hit", 1),
+        ("hit", 2),
+        ("quarantine", 1),
+        ("load_error", 1),
+        ("load_error", 2),
+    ]
+    assert driver.engine.quarantined_regions == 1
+    assert not driver.engine.fatal
+    for _ in range(3):  # the region is never taken again
+        assert driver.step(loads=[(1, 4)]) == [[], [], []]
+        assert driver.engine._staging.regions[1]["state"] == "quarantined"
+    assert driver.engine.quarantined_regions == 1
+
+
+def test_store_fault_drops_blocks_and_frees_their_slots():
+    driver = make(slots=4)
+    driver.step(stores=[(1, 0), (2, 1)], faults=[("store", 2), ("store", 2)])
+    assert driver.events() == [("quarantine", 0), ("drop", 1), ("drop", 2)]
+    assert driver.engine._free == [0, 1, 2, 3]
+    driver.step(stores=[(3, 2)])  # takes the second injected fault
+    assert driver.events() == [("quarantine", 1), ("drop", 3)]
+    assert driver.engine.lookup([1, 3]) == 0
+    assert driver.events() == [("lookup", 0)]
+    driver.step(stores=[(3, 2)])
+    assert driver.events() == [("commit", 3)]
+
+
+def test_all_quarantined_is_fatal_once_and_never_hangs():
+    driver = make(num_regions=1)
+    driver.step(stores=[(1, 0)])
+    driver.events()
+    lost = driver.step(loads=[(1, 3)], stores=[(2, 1)], faults=[("load", 0)])
+    assert lost == [[3], [3], [3]]
+    assert driver.events() == [
+        ("hit", 1),
+        ("quarantine", 0),
+        ("fatal", 1),
+        ("load_error", 1),
+        ("drop", 2),
+    ]
+    assert driver.engine.fatal
+    for _ in range(3):
+        assert driver.step(loads=[(1, 3)], stores=[(5, 4)]) == [[3], [3], [3]]
+        assert driver.events() == [("hit", 1), ("load_error", 1), ("drop", 5)]
+    assert driver.engine.lookup([1]) == 1
+    assert driver.engine.quarantined_regions == 1
+
+
+def test_layer_n_plus_one_is_issued_before_layer_n_completes():
+    driver = make()
+    driver.step(stores=[(1, 0)])
+    engine = driver.engine
+    regions = engine._staging.regions
+    engine.plan_load([1], [1])
+    engine.plan_store([2], [2])
+    engine.build_step()
+    engine.start_load()
+    assert regions[0]["state"] == "in_flight"
+    engine.wait_for_layer_load(0)
+    assert [r["state"] for r in regions[:2]] == ["free", "in_flight"]
+    engine.save_kv_layer(0)
+    assert regions[0]["state"] == "in_flight"  # store layer 0
+    engine.wait_for_layer_load(1)
+    assert [r["state"] for r in regions[:3]] == ["in_flight", "free", "in_flight"]
+    engine.save_kv_layer(1)
+    assert [r["state"] for r in regions[:3]] == ["free", "in_flight", "in_flight"]
+
+
+def test_one_region_completes_before_issuing():
+    transcript = scenario_one_region(reference)
+    records = [r for r in transcript.records if r[0] == "step"]
+    assert records[0][2] == [("commit", 1), ("commit", 2)]
+    assert records[1][1] == [[], [], []]
+    # The load's next layer holds the only region when the store is issued: the store is dropped.
+    assert records[2][2] == [("hit", 2), ("loaded", 2), ("drop", 3)]
+
+
+def test_no_forward_step_may_skip_the_layer_hooks():
+    transcript = scenario_no_forward(reference)
+    assert transcript.records[0] == ("no_forward", [("miss", 42)])
+    driver = make()
+    driver.engine.plan_store([1], [0])
+    driver.engine.build_step()
+    driver.engine.start_load()
+    with pytest.raises(RuntimeError, match="wait_for_layer_load\\(0\\)"):
+        driver.engine.wait_for_save()
+
+
+def test_staging_leases_state_machine():
+    staging = reference.Staging(2, 2, 8)
+    status, lease = staging.prepare()
+    assert (status, lease) == ("ok", (0, 0))
+    calls = []
+
+    def copies(data, transfers):
+        calls.append(list(transfers))
+
+    def snapshot():
+        return [(r["state"], r["generation"], list(r["transfers"])) for r in staging.regions]
+
+    def stale(call, text):
+        before = snapshot()
+        with pytest.raises(RuntimeError, match=text):
+            call()
+        assert snapshot() == before
+
+    stale(lambda: staging.transfer(lease, True, copies), "not bound")
+    stale(lambda: staging.complete(lease, copies), "not in_flight")
+    stale(lambda: staging.bind((0, 1), [(0, 0)]), "generation")
+    with pytest.raises(ValueError, match="region_blocks = 2"):
+        staging.bind(lease, [(0, 0)] * 3)
+    staging.bind(lease, [(5, 1)])
+    stale(lambda: staging.bind(lease, [(5, 1)]), "not prepared")
+    staging.transfer(lease, True, copies)
+    stale(lambda: staging.transfer(lease, True, copies), "in_flight")
+    assert staging.complete(lease, copies) == "ok"
+    assert calls == [[(5, 1)], [(5, 1)]]
+    assert staging.regions[0]["generation"] == 1
+    stale(lambda: staging.complete(lease, copies), "generation")
+    stale(lambda: staging.bind((7, 0), []), "regions")
+
+    # An unknown fence quarantines for good: nothing delivered, never prepared again.
+    status, lease = staging.prepare()
+    assert lease == (0, 1)
+    staging.bind(lease, [])
+    staging.transfer(lease, False, copies)
+    assert staging.complete(lease, copies) == "lost"
+    assert len(calls) == 3
+    assert staging.prepare() == ("ok", (1, 0))
+    assert staging.prepare() == ("no_region", None)
+    assert staging.quarantined() == 1
+    stale(lambda: staging.complete(lease, copies), "quarantined")
+
+
+@pytest.mark.parametrize("index", range(len(bad_inputs(make()))))
+def test_bad_input_is_a_value_error_that_changes_nothing(index):
+    driver = make()
+    name, call, text = bad_inputs(driver)[index]
+    before = driver.kv_bytes()
+    error, message = raised(call)
+    assert error is ValueError, name
+    assert text in message, name
+    assert driver.kv_bytes() == before
+    assert check_usable(driver) == check_usable_fresh()
+
+
+def check_usable_fresh() -> list[Any]:
+    return check_usable(make())
+
+
+@pytest.mark.parametrize("index", range(len(out_of_order_calls(make()))))
+def test_hooks_out_of_order_are_runtime_errors_that_change_nothing(index):
+    driver = make()
+    name, call, text = out_of_order_calls(driver)[index]
+    error, message = raised(call)
+    assert error is RuntimeError, name
+    assert text in message, name
+    assert check_usable(driver) == check_usable_fresh()
+
+
+def test_hooks_out_of_order_mid_step():
+    driver = make()
+    engine = driver.engine
+    engine.plan_load([1], [0])
+    engine.build_step()
+    for call in (engine.build_step, lambda: engine.plan_load([2], [1])):
+        with pytest.raises(RuntimeError, match="expected start_load next"):
+            call()
+    with pytest.raises(RuntimeError, match="expected start_load"):
+        engine.register_kv_caches(driver.kv)
+    engine.start_load()
+    with pytest.raises(RuntimeError, match="expected wait_for_layer_load\\(0\\) next"):
+        engine.save_kv_layer(0)
+    engine.wait_for_layer_load(0)
+    with pytest.raises(RuntimeError, match="expected save_kv_layer\\(0\\) next"):
+        engine.wait_for_layer_load(1)
+    for layer in range(3):
+        if layer:
+            engine.wait_for_layer_load(layer)
+        engine.save_kv_layer(layer)
+    with pytest.raises(RuntimeError, match="expected wait_for_save next"):
+        engine.save_kv_layer(2)
+    engine.wait_for_save()
+    assert driver.events() == [("miss", 1)]
+
+
+def test_start_load_needs_registered_kv():
+    layout = SimpleNamespace(num_layers=1, block_size=1, num_kv_heads=1, head_dim=1, dtype="fp32")
+    engine = reference.Engine(layout, "exact", 8, 1, 1, 1)
+    engine.build_step()
+    with pytest.raises(RuntimeError, match="register_kv_caches"):
+        engine.start_load()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "text"),
+    [
+        (("zip", 100, 1, 1, 1), "mode"),
+        (("exact", -1, 1, 1, 1), "capacity_bytes: expected a non-negative"),
+        (("exact", 7, 1, 1, 1), "capacity_bytes: expected room for at least one slot of 8"),
+        (("exact", 8, 0, 1, 1), "num_regions"),
+        (("exact", 8, 1, 0, 1), "region_blocks"),
+        (("exact", 8, 1, 1, 0), "num_device_blocks"),
+        (("exact", 8, 1, 1, -5), "num_device_blocks"),
+    ],
+)
+def test_construction_errors(arguments, text):
+    layout = SimpleNamespace(num_layers=1, block_size=1, num_kv_heads=1, head_dim=1, dtype="fp32")
+    with pytest.raises(ValueError, match=text):
+        reference.Engine(layout, *arguments)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenarios_are_deterministic(name):
+    first = SCENARIOS[name](reference).records
+    assert first == SCENARIOS[name](reference).records
+    assert any(record[0] == "step" for record in first)
