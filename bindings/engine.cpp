@@ -28,33 +28,15 @@ using activekv::offload::LayoutError;
 
 namespace {
 
-// Raw words of one block's K or V: C-contiguous [T, H, D] of the layout's word size.
-using BlockWords = nb::ndarray<nb::ro, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
 using NumpyArray = nb::ndarray<nb::numpy>;
-
-void check_block_words(const KvBlockLayout& layout, const BlockWords& words, const char* name) {
-  const std::size_t bits = activekv::offload::dtype_bytes(layout.dtype()) * 8;
-  const nb::dlpack::dtype dtype = words.dtype();
-  const bool unsigned_words = dtype.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt);
-  if (!unsigned_words || dtype.bits != bits || dtype.lanes != 1) {
-    throw LayoutError(std::string(name) + ": expected raw words (uint" + std::to_string(bits) +
-                      ") of dtype " + activekv::offload::dtype_name(layout.dtype()));
-  }
-  if (words.shape(0) != layout.block_size() || words.shape(1) != layout.num_kv_heads() ||
-      words.shape(2) != layout.head_dim()) {
-    throw LayoutError(std::string(name) + ": expected shape [block_size, num_kv_heads, head_dim]"
-                      " = [" + std::to_string(layout.block_size()) + ", " +
-                      std::to_string(layout.num_kv_heads()) + ", " +
-                      std::to_string(layout.head_dim()) + "]");
-  }
-}
 
 // A new numpy array that owns `bytes` of storage, shaped and typed as asked.
 NumpyArray owned_array(std::size_t bytes, std::vector<std::size_t> shape, nb::dlpack::dtype dtype) {
   auto storage = std::make_unique<std::vector<std::uint8_t>>(bytes);
   std::uint8_t* data = storage->data();
   nb::capsule owner(storage.get(), [](void* pointer) noexcept {
-    delete static_cast<std::vector<std::uint8_t>*>(pointer);
+    // Adopts the storage released below, so it is freed when the array is.
+    std::unique_ptr<std::vector<std::uint8_t>>(static_cast<std::vector<std::uint8_t>*>(pointer));
   });
   storage.release();  // owned by the capsule from here on
   return NumpyArray(data, shape.size(), shape.data(), owner, nullptr, dtype);
@@ -126,15 +108,17 @@ std::string list_text(const std::vector<std::int64_t>& values) {
 
 // Any array without conversion: the engine keeps the caller's memory, never a copy of it.
 using AnyArray = nb::ndarray<>;
+using ReadOnlyArray = nb::ndarray<nb::ro>;
 
-// layers[index] as the engine may read and write it in place: a writable host array of the
-// layout's raw words, C-contiguous [2, num_device_blocks, T, H, D]. EngineInputError otherwise.
-AnyArray checked_kv_layer(const KvBlockLayout& layout, std::size_t num_device_blocks,
-                          nb::handle item, std::size_t index) {
-  const std::string name = "layers[" + std::to_string(index) + "]";
-  AnyArray array;
-  if (!nb::try_cast<AnyArray>(item, array, /*convert=*/false)) {
-    nb::ndarray<nb::ro> read_only;
+// `item` as a host array of unsigned `bits`-bit words of exactly the `expected` shape, in C order,
+// taken as it is (never converted or copied). EngineInputError naming `name` otherwise.
+template <typename Array>
+Array checked_words(nb::handle item, const std::string& name, std::size_t bits,
+                    const std::vector<std::int64_t>& expected, const std::string& shape_text,
+                    const std::string& words_of = "") {
+  Array array;
+  if (!nb::try_cast<Array>(item, array, /*convert=*/false)) {
+    ReadOnlyArray read_only;
     if (nb::try_cast(item, read_only, /*convert=*/false)) {
       throw EngineInputError(name + ": expected a writable array (loads write into it); got a "
                                     "read-only one");
@@ -145,22 +129,16 @@ AnyArray checked_kv_layer(const KvBlockLayout& layout, std::size_t num_device_bl
   if (array.device_type() != nb::device::cpu::value) {
     throw EngineInputError(name + ": expected an array in host memory (CPU route)");
   }
-  const std::size_t bits = activekv::offload::dtype_bytes(layout.dtype()) * 8;
   const nb::dlpack::dtype dtype = array.dtype();
   if (dtype.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) || dtype.bits != bits ||
       dtype.lanes != 1) {
-    throw EngineInputError(name + ": expected raw words (uint" + std::to_string(bits) +
-                           ") of dtype " + activekv::offload::dtype_name(layout.dtype()) +
-                           "; got " + dtype_text(dtype));
+    throw EngineInputError(name + ": expected raw words (uint" + std::to_string(bits) + ")" +
+                           words_of + "; got " + dtype_text(dtype));
   }
-  const std::vector<std::int64_t> expected{
-      2, static_cast<std::int64_t>(num_device_blocks), layout.block_size(), layout.num_kv_heads(),
-      layout.head_dim()};
   std::vector<std::int64_t> shape(array.shape_ptr(), array.shape_ptr() + array.ndim());
   if (shape != expected) {
-    throw EngineInputError(name + ": expected shape [2, num_device_blocks, block_size, "
-                                  "num_kv_heads, head_dim] = " +
-                           list_text(expected) + "; got " + list_text(shape));
+    throw EngineInputError(name + ": expected shape " + shape_text + " = " + list_text(expected) +
+                           "; got " + list_text(shape));
   }
   // C order, in elements; a dimension of extent 1 may have any stride (as numpy has it).
   if (array.stride_ptr() != nullptr) {
@@ -176,6 +154,33 @@ AnyArray checked_kv_layer(const KvBlockLayout& layout, std::size_t num_device_bl
     }
   }
   return array;
+}
+
+std::string of_dtype(const KvBlockLayout& layout) {
+  return std::string(" of dtype ") + activekv::offload::dtype_name(layout.dtype());
+}
+
+std::size_t word_bits(const KvBlockLayout& layout) {
+  return activekv::offload::dtype_bytes(layout.dtype()) * 8;
+}
+
+// layers[index] as the engine may read and write it in place: a writable host array of the
+// layout's raw words, C-contiguous [2, num_device_blocks, T, H, D].
+AnyArray checked_kv_layer(const KvBlockLayout& layout, std::size_t num_device_blocks,
+                          nb::handle item, std::size_t index) {
+  return checked_words<AnyArray>(
+      item, "layers[" + std::to_string(index) + "]", word_bits(layout),
+      {2, static_cast<std::int64_t>(num_device_blocks), layout.block_size(),
+       layout.num_kv_heads(), layout.head_dim()},
+      "[2, num_device_blocks, block_size, num_kv_heads, head_dim]", of_dtype(layout));
+}
+
+// One block's K or V for encode_layer: read-only raw words [T, H, D].
+ReadOnlyArray checked_block_words(const KvBlockLayout& layout, nb::handle item, const char* name) {
+  return checked_words<ReadOnlyArray>(
+      item, name, word_bits(layout),
+      {layout.block_size(), layout.num_kv_heads(), layout.head_dim()},
+      "[block_size, num_kv_heads, head_dim]", of_dtype(layout));
 }
 
 // Python's Engine: the engine plus the arrays it was given, which it only views. Holding the
@@ -261,10 +266,11 @@ NB_MODULE(_engine, m) {
 
   m.def(
       "encode_layer",
-      [](const KvBlockLayout& layout, const std::string& mode, BlockWords k, BlockWords v) {
+      [](const KvBlockLayout& layout, const std::string& mode, nb::handle k_words,
+         nb::handle v_words) {
         const auto parsed = activekv::offload::parse_mode(mode);
-        check_block_words(layout, k, "k");
-        check_block_words(layout, v, "v");
+        const ReadOnlyArray k = checked_block_words(layout, k_words, "k");
+        const ReadOnlyArray v = checked_block_words(layout, v_words, "v");
         const std::size_t bytes = activekv::offload::stored_layer_bytes(layout, parsed);
         NumpyArray out = owned_array(bytes, {bytes}, nb::dtype<std::uint8_t>());
         activekv::offload::encode_layer(layout, parsed, k.data(), v.data(),
@@ -272,27 +278,30 @@ NB_MODULE(_engine, m) {
         return out;
       },
       nb::arg("layout"), nb::arg("mode"), nb::arg("k"), nb::arg("v"),
+      nb::sig("def encode_layer(layout: KvBlockLayout, mode: str, k: NDArray, v: NDArray) "
+              "-> NDArray[numpy.uint8]"),
       "Encodes one layer of one block (K and V raw words) as the host pool stores it.");
 
   m.def(
       "decode_layer",
-      [](const KvBlockLayout& layout, const std::string& mode,
-         nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> stored) {
+      [](const KvBlockLayout& layout, const std::string& mode, nb::handle stored_bytes) {
         const auto parsed = activekv::offload::parse_mode(mode);
         const std::size_t expected = activekv::offload::stored_layer_bytes(layout, parsed);
-        if (stored.size() != expected) {
-          throw LayoutError("stored: expected " + std::to_string(expected) + " bytes; got " +
-                            std::to_string(stored.size()));
-        }
+        const ReadOnlyArray stored = checked_words<ReadOnlyArray>(
+            stored_bytes, "stored", 8, {static_cast<std::int64_t>(expected)},
+            "[stored_layer_bytes]");
         const std::size_t bytes = layout.bytes_per_tensor();
         std::vector<std::size_t> shape{layout.block_size(), layout.num_kv_heads(),
                                        layout.head_dim()};
         NumpyArray k = owned_array(bytes, shape, word_dtype(layout));
         NumpyArray v = owned_array(bytes, shape, word_dtype(layout));
-        activekv::offload::decode_layer(layout, parsed, stored.data(), k.data(), v.data());
+        activekv::offload::decode_layer(layout, parsed, static_cast<const std::uint8_t*>(stored.data()),
+                                        k.data(), v.data());
         return std::make_pair(k, v);
       },
       nb::arg("layout"), nb::arg("mode"), nb::arg("stored"),
+      nb::sig("def decode_layer(layout: KvBlockLayout, mode: str, stored: NDArray[numpy.uint8]) "
+              "-> tuple[NDArray, NDArray]"),
       "Decodes one stored layer back into (K, V) raw words of the layout's dtype.");
 
   using Release = nb::gil_scoped_release;

@@ -408,11 +408,6 @@ def test_bad_input_raises_value_error(engine: ModuleType, side: str) -> None:
             call()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="binding gap (bindings/engine.cpp): wrong ndim is a nanobind TypeError; a stored array "
-    "of another dtype is converted to uint8 silently (needs nb::arg().noconvert() and own checks)",
-)
 @pytest.mark.parametrize("case", GAPS)
 def test_bad_input_binding_gaps(engine: ModuleType, case: str) -> None:
     argument, call = gap_calls(engine, make_layout(engine, "bf16", 4, 2, 8))[case]
