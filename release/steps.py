@@ -277,6 +277,8 @@ def step_run(context: Context, channel_name: str | None) -> int:
     wheels = context.built_wheels()
     console.rule("gates")
     _print_verdict(run_payload_gate(context.manifest, wheels, context.out_dir))
+    if "parity" in context.manifest.gates:
+        step_parity(context, None, [])
     for evidence in record_gpu_gates(context.manifest, wheels, context.out_dir):
         _print_verdict(evidence)
     try:

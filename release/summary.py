@@ -53,6 +53,11 @@ def _gates(out_dir: Path, manifest: Manifest, channel: str) -> Table:
         elif name == "policy" and verdict == "pass":
             shown = {w["auditwheel_show"] for w in record["figures"]["wheels"].values()}
             detail = f"auditwheel show: {', '.join(sorted(shown))}; no CUDA library vendored"
+        elif name == "parity":
+            figures = record["figures"]
+            judged = ", ".join(record["artefacts"])
+            detail = (f"exact {figures['exact']}, compressed {figures['compressed']} "
+                      f"(engine of {judged})") + (f"; {detail}" if detail else "")  # fmt: skip
         elif name == "payload" and verdict == "pass":
             kinds: dict[str, int] = {}
             for entry in record["figures"]["files"]:
