@@ -93,7 +93,8 @@ void BlockStore::drop(std::uint64_t hash) {
 }
 
 std::uint8_t* BlockStore::slot_data(std::size_t slot) {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  // No lock: the pool's memory and slot size never change after construction, so this is
+  // arithmetic on immutable state (and it runs once per block per layer on the hot path).
   return pool_.slot_data(slot);
 }
 

@@ -327,6 +327,8 @@ std::uint8_t* Engine::device_tensor(std::uint32_t layer, std::size_t device_bloc
 bool Engine::issue_load(std::uint32_t layer, bool final_attempt) {
   std::vector<std::size_t> entries;
   std::vector<BlockTransfer> transfers;
+  entries.reserve(loads_.size());  // one allocation each per layer, not one per doubling
+  transfers.reserve(loads_.size());
   for (std::size_t index = 0; index < loads_.size(); ++index) {
     if (loads_[index].lost) continue;  // a lost block is not transferred again
     entries.push_back(index);
@@ -402,6 +404,8 @@ bool Engine::issue_store(std::uint32_t layer, bool final_attempt,
                          std::optional<InFlight>& issued) {
   std::vector<std::size_t> entries;
   std::vector<BlockTransfer> transfers;
+  entries.reserve(stores_.size());
+  transfers.reserve(stores_.size());
   for (std::size_t index = 0; index < stores_.size(); ++index) {
     if (!stores_[index].allocated || stores_[index].dropped) continue;
     entries.push_back(index);
