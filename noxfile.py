@@ -49,6 +49,13 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def reproduce(session: nox.Session) -> None:
+    """Reproducible gate: every wheel built twice from two source copies must be identical."""
+    _install(session, "build", "release")
+    session.run("python", "-m", "release", "reproduce", *session.posargs)
+
+
+@nox.session
 def sanitize(session: nox.Session) -> None:
     """C++ tests under AddressSanitizer with UndefinedBehaviorSanitizer, then ThreadSanitizer."""
     _install(session, "build", "release")

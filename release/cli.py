@@ -82,6 +82,18 @@ def _parser() -> argparse.ArgumentParser:
         help="wheel under test (default: the built wheel for this interpreter)",
     )
     bench.add_argument("--blocks", type=int, default=256, help="blocks per step (default 256)")
+    reproduce = sub.add_parser(
+        "reproduce",
+        parents=[common],
+        help="build twice from two source copies; wheels must be identical",
+    )
+    reproduce.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="X.Y",
+        help="only this declared version (repeatable)",
+    )
     for gate in ("payload", "policy"):
         step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
         step.add_argument(

@@ -321,6 +321,13 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
             context.out_dir, "bench", run_bench(wheel, context.out_dir, blocks=args.blocks)
         )
         return 0
+    if command == "reproduce":
+        from release.reproduce import run_reproduce_gate
+
+        return _print_verdict(run_reproduce_gate(
+            context.manifest, source_dir=context.source_dir, out_dir=context.out_dir,
+            cache_dir=context.cache_dir, only=args.python,
+        ))  # fmt: skip
     if command == "parity":
         return step_parity(context, args.wheel, args.cell)
     if command in ("payload", "policy"):

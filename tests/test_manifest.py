@@ -82,7 +82,7 @@ def test_real_manifest_loads() -> None:
     assert manifest.schema_version == 1
     assert manifest.release.name == "activekv"
     assert manifest.release.default_channel == "dev"
-    assert manifest.channel("stable").requires == ("policy", "payload", "warmup")
+    assert manifest.channel("stable").requires == ("policy", "payload", "parity", "warmup")
     assert manifest.channel("dev").signing == "dev"
     assert manifest.build.python == ("3.10", "3.11", "3.12", "3.13")
     assert manifest.build.glibc == (2, 28)
@@ -214,8 +214,8 @@ CASES = [
         id="no-stable-channel",
     ),
     pytest.param(
-        replace('"policy", "payload", "warmup"]', '"policy", "payload", "speed"]'),
-        "release.channels.stable.requires[2]",
+        replace('"parity", "warmup"]', '"parity", "speed"]'),
+        "release.channels.stable.requires[3]",
         "a gate declared in [gates.*]",
         id="unknown-gate",
     ),

@@ -1,0 +1,77 @@
+"""The reproducible gate: two clean builds from two source copies at different paths must give
+identical wheels; a planted build-path leak must make it fail and be located."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from release.manifest import load_manifest
+from release.reproduce import run_reproduce_gate, snapshot, wheel_differences
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = load_manifest(REPO / "manifests" / "activekv.toml")
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+CACHE = REPO / ".activekv" / "cache"
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_differences_name_the_member_and_the_first_byte(tmp_path):
+    first = _zip(tmp_path / "a.whl", {"activekv/_engine.so": b"abcdef", "x/METADATA": b"m"})
+    second = _zip(tmp_path / "b.whl", {"activekv/_engine.so": b"abcXef", "x/RECORD": b"r"})
+    found = wheel_differences(first, second)
+    assert "activekv/_engine.so: first difference at byte 3 (6 and 6 bytes)" in found
+    assert "x/METADATA: only in the first build" in found
+    assert "x/RECORD: only in the second build" in found
+
+
+def test_snapshot_copies_tracked_and_untracked_but_not_ignored(tmp_path):
+    copy = snapshot(REPO, tmp_path / "copy")
+    assert (copy / "engine" / "offload" / "engine.cpp").is_file()
+    assert (copy / "pyproject.toml").read_bytes() == (REPO / "pyproject.toml").read_bytes()
+    assert not (copy / ".activekv").exists() and not (copy / "out").exists()
+
+
+def test_two_clean_builds_are_bit_identical(tmp_path):
+    evidence = run_reproduce_gate(
+        MANIFEST, source_dir=REPO, out_dir=tmp_path, cache_dir=CACHE, only=[PYTHON]
+    )
+    assert evidence.verdict == "pass", evidence.reason
+    assert len(evidence.artefacts) == 1
+
+
+def test_a_planted_path_leak_is_caught(tmp_path):
+    """Negative control: a module that embeds its absolute source path (__FILE__) differs
+    between the two copies, and the gate names the module and the byte."""
+    project = snapshot(REPO, tmp_path / "project")
+    # A compile definition carrying the absolute source path: -ffile-prefix-map cannot reach it.
+    cmake = project / "engine" / "CMakeLists.txt"
+    text = cmake.read_text()
+    planted = 'ACTIVEKV_CXX_COMPILER="${CMAKE_CURRENT_SOURCE_DIR}"'
+    cmake.write_text(
+        text.replace('ACTIVEKV_CXX_COMPILER="${CMAKE_CXX_COMPILER_ID} ', planted + " #")
+    )
+    assert planted in cmake.read_text()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    commit = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "planted"]
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], commit):
+        subprocess.run(command, cwd=project, env=env, check=True)
+    shutil.rmtree(project / "out", ignore_errors=True)
+    evidence = run_reproduce_gate(
+        MANIFEST, source_dir=project, out_dir=tmp_path / "out", cache_dir=CACHE, only=[PYTHON]
+    )
+    if evidence.verdict == "pass":
+        pytest.fail("a wheel embedding its source path was judged reproducible")
+    assert "activekv/_engine" in evidence.reason and "first difference at byte" in evidence.reason
