@@ -45,7 +45,8 @@ inline void bind_build_and_device(nb::module_& m) {
         return count;
       },
       "Number of visible CUDA devices; raises RuntimeError naming the CUDA error when the "
-      "driver or a device is missing.");
+      "driver or a device is missing.",
+      nb::call_guard<nb::gil_scoped_release>());  // the first call initialises CUDA
 }
 
 }  // namespace activekv::bindings

@@ -211,10 +211,9 @@ class BoundEngine {
       arrays.push_back(checked_kv_layer(layout, engine.num_device_blocks(), items[index], index));
       views.push_back({arrays.back().data(), engine.num_device_blocks()});
     }
-    {
-      nb::gil_scoped_release release;
-      engine.register_kv_caches(views);
-    }
+    // GIL held: the engine's views and the arrays keeping them alive must change together, or a
+    // concurrent registration could leave the engine viewing freed memory.
+    engine.register_kv_caches(views);
     kv_arrays = std::move(arrays);
   }
 
@@ -415,6 +414,6 @@ NB_MODULE(_engine, m) {
                                                 "cuda_checksum");
         return sum;
       },
-      nb::arg("words"),
+      nb::arg("words"), nb::call_guard<nb::gil_scoped_release>(),
       "Sums a 1-D uint32 host array with the wheel's own CUDA kernel on device 0.");
 }

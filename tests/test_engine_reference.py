@@ -622,9 +622,10 @@ def test_hooks_out_of_order_mid_step():
     for call in (engine.build_step, lambda: engine.plan_load([2], [1])):
         with pytest.raises(RuntimeError, match="expected start_load next"):
             call()
-    with pytest.raises(RuntimeError, match="expected start_load"):
-        engine.register_kv_caches(driver.kv)
+    engine.register_kv_caches(driver.kv)  # allowed until the step runs (SPEC §6 rule 8)
     engine.start_load()
+    with pytest.raises(RuntimeError, match="register_kv_caches"):
+        engine.register_kv_caches(driver.kv)
     with pytest.raises(RuntimeError, match="expected wait_for_layer_load\\(0\\) next"):
         engine.save_kv_layer(0)
     engine.wait_for_layer_load(0)

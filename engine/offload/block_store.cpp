@@ -51,7 +51,10 @@ void BlockStore::finish_load(std::uint64_t hash, bool loaded) {
 
 Allocation BlockStore::allocate_for_store(std::uint64_t hash) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  if (blocks_.count(hash) != 0) return {Allocation::Outcome::already_present, 0, std::nullopt};
+  // The map insertion is the only step that allocates: done first, a bad_alloc changes nothing.
+  // Pinned from allocation until commit or drop; not evictable meanwhile (it is not committed).
+  const auto [entry, inserted] = blocks_.try_emplace(hash, Block{0, BlockState::storing, 1, 0});
+  if (!inserted) return {Allocation::Outcome::already_present, 0, std::nullopt};
   Allocation allocation{Allocation::Outcome::allocated, 0, std::nullopt};
   if (const auto slot = pool_.acquire()) {
     allocation.slot = *slot;
@@ -61,12 +64,12 @@ Allocation BlockStore::allocate_for_store(std::uint64_t hash) {
     const auto it = blocks_.find(victim);
     allocation.slot = it->second.slot;  // handed straight to the new block, never freed
     allocation.evicted = victim;
-    blocks_.erase(it);
+    blocks_.erase(it);  // another key: `entry` stays valid
   } else {
+    blocks_.erase(entry);
     return {Allocation::Outcome::refused, 0, std::nullopt};
   }
-  // Pinned from allocation until commit or drop; not evictable meanwhile (it is not committed).
-  blocks_.emplace(hash, Block{allocation.slot, BlockState::storing, 1, 0});
+  entry->second.slot = allocation.slot;
   return allocation;
 }
 

@@ -6,6 +6,7 @@
 #include "offload/compression.h"
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "offload/float_bits.h"
@@ -42,10 +43,26 @@ std::size_t stored_layer_bytes(const KvBlockLayout& layout, CompressionMode mode
     case CompressionMode::exact:
       return 2 * elements * dtype_bytes(layout.dtype());
     case CompressionMode::int8:
-    case CompressionMode::fp8_e4m3:
-      return 2 * elements + 2 * groups * sizeof(float);
+    case CompressionMode::fp8_e4m3: {
+      // Up to 2.5x the fp16 exact size (head_dim 1), which KvBlockLayout did not check.
+      const std::size_t per_group = 2 * std::size_t{layout.head_dim()} + 2 * sizeof(float);
+      if (groups > std::numeric_limits<std::size_t>::max() / per_group) {
+        throw LayoutError("layout: expected a stored block size that fits in memory; got " +
+                          layout.describe());
+      }
+      return groups * per_group;
+    }
   }
   throw LayoutError("mode: expected exact, int8 or fp8_e4m3");
+}
+
+std::size_t stored_block_bytes(const KvBlockLayout& layout, CompressionMode mode) {
+  const std::size_t layer = stored_layer_bytes(layout, mode);
+  if (layer > std::numeric_limits<std::size_t>::max() / layout.num_layers()) {
+    throw LayoutError("layout: expected a stored block size that fits in memory; got " +
+                      layout.describe());
+  }
+  return layer * layout.num_layers();
 }
 
 namespace {

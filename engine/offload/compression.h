@@ -20,9 +20,7 @@ const char* mode_name(CompressionMode mode);
 // Bytes one layer of one block takes in the host pool (K and V).
 std::size_t stored_layer_bytes(const KvBlockLayout& layout, CompressionMode mode);
 // Bytes of a whole block (all layers): the host pool's slot size.
-inline std::size_t stored_block_bytes(const KvBlockLayout& layout, CompressionMode mode) {
-  return stored_layer_bytes(layout, mode) * layout.num_layers();
-}
+std::size_t stored_block_bytes(const KvBlockLayout& layout, CompressionMode mode);
 
 // Encodes one layer of one block. `k` and `v` each point at T*H*D raw words of the layout's
 // dtype; `out` receives stored_layer_bytes(layout, mode) bytes.

@@ -21,6 +21,19 @@ std::size_t room_for_a_slot(std::size_t capacity_bytes, std::size_t slot_bytes) 
   return capacity_bytes;
 }
 
+// The slot size, once every scalar argument has been checked (in the reference's order), so that
+// nothing is allocated for a construction that is going to be refused.
+std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode,
+                               std::size_t capacity_bytes, std::size_t num_regions,
+                               std::size_t region_blocks, std::size_t num_device_blocks) {
+  const std::size_t slot_bytes = stored_block_bytes(layout, mode);
+  room_for_a_slot(capacity_bytes, slot_bytes);
+  positive(num_regions, "num_regions");
+  positive(region_blocks, "region_blocks");
+  positive(num_device_blocks, "num_device_blocks");
+  return slot_bytes;
+}
+
 std::size_t direction_index(Direction direction) {
   return direction == Direction::load ? 0 : 1;
 }
@@ -67,11 +80,10 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
     : layout_(layout),
       mode_(mode),
       layer_bytes_(stored_layer_bytes(layout, mode)),
-      store_(room_for_a_slot(capacity_bytes, stored_block_bytes(layout, mode)),
-             stored_block_bytes(layout, mode)),
-      staging_(positive(num_regions, "num_regions"), positive(region_blocks, "region_blocks"),
-               layer_bytes_),
-      num_device_blocks_(positive(num_device_blocks, "num_device_blocks")) {
+      store_(capacity_bytes, checked_slot_bytes(layout, mode, capacity_bytes, num_regions,
+                                                region_blocks, num_device_blocks)),
+      staging_(num_regions, region_blocks, layer_bytes_),
+      num_device_blocks_(num_device_blocks) {
   for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
 }
 
@@ -103,7 +115,8 @@ void Engine::register_kv_caches(const std::vector<DeviceKvLayer>& layers) {
                              std::to_string(layers[index].num_device_blocks));
     }
   }
-  if (phase_ != Phase::planning) out_of_order("register_kv_caches");
+  // Allowed until the step runs, so a step built before any registration is not stuck.
+  if (phase_ == Phase::running) out_of_order("register_kv_caches");
   kv_ = layers;
 }
 

@@ -429,10 +429,11 @@ TEST_CASE("hooks out of order raise EngineStateError and change nothing") {
   out_of_order([&] { engine.build_step(); }, "start_load");
   out_of_order([&] { engine.plan_load({1}, {1}); }, "start_load");
   out_of_order([&] { engine.plan_store({3}, {1}); }, "start_load");
-  out_of_order([&] { engine.register_kv_caches(kv.views()); }, "start_load");
+  engine.register_kv_caches(kv.views());  // allowed until the step runs (SPEC §6 rule 8)
   out_of_order([&] { engine.wait_for_layer_load(0); }, "start_load");
 
   engine.start_load();
+  out_of_order([&] { engine.register_kv_caches(kv.views()); }, "wait_for_layer_load(0)");
   out_of_order([&] { engine.start_load(); }, "wait_for_layer_load(0)");
   out_of_order([&] { engine.save_kv_layer(0); }, "wait_for_layer_load(0)");
   out_of_order([&] { engine.wait_for_layer_load(1); }, "wait_for_layer_load(0)");
@@ -459,8 +460,16 @@ TEST_CASE("hooks out of order raise EngineStateError and change nothing") {
   bare.build_step();
   CHECK(contains(error_message<EngineStateError>([&] { bare.start_load(); }),
                  "register_kv_caches"));
+  // Registering after build_step (before the step runs) unsticks it: the step then runs.
   DeviceKv later;
+  bare.register_kv_caches(later.views());
+  bare.start_load();
   CHECK_THROWS_AS(bare.register_kv_caches(later.views()), EngineStateError);  // mid-step
+  for (std::uint32_t layer = 0; layer < kLayout.num_layers(); ++layer) {
+    bare.wait_for_layer_load(layer);
+    bare.save_kv_layer(layer);
+  }
+  bare.wait_for_save();
 }
 
 TEST_CASE("bad input raises EngineInputError naming the argument and changes nothing") {

@@ -353,7 +353,7 @@ class Engine:
                     f"{name}: expected a C-contiguous array; got strides {strides} (in elements) "
                     f"for shape {list(array.shape)}"
                 )
-        if self._phase != "planning":
+        if self._phase == "running":
             self._out_of_order("register_kv_caches")
         self._kv = layers  # kept by reference, never copied
 
