@@ -251,7 +251,8 @@ NB_MODULE(_engine, m) {
       .def_prop_ro("bytes_per_layer", &KvBlockLayout::bytes_per_layer)
       .def_prop_ro("bytes_per_block", &KvBlockLayout::bytes_per_block)
       .def("offset_of", &KvBlockLayout::offset_of, nb::arg("layer"), nb::arg("value"),
-           "Byte offset of one layer's K (value=False) or V (value=True) inside a block.")
+           "Byte offset of one layer's K (value=False) or V (value=True) in a block of raw words "
+           "(the exact layout; compressed slots are laid out as SPEC.md §5 says).")
       .def("__repr__",
            [](const KvBlockLayout& layout) { return "KvBlockLayout(" + layout.describe() + ")"; });
 

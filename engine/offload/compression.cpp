@@ -7,7 +7,6 @@
 
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #include "offload/float_bits.h"
 
@@ -112,15 +111,12 @@ void encode_tensor(KvDtype dtype, CompressionMode mode, const std::uint8_t* word
                    std::size_t groups, std::size_t group_size, std::uint8_t* codes,
                    std::uint8_t* scales) {
   const float divisor = mode == CompressionMode::int8 ? 127.0f : 448.0f;
-  std::vector<float> group(group_size);
-  std::vector<bool> is_nan(group_size);
   for (std::size_t g = 0; g < groups; ++g) {
-    // Widen and find amax over the finite elements (0 if there are none).
+    const std::size_t first = g * group_size;
+    // Pass 1: amax over the finite elements (0 if there are none).
     float amax = 0.0f;
     for (std::size_t i = 0; i < group_size; ++i) {
-      const std::uint32_t bits = load_f32_bits(dtype, words, g * group_size + i);
-      is_nan[i] = fb::f32_is_nan(bits);
-      group[i] = fb::bits_to_float(bits);
+      const std::uint32_t bits = load_f32_bits(dtype, words, first + i);
       if (fb::f32_is_finite(bits)) {
         const float magnitude = fb::bits_to_float(bits & fb::kF32AbsMask);
         if (magnitude > amax) amax = magnitude;
@@ -128,17 +124,20 @@ void encode_tensor(KvDtype dtype, CompressionMode mode, const std::uint8_t* word
     }
     const float scale = amax / divisor;
     std::memcpy(scales + g * sizeof scale, &scale, sizeof scale);
-    std::uint8_t* out = codes + g * group_size;
+    std::uint8_t* out = codes + first;
     if (scale == 0.0f) {  // every code 0, whatever the elements (NaN and ±inf included)
       std::memset(out, 0, group_size);
       continue;
     }
+    // Pass 2: the words are widened again rather than kept, so nothing is allocated per tensor
+    // on the engine's hot path.
     for (std::size_t i = 0; i < group_size; ++i) {
-      if (is_nan[i]) {
+      const std::uint32_t bits = load_f32_bits(dtype, words, first + i);
+      if (fb::f32_is_nan(bits)) {
         out[i] = 0;
         continue;
       }
-      const float y = group[i] / scale;  // ±inf stays ±inf and saturates below
+      const float y = fb::bits_to_float(bits) / scale;  // ±inf stays ±inf and saturates below
       if (mode == CompressionMode::int8) {
         out[i] = static_cast<std::uint8_t>(fb::f32_to_int8_rne(y));
       } else {
