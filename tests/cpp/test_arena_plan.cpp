@@ -2,6 +2,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "test_support.h"
+
 #include <cstddef>
 #include <limits>
 #include <stdexcept>
@@ -12,25 +14,12 @@
 using activekv::fabric::ArenaPlan;
 using activekv::fabric::ArenaSealedError;
 
+using activekv::testing::contains;
+using activekv::testing::error_message;
+
 namespace {
 
 constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
-
-// The message of the `Error` that `call` throws; fails a check when it throws nothing.
-template <typename Error, typename Call>
-std::string error_message(Call call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  FAIL_CHECK("expected an exception");
-  return "<no exception>";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 }  // namespace
 

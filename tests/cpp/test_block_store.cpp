@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "test_support.h"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -22,25 +24,12 @@ using activekv::offload::HostPool;
 using activekv::offload::HostPoolError;
 using activekv::offload::kPageBytes;
 
+using activekv::testing::contains;
+using activekv::testing::error_message;
+
 namespace {
 
 constexpr std::size_t kSlotBytes = 48;
-
-// The message of the `Error` that `call` throws; fails a check when it throws nothing.
-template <typename Error, typename Call>
-std::string error_message(Call call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  FAIL_CHECK("expected an exception");
-  return "<no exception>";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 BlockStore store_of(std::size_t slots) { return BlockStore(slots * kSlotBytes, kSlotBytes); }
 

@@ -4,6 +4,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "test_support.h"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +29,9 @@ using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
 using activekv::offload::RegionState;
 using activekv::offload::stored_block_bytes;
+
+using activekv::testing::contains;
+using activekv::testing::error_message;
 
 namespace {
 
@@ -133,21 +138,6 @@ void check_events(Engine& engine, const std::vector<Event>& expected) {
   CAPTURE(text(events));
   CAPTURE(text(expected));
   CHECK(events == expected);
-}
-
-bool contains(const std::string& text_value, const std::string& part) {
-  return text_value.find(part) != std::string::npos;
-}
-
-template <typename Error>
-std::string error_message(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  FAIL_CHECK("expected an exception");
-  return "<no exception>";
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "test_support.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,13 +27,11 @@ using activekv::offload::StagingInputError;
 using activekv::offload::StagingPool;
 using activekv::offload::StaleLeaseError;
 
+using activekv::testing::contains;
+
 namespace {
 
 constexpr std::size_t kBlockBytes = 32;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Copies that count their calls, so a test can tell whether a refused call ran any.
 struct CountingCopies {
