@@ -64,7 +64,7 @@ def _dtype_name(layout: Any) -> str:
 
 def _check_mode(mode: Any) -> str:
     if mode not in MODES:
-        raise ValueError(f'mode: expected "exact", "int8" or "fp8_e4m3"; got {mode!r}')
+        raise ValueError(f'mode: expected "exact", "int8" or "fp8_e4m3"; got "{mode}"')
     return mode
 
 

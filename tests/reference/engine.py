@@ -6,8 +6,8 @@ Written to be obviously correct rather than fast, and independently of the C++ e
 events and the same errors (ValueError for bad input, RuntimeError for hooks out of order; either
 leaves the engine as it was).
 
-Compression comes from ``tests/reference/compression.py`` (imported when first needed); the
-"exact" mode is handled here, so this module works on its own for it.
+Storage in every mode (exact, int8, fp8_e4m3) comes from ``tests/reference/compression.py``;
+its functions are re-exported here.
 
 ``layout`` is any object with ``num_layers``, ``block_size``, ``num_kv_heads``, ``head_dim`` and
 ``dtype`` ("fp16", "bf16", "fp32", or an enum whose ``.name`` is one of those).
@@ -23,11 +23,20 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("exact", "int8", "fp8_e4m3")
+from .compression import (
+    _WORDS,
+    _check_mode,
+    _dtype_name,
+    decode_layer,
+    encode_layer,
+    stored_block_bytes,
+    stored_layer_bytes,
+)
+
+__all__ = ["Engine", "decode_layer", "encode_layer", "stored_block_bytes", "stored_layer_bytes"]
+
 KNOWN_FAULTS = frozenset({"lru_mru_first"})
 FAULTS: set[str] = set()
-
-_WORDS = {"fp16": np.dtype(np.uint16), "bf16": np.dtype(np.uint16), "fp32": np.dtype(np.uint32)}
 
 # Region states (SPEC.md §4).
 FREE = "free"
@@ -35,73 +44,6 @@ PREPARED = "prepared"
 BOUND = "bound"
 IN_FLIGHT = "in_flight"
 QUARANTINED = "quarantined"
-
-
-# ---- compression: exact here, the compressed modes from compression.py ----
-
-
-def _dtype_name(layout: Any) -> str:
-    dtype = layout.dtype
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
-    if name not in _WORDS:
-        raise ValueError(f"dtype: expected fp16, bf16 or fp32; got {dtype!r}")
-    return name
-
-
-def _check_mode(mode: Any) -> str:
-    if mode not in MODES:
-        raise ValueError(f'mode: expected "exact", "int8" or "fp8_e4m3"; got "{mode}"')
-    return mode
-
-
-def _compression() -> Any:
-    from . import compression  # imported late: only the compressed modes need it
-
-    return compression
-
-
-def _tensor_words(layout: Any) -> int:
-    return layout.block_size * layout.num_kv_heads * layout.head_dim
-
-
-def stored_layer_bytes(layout: Any, mode: str) -> int:
-    """Bytes of one layer of one block in the host pool (K and V)."""
-    if _check_mode(mode) == "exact":
-        return 2 * _tensor_words(layout) * _WORDS[_dtype_name(layout)].itemsize
-    return _compression().stored_layer_bytes(layout, mode)
-
-
-def stored_block_bytes(layout: Any, mode: str) -> int:
-    """Bytes of one block (all layers): the host pool's slot size."""
-    return stored_layer_bytes(layout, mode) * layout.num_layers
-
-
-def encode_layer(layout: Any, mode: str, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """One layer of one block (K and V raw words [T, H, D]) -> its stored bytes (uint8)."""
-    if _check_mode(mode) != "exact":
-        return _compression().encode_layer(layout, mode, k, v)
-    shape = (layout.block_size, layout.num_kv_heads, layout.head_dim)
-    word = _WORDS[_dtype_name(layout)]
-    for name, words in (("k", k), ("v", v)):
-        if not isinstance(words, np.ndarray) or words.dtype != word or words.shape != shape:
-            raise ValueError(f"{name}: expected raw words ({word.name}) of shape {list(shape)}")
-    return np.frombuffer(k.tobytes() + v.tobytes(), dtype=np.uint8).copy()
-
-
-def decode_layer(layout: Any, mode: str, stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stored bytes of one layer of one block -> (K, V) raw words [T, H, D]."""
-    if _check_mode(mode) != "exact":
-        return _compression().decode_layer(layout, mode, stored)
-    expected = stored_layer_bytes(layout, mode)
-    stored = np.asarray(stored, dtype=np.uint8)
-    if stored.shape != (expected,):
-        raise ValueError(f"stored: expected {expected} bytes; got {stored.size}")
-    shape = (layout.block_size, layout.num_kv_heads, layout.head_dim)
-    word = _WORDS[_dtype_name(layout)]
-    half = expected // 2
-    k = np.frombuffer(stored[:half].tobytes(), dtype=word).reshape(shape).copy()
-    v = np.frombuffer(stored[half:].tobytes(), dtype=word).reshape(shape).copy()
-    return k, v
 
 
 # ---- staging regions and leases (SPEC.md §4) ----
