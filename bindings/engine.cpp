@@ -62,16 +62,22 @@ std::size_t non_negative(std::int64_t value, const char* name) {
 template <typename T>
 std::vector<T> integers_from(nb::handle iterable, const char* name, const char* expected) {
   std::vector<T> values;
-  std::size_t index = 0;
-  for (nb::handle item : iterable) {
+  const auto append = [&](nb::handle item) {
     T value{};
     if (!nb::try_cast<T>(item, value)) {
-      throw EngineInputError(std::string(name) + "[" + std::to_string(index) + "]: expected " +
-                             expected + "; got " + nb::repr(item).c_str());
+      throw EngineInputError(std::string(name) + "[" + std::to_string(values.size()) +
+                             "]: expected " + expected + "; got " + nb::repr(item).c_str());
     }
     values.push_back(value);
-    ++index;
+  };
+  // vLLM hands lists: indexing them skips an iterator object and a call per item.
+  if (nb::isinstance<nb::list>(iterable)) {
+    const nb::list list = nb::borrow<nb::list>(iterable);
+    values.reserve(list.size());
+    for (std::size_t index = 0; index < list.size(); ++index) append(list[index]);
+    return values;
   }
+  for (nb::handle item : iterable) append(item);
   return values;
 }
 
@@ -221,6 +227,22 @@ class BoundEngine {
   // Each holds its source array (through DLPack or the buffer protocol) alive and unresized.
   std::vector<AnyArray> kv_arrays;
 };
+
+// The event kinds as Python strings, made once: an events() call builds thousands of tuples per
+// step, and a new str per tuple was most of its cost. Never freed (they live as long as the
+// module, which CPython never unloads).
+const std::vector<nb::handle>& event_kind_strings() {
+  static const std::vector<nb::handle> strings = [] {
+    std::vector<nb::handle> made;
+    for (int kind = 0; kind <= static_cast<int>(activekv::offload::EventKind::drop); ++kind) {
+      made.push_back(nb::str(activekv::offload::event_kind_name(
+                                 static_cast<activekv::offload::EventKind>(kind)))
+                         .release());
+    }
+    return made;
+  }();
+  return strings;
+}
 
 }  // namespace
 
@@ -398,13 +420,15 @@ NB_MODULE(_engine, m) {
               Release release;
               events = self.engine.take_events();
             }
-            std::vector<std::tuple<std::string, std::uint64_t>> result;
-            result.reserve(events.size());
+            const std::vector<nb::handle>& kinds = event_kind_strings();
+            nb::list result;
             for (const auto& event : events) {
-              result.emplace_back(activekv::offload::event_kind_name(event.kind), event.value);
+              result.append(nb::make_tuple(kinds[static_cast<std::size_t>(event.kind)],
+                                           event.value));
             }
             return result;
           },
+          nb::sig("def events(self) -> list[tuple[str, int]]"),
           "The (kind, value) events since the last call; the log is then empty.");
 
   m.def(

@@ -1,6 +1,7 @@
 #include "offload/block_store.h"
 
 #include <limits>
+#include <set>
 
 namespace activekv::offload {
 
@@ -11,7 +12,10 @@ std::string hash_text(std::uint64_t hash) { return "block " + std::to_string(has
 }  // namespace
 
 BlockStore::BlockStore(std::size_t capacity_bytes, std::size_t slot_bytes)
-    : pool_(capacity_bytes, slot_bytes) {}
+    : pool_(capacity_bytes, slot_bytes) {
+  // At most one block per slot: buckets sized once, so steady steps never rehash.
+  blocks_.reserve(pool_.num_slots());
+}
 
 std::size_t BlockStore::lookup(const std::vector<std::uint64_t>& hashes) const {
   const std::lock_guard<std::mutex> lock(mutex_);
@@ -32,7 +36,7 @@ std::optional<std::size_t> BlockStore::pin_for_load(std::uint64_t hash) {
   if (block.pins == std::numeric_limits<std::uint32_t>::max()) {
     throw BlockStoreError(hash_text(hash) + ": too many pins");
   }
-  forget(hash, block);
+  forget(block);
   ++block.pins;
   return block.slot;
 }
@@ -43,28 +47,28 @@ void BlockStore::finish_load(std::uint64_t hash, bool loaded) {
   if (block.state != BlockState::committed || block.pins == 0) {
     throw BlockStoreError("finish_load: " + hash_text(hash) + " is not pinned by a load");
   }
-  forget(hash, block);
+  forget(block);
   if (loaded) block.last_use = ++clock_;
   --block.pins;
-  remember(hash, block);
+  remember(block);
 }
 
 Allocation BlockStore::allocate_for_store(std::uint64_t hash) {
   const std::lock_guard<std::mutex> lock(mutex_);
   // The map insertion is the only step that allocates: done first, a bad_alloc changes nothing.
   // Pinned from allocation until commit or drop; not evictable meanwhile (it is not committed).
-  const auto [entry, inserted] = blocks_.try_emplace(hash, Block{0, BlockState::storing, 1, 0});
+  const auto [entry, inserted] = blocks_.try_emplace(hash, Block{hash, 0, BlockState::storing, 1, 0});
   if (!inserted) return {Allocation::Outcome::already_present, 0, std::nullopt};
   Allocation allocation{Allocation::Outcome::allocated, 0, std::nullopt};
   if (const auto slot = pool_.acquire()) {
     allocation.slot = *slot;
-  } else if (!evictable_.empty()) {
-    const std::uint64_t victim = evictable_.begin()->second;
-    evictable_.erase(evictable_.begin());
-    const auto it = blocks_.find(victim);
-    allocation.slot = it->second.slot;  // handed straight to the new block, never freed
-    allocation.evicted = victim;
-    blocks_.erase(it);  // another key: `entry` stays valid
+  } else if (least_recent_ != nullptr) {
+    Block& victim = *least_recent_;
+    forget(victim);
+    allocation.slot = victim.slot;  // handed straight to the new block, never freed
+    const std::uint64_t evicted = victim.hash;  // a copy: the key must outlive the erase
+    allocation.evicted = evicted;
+    blocks_.erase(evicted);  // another key: `entry` stays valid
   } else {
     blocks_.erase(entry);
     return {Allocation::Outcome::refused, 0, std::nullopt};
@@ -82,7 +86,7 @@ void BlockStore::commit(std::uint64_t hash) {
   block.state = BlockState::committed;
   block.last_use = ++clock_;
   --block.pins;
-  remember(hash, block);
+  remember(block);
 }
 
 void BlockStore::drop(std::uint64_t hash) {
@@ -164,26 +168,49 @@ std::string BlockStore::check_invariants() const {
         return "stamp " + std::to_string(block.last_use) + " is held by two blocks";
       }
     }
-    if (evictable(block)) {
-      ++expected_evictable;
-      if (evictable_.count({block.last_use, hash}) == 0) {
-        return hash_text(hash) + " is committed and unpinned but not evictable";
-      }
+    if (evictable(block)) ++expected_evictable;
+    if (block.listed != evictable(block)) {
+      return hash_text(hash) + (block.listed ? " is in the eviction order but pinned or storing"
+                                             : " is committed and unpinned but not evictable");
     }
   }
-  if (evictable_.size() != expected_evictable) {
-    return "the eviction order holds " + std::to_string(evictable_.size()) + " blocks; expected " +
+  std::size_t listed = 0;
+  const Block* previous = nullptr;
+  for (const Block* block = least_recent_; block != nullptr; block = block->newer) {
+    if (block->older != previous || (previous && previous->last_use >= block->last_use)) {
+      return "the eviction order is broken at " + hash_text(block->hash);
+    }
+    previous = block;
+    ++listed;
+  }
+  if (previous != most_recent_ || listed != evictable_count_ || listed != expected_evictable) {
+    return "the eviction order holds " + std::to_string(listed) + " blocks; expected " +
            std::to_string(expected_evictable);
   }
   return "";
 }
 
-void BlockStore::forget(std::uint64_t hash, const Block& block) {
-  if (evictable(block)) evictable_.erase({block.last_use, hash});
+void BlockStore::forget(Block& block) {
+  if (!block.listed) return;
+  (block.older ? block.older->newer : least_recent_) = block.newer;
+  (block.newer ? block.newer->older : most_recent_) = block.older;
+  block.older = block.newer = nullptr;
+  block.listed = false;
+  --evictable_count_;
 }
 
-void BlockStore::remember(std::uint64_t hash, const Block& block) {
-  if (evictable(block)) evictable_.insert({block.last_use, hash});
+void BlockStore::remember(Block& block) {
+  if (block.listed || !evictable(block)) return;
+  // From the newest end: a block stamped now belongs there at once.
+  Block* older = most_recent_;
+  while (older != nullptr && older->last_use > block.last_use) older = older->older;
+  Block* newer = older ? older->newer : least_recent_;
+  block.older = older;
+  block.newer = newer;
+  (older ? older->newer : least_recent_) = &block;
+  (newer ? newer->older : most_recent_) = &block;
+  block.listed = true;
+  ++evictable_count_;
 }
 
 BlockStore::Block& BlockStore::block_or_throw(std::uint64_t hash, const char* what) {

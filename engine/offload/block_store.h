@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -87,27 +86,36 @@ class BlockStore {
 
  private:
   struct Block {
+    std::uint64_t hash;
     std::size_t slot;
     BlockState state;
     std::uint32_t pins;
     std::uint64_t last_use;
+    // Links of the eviction order (committed, unpinned blocks only).
+    Block* older = nullptr;
+    Block* newer = nullptr;
+    bool listed = false;
   };
 
   bool evictable(const Block& block) const {
     return block.state == BlockState::committed && block.pins == 0;
   }
-  // Keeps `evictable_` in step with one block: call `forget` before changing its state, pins or
-  // stamp, and `remember` after.
-  void forget(std::uint64_t hash, const Block& block);
-  void remember(std::uint64_t hash, const Block& block);
+  // Keep the eviction order in step with one block: call `forget` before changing its state,
+  // pins or stamp, and `remember` after.
+  void forget(Block& block);
+  void remember(Block& block);
   Block& block_or_throw(std::uint64_t hash, const char* what);
 
   mutable std::mutex mutex_;
   HostPool pool_;
+  // Node-based: a Block's address is stable until it is erased, so the order can link blocks.
   std::unordered_map<std::uint64_t, Block> blocks_;
-  // Committed, unpinned blocks ordered by (last_use, hash): begin() is the LRU victim. Stamps are
-  // unique (one counter), so the order never depends on the hash.
-  std::set<std::pair<std::uint64_t, std::uint64_t>> evictable_;
+  // Committed, unpinned blocks from least to most recently used, linked through the blocks
+  // (stamps are unique, from one counter). A block stamped now goes to the newest end and a pin
+  // unlinks it, both O(1); only a load that fails (no new stamp) walks back to its place.
+  Block* least_recent_ = nullptr;
+  Block* most_recent_ = nullptr;
+  std::size_t evictable_count_ = 0;
   std::uint64_t clock_ = 0;
 };
 

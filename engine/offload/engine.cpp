@@ -80,10 +80,13 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
     : layout_(layout),
       mode_(mode),
       layer_bytes_(stored_layer_bytes(layout, mode)),
+      tensor_bytes_(layout.bytes_per_tensor()),
       store_(capacity_bytes, checked_slot_bytes(layout, mode, capacity_bytes, num_regions,
                                                 region_blocks, num_device_blocks)),
-      staging_(num_regions, region_blocks, layer_bytes_),
-      num_device_blocks_(num_device_blocks) {
+      staging_(num_regions, region_blocks),
+      num_device_blocks_(num_device_blocks),
+      slot_bytes_(store_.slot_bytes()),
+      pool_base_(store_.slot_data(0)) {
   for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
 }
 
@@ -188,8 +191,10 @@ std::vector<std::size_t> Engine::wait_for_layer_load(std::int64_t layer_argument
   if (!completed) complete_load(layer);
   ++layers_loaded_;
   std::vector<std::size_t> lost;
-  for (const LoadEntry& entry : loads_) {
-    if (entry.lost) lost.push_back(entry.device_block);
+  if (lost_loads_ != 0) {
+    for (const LoadEntry& entry : loads_) {
+      if (entry.lost) lost.push_back(entry.device_block);
+    }
   }
   if (layer + 1 == layout_.num_layers()) finish_loads();
   return lost;
@@ -230,6 +235,9 @@ void Engine::wait_for_save() {
   finish_stores();
   loads_.clear();
   stores_.clear();
+  carried_loads_.reset();
+  carried_stores_.reset();
+  lost_loads_ = 0;
   load_leases_.clear();
   phase_ = Phase::planning;
 }
@@ -331,45 +339,96 @@ void Engine::note_lost_region(std::size_t region) {
   }
 }
 
-std::uint8_t* Engine::device_tensor(std::uint32_t layer, std::size_t device_block,
-                                    bool value) const {
-  const std::size_t tensor = (value ? num_device_blocks_ : 0) + device_block;
-  return static_cast<std::uint8_t*>(kv_[layer].data) + tensor * layout_.bytes_per_tensor();
+// The hot loops of the CPU route: per block only pointer arithmetic and the copies (exact mode
+// is two memcpy calls; slots and device blocks were range-checked when they were planned).
+void Engine::copy_in(std::uint32_t layer, const std::vector<BlockTransfer>& list) {
+  std::uint8_t* const keys = static_cast<std::uint8_t*>(kv_[layer].data);
+  std::uint8_t* const values = keys + num_device_blocks_ * tensor_bytes_;
+  const std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
+  for (const BlockTransfer& block : list) {
+    const std::uint8_t* source = stored + block.slot * slot_bytes_;
+    const std::size_t device = block.device_block * tensor_bytes_;
+    if (mode_ == CompressionMode::exact) {
+      std::memcpy(keys + device, source, tensor_bytes_);
+      std::memcpy(values + device, source + tensor_bytes_, tensor_bytes_);
+    } else {
+      decode_layer(layout_, mode_, source, keys + device, values + device);
+    }
+  }
+}
+
+// Written into the slots at transfer: a store whose fence is lost is dropped, and a dropped slot
+// is freed without ever being read, so nothing unfenced is ever observed.
+void Engine::copy_out(std::uint32_t layer, const std::vector<BlockTransfer>& list) {
+  const std::uint8_t* const keys = static_cast<const std::uint8_t*>(kv_[layer].data);
+  const std::uint8_t* const values = keys + num_device_blocks_ * tensor_bytes_;
+  std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
+  for (const BlockTransfer& block : list) {
+    std::uint8_t* destination = stored + block.slot * slot_bytes_;
+    const std::size_t device = block.device_block * tensor_bytes_;
+    if (mode_ == CompressionMode::exact) {
+      std::memcpy(destination, keys + device, tensor_bytes_);
+      std::memcpy(destination + tensor_bytes_, values + device, tensor_bytes_);
+    } else {
+      encode_layer(layout_, mode_, keys + device, values + device, destination);
+    }
+  }
+}
+
+void Engine::mark_lost(std::size_t load) {
+  if (loads_[load].lost) return;
+  loads_[load].lost = true;
+  ++lost_loads_;
+  carried_loads_.reset();
+}
+
+void Engine::mark_dropped(std::size_t store) {
+  stores_[store].dropped = true;
+  carried_stores_.reset();
+}
+
+const std::shared_ptr<const Engine::Carried>& Engine::carried_loads() {
+  if (!carried_loads_) {
+    auto carried = std::make_shared<Carried>();
+    for (std::size_t index = 0; index < loads_.size(); ++index) {
+      if (loads_[index].lost) continue;  // a lost block is not transferred again
+      carried->entries.push_back(index);
+      carried->transfers.push_back({loads_[index].slot, loads_[index].device_block});
+    }
+    carried_loads_ = std::move(carried);
+  }
+  return carried_loads_;
+}
+
+const std::shared_ptr<const Engine::Carried>& Engine::carried_stores() {
+  if (!carried_stores_) {
+    auto carried = std::make_shared<Carried>();
+    for (std::size_t index = 0; index < stores_.size(); ++index) {
+      if (!stores_[index].allocated || stores_[index].dropped) continue;
+      carried->entries.push_back(index);
+      carried->transfers.push_back({stores_[index].slot, stores_[index].device_block});
+    }
+    carried_stores_ = std::move(carried);
+  }
+  return carried_stores_;
 }
 
 bool Engine::issue_load(std::uint32_t layer, bool final_attempt) {
-  std::vector<std::size_t> entries;
-  std::vector<BlockTransfer> transfers;
-  entries.reserve(loads_.size());  // one allocation each per layer, not one per doubling
-  transfers.reserve(loads_.size());
-  for (std::size_t index = 0; index < loads_.size(); ++index) {
-    if (loads_[index].lost) continue;  // a lost block is not transferred again
-    entries.push_back(index);
-    transfers.push_back({loads_[index].slot, loads_[index].device_block});
-  }
-  if (entries.empty()) return true;
+  const std::shared_ptr<const Carried> carried = carried_loads();
+  if (carried->entries.empty()) return true;
   const Prepared prepared = staging_.prepare(layer, Direction::load);
   if (prepared.status == PrepareStatus::no_region && !final_attempt) return false;
   if (prepared.status != PrepareStatus::ok) {
     // No region to stage through: this layer's data cannot arrive.
-    for (const std::size_t index : entries) loads_[index].lost = true;
+    for (const std::size_t index : carried->entries) mark_lost(index);
     return true;
   }
-  staging_.bind(prepared.lease, std::move(transfers));
+  staging_.bind(prepared.lease, carried->transfers);
   const FenceOutcome fence =
       take_fault(Direction::load, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
   staging_.transfer(prepared.lease, fence,
-                    [&](std::uint8_t* region, const std::vector<BlockTransfer>& list) {
-                      for (std::size_t i = 0; i < list.size(); ++i) {
-                        std::uint8_t* stored = region + i * layer_bytes_;
-                        std::memcpy(stored, store_.slot_data(list[i].slot) + layer * layer_bytes_,
-                                    layer_bytes_);
-                        decode_layer(layout_, mode_, stored,
-                                     device_tensor(layer, list[i].device_block, false),
-                                     device_tensor(layer, list[i].device_block, true));
-                      }
-                    });
-  load_leases_.push_back({layer, prepared.lease, std::move(entries)});
+                    [&](const std::vector<BlockTransfer>& list) { copy_in(layer, list); });
+  load_leases_.push_back({layer, prepared.lease, carried});
   return true;
 }
 
@@ -379,10 +438,10 @@ void Engine::complete_load(std::uint32_t layer) {
     const InFlight in_flight = std::move(*it);
     load_leases_.erase(it);
     const CompleteStatus status =
-        staging_.complete(in_flight.lease, [](std::uint8_t*, const std::vector<BlockTransfer>&) {});
+        staging_.complete(in_flight.lease, [](const std::vector<BlockTransfer>&) {});
     if (status == CompleteStatus::lost) {
       note_lost_region(in_flight.lease.region);
-      for (const std::size_t index : in_flight.entries) loads_[index].lost = true;
+      for (const std::size_t index : in_flight.carried->entries) mark_lost(index);
     }
     return;
   }
@@ -411,58 +470,35 @@ void Engine::allocate_stores() {
         break;
     }
   }
+  carried_stores_.reset();
 }
 
 bool Engine::issue_store(std::uint32_t layer, bool final_attempt,
                          std::optional<InFlight>& issued) {
-  std::vector<std::size_t> entries;
-  std::vector<BlockTransfer> transfers;
-  entries.reserve(stores_.size());
-  transfers.reserve(stores_.size());
-  for (std::size_t index = 0; index < stores_.size(); ++index) {
-    if (!stores_[index].allocated || stores_[index].dropped) continue;
-    entries.push_back(index);
-    transfers.push_back({stores_[index].slot, stores_[index].device_block});
-  }
-  if (entries.empty()) return true;
+  const std::shared_ptr<const Carried> carried = carried_stores();
+  if (carried->entries.empty()) return true;
   const Prepared prepared = staging_.prepare(layer, Direction::store);
   if (prepared.status == PrepareStatus::no_region && !final_attempt) return false;
   if (prepared.status != PrepareStatus::ok) {
     // No region to stage through: these blocks can never have every layer stored.
-    for (const std::size_t index : entries) stores_[index].dropped = true;
+    for (const std::size_t index : carried->entries) mark_dropped(index);
     return true;
   }
-  staging_.bind(prepared.lease, std::move(transfers));
+  staging_.bind(prepared.lease, carried->transfers);
   const FenceOutcome fence =
       take_fault(Direction::store, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
   staging_.transfer(prepared.lease, fence,
-                    [&](std::uint8_t* region, const std::vector<BlockTransfer>& list) {
-                      for (std::size_t i = 0; i < list.size(); ++i) {
-                        encode_layer(layout_, mode_,
-                                     device_tensor(layer, list[i].device_block, false),
-                                     device_tensor(layer, list[i].device_block, true),
-                                     region + i * layer_bytes_);
-                      }
-                    });
-  issued = InFlight{layer, prepared.lease, std::move(entries)};
+                    [&](const std::vector<BlockTransfer>& list) { copy_out(layer, list); });
+  issued = InFlight{layer, prepared.lease, carried};
   return true;
 }
 
 void Engine::complete_store(const InFlight& in_flight) {
-  const std::uint32_t layer = in_flight.layer;
-  const CompleteStatus status = staging_.complete(
-      in_flight.lease, [&](std::uint8_t* region, const std::vector<BlockTransfer>& list) {
-        for (std::size_t i = 0; i < list.size(); ++i) {
-          // A block dropped since this lease was issued is freed at wait_for_save; its slot
-          // is not written.
-          if (stores_[in_flight.entries[i]].dropped) continue;
-          std::memcpy(store_.slot_data(list[i].slot) + layer * layer_bytes_,
-                      region + i * layer_bytes_, layer_bytes_);
-        }
-      });
+  const CompleteStatus status =
+      staging_.complete(in_flight.lease, [](const std::vector<BlockTransfer>&) {});
   if (status == CompleteStatus::lost) {
     note_lost_region(in_flight.lease.region);
-    for (const std::size_t index : in_flight.entries) stores_[index].dropped = true;
+    for (const std::size_t index : in_flight.carried->entries) mark_dropped(index);
   }
 }
 

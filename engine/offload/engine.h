@@ -10,6 +10,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -145,11 +146,18 @@ class Engine {
     bool allocated;
     bool dropped;
   };
-  // A lease in flight and the step entries (indices into loads_ or stores_) it carries.
+  // The entries (indices into loads_ or stores_) a lease carries, and their transfers. The same
+  // list serves every layer until an entry is lost or dropped, so a steady step builds it once
+  // per direction, not once per layer.
+  struct Carried {
+    std::vector<std::size_t> entries;
+    std::vector<BlockTransfer> transfers;
+  };
+  // A lease in flight and what it carries.
   struct InFlight {
     std::uint32_t layer;
     Lease lease;
-    std::vector<std::size_t> entries;
+    std::shared_ptr<const Carried> carried;
   };
 
   std::uint32_t checked_layer(std::int64_t layer) const;
@@ -163,9 +171,15 @@ class Engine {
   bool take_fault(Direction direction, std::uint32_t layer);
   void log(EventKind kind, std::uint64_t value) { events_.push_back({kind, value}); }
   void note_lost_region(std::size_t region);
+  void mark_lost(std::size_t load);
+  void mark_dropped(std::size_t store);
+  // What the next load (store) lease carries: loads not lost (stores allocated and not dropped).
+  const std::shared_ptr<const Carried>& carried_loads();
+  const std::shared_ptr<const Carried>& carried_stores();
 
-  // The K (value=false) or V half of one device block in one layer.
-  std::uint8_t* device_tensor(std::uint32_t layer, std::size_t device_block, bool value) const;
+  // One layer's copies: slots -> device KV (decoding), device KV -> slots (encoding).
+  void copy_in(std::uint32_t layer, const std::vector<BlockTransfer>& list);
+  void copy_out(std::uint32_t layer, const std::vector<BlockTransfer>& list);
 
   // Issue one layer's transfer of every block not lost (loads) or dropped (stores). When no region
   // is free they return false and do nothing, unless `final_attempt`: then, as when every region
@@ -182,10 +196,13 @@ class Engine {
   mutable std::mutex mutex_;
   const KvBlockLayout layout_;
   const CompressionMode mode_;
-  const std::size_t layer_bytes_;  // one layer of one block as stored
+  const std::size_t layer_bytes_;   // one layer of one block as stored
+  const std::size_t tensor_bytes_;  // K (or V) of one layer of one device block
   BlockStore store_;
   StagingPool staging_;
   const std::size_t num_device_blocks_;
+  const std::size_t slot_bytes_;
+  std::uint8_t* const pool_base_;  // slot 0; slot s starts at pool_base_ + s * slot_bytes_
   std::vector<DeviceKvLayer> kv_;
 
   bool fatal_ = false;
@@ -201,6 +218,9 @@ class Engine {
   std::vector<StoreEntry> stores_;
   std::vector<InFlight> load_leases_;  // layer n and n + 1 at most
   std::optional<InFlight> store_lease_;
+  std::shared_ptr<const Carried> carried_loads_;   // null: rebuilt at the next lease
+  std::shared_ptr<const Carried> carried_stores_;  // null: rebuilt at the next lease
+  std::size_t lost_loads_ = 0;                     // entries of loads_ marked lost
   std::uint32_t layers_loaded_ = 0;  // wait_for_layer_load calls of this step
   std::uint32_t layers_saved_ = 0;   // save_kv_layer calls of this step
 };

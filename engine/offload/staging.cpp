@@ -1,40 +1,30 @@
 #include "offload/staging.h"
 
-#include <limits>
 #include <string>
-#include <utility>
 
 namespace activekv::offload {
 
 namespace {
-
-constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
 
 std::string lease_text(const Lease& lease) {
   return "lease {region " + std::to_string(lease.region) + ", generation " +
          std::to_string(lease.generation) + "}";
 }
 
-void require_positive(std::size_t value, const char* what) {
+std::size_t positive(std::size_t value, const char* what) {
   if (value == 0) throw StagingInputError(std::string(what) + ": expected a positive value; got 0");
+  return value;
 }
 
-// Bytes from one region's start to the next: its bytes rounded up to pages. Checks every size.
-std::size_t region_stride(std::size_t num_regions, std::size_t region_blocks,
-                          std::size_t block_bytes) {
-  require_positive(num_regions, "num_regions");
-  require_positive(region_blocks, "region_blocks");
-  require_positive(block_bytes, "block_bytes");
-  if (region_blocks > kSizeMax / block_bytes) {
-    throw StagingInputError("region_blocks: " + std::to_string(region_blocks) + " blocks of " +
-                            std::to_string(block_bytes) + " bytes do not fit in memory");
+// Regions are bookkeeping only, but a count past any sane pool is a mistake, not a request.
+constexpr std::size_t kMaxRegions = std::size_t{1} << 20;
+
+std::size_t region_count(std::size_t value) {
+  if (positive(value, "num_regions") > kMaxRegions) {
+    throw StagingInputError("num_regions: expected at most " + std::to_string(kMaxRegions) +
+                            "; got " + std::to_string(value));
   }
-  const std::size_t stride = round_up_to_pages(region_blocks * block_bytes, "region_blocks");
-  if (num_regions > kSizeMax / stride) {
-    throw StagingInputError("num_regions: " + std::to_string(num_regions) + " regions of " +
-                            std::to_string(stride) + " bytes do not fit in memory");
-  }
-  return stride;
+  return value;
 }
 
 }  // namespace
@@ -65,14 +55,9 @@ const char* region_state_name(RegionState state) {
   return "unknown";
 }
 
-StagingPool::StagingPool(std::size_t num_regions, std::size_t region_blocks,
-                         std::size_t block_bytes)
-    : region_blocks_(region_blocks),
-      block_bytes_(block_bytes),
-      region_stride_(region_stride(num_regions, region_blocks, block_bytes)),
-      region_bytes_(region_blocks * block_bytes),
-      regions_(num_regions),
-      memory_(region_stride_ * num_regions, "num_regions") {}
+StagingPool::StagingPool(std::size_t num_regions, std::size_t region_blocks)
+    : region_blocks_(positive(region_blocks, "region_blocks")),
+      regions_(region_count(num_regions)) {}
 
 Prepared StagingPool::prepare(std::uint32_t layer, Direction direction) {
   if (all_quarantined()) return {PrepareStatus::all_quarantined, {}};
@@ -87,20 +72,21 @@ Prepared StagingPool::prepare(std::uint32_t layer, Direction direction) {
   return {PrepareStatus::no_region, {}};
 }
 
-void StagingPool::bind(const Lease& lease, std::vector<BlockTransfer> transfers) {
+void StagingPool::bind(const Lease& lease, const std::vector<BlockTransfer>& transfers) {
   Region& region = leased(lease, RegionState::prepared, "bind");
   if (transfers.size() > region_blocks_) {
     throw StagingInputError("transfers: expected at most region_blocks = " +
                             std::to_string(region_blocks_) + " entries; got " +
                             std::to_string(transfers.size()));
   }
-  region.transfers = std::move(transfers);
+  // assign, not a move: the region keeps its capacity, so steady steps allocate nothing here.
+  region.transfers.assign(transfers.begin(), transfers.end());
   region.state = RegionState::bound;
 }
 
 void StagingPool::transfer(const Lease& lease, FenceOutcome fence, const RegionCopies& copies) {
   Region& region = leased(lease, RegionState::bound, "transfer");
-  copies(memory_.data() + lease.region * region_stride_, region.transfers);
+  copies(region.transfers);
   region.fence = fence;
   region.state = RegionState::in_flight;
 }
@@ -114,7 +100,7 @@ CompleteStatus StagingPool::complete(const Lease& lease, const RegionCopies& on_
     ++quarantined_;
     return CompleteStatus::lost;
   }
-  on_signalled(memory_.data() + lease.region * region_stride_, region.transfers);
+  on_signalled(region.transfers);
   region.transfers.clear();
   region.state = RegionState::free;
   ++region.generation;

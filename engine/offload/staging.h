@@ -1,5 +1,7 @@
 // Staging regions and leases (SPEC.md §4). A region carries one layer's transfer of up to
-// region_blocks blocks; a lease {region, generation} names one use of it. Each region moves
+// region_blocks blocks behind one fence; a lease {region, generation} names one use of it. A
+// region owns no bytes: the copies go straight between host slots and device blocks (the CUDA
+// route's kernels read and write the pinned pool in place), so what a region guards is the fence. Each region moves
 // free -> prepared -> bound -> in_flight -> free (generation + 1) when its fence is signalled, or
 // -> quarantined for good when the fence's outcome is unknown. A lease that does not match its
 // region's generation and state is stale: StaleLeaseError, and nothing changes.
@@ -10,8 +12,6 @@
 #include <functional>
 #include <stdexcept>
 #include <vector>
-
-#include "offload/host_pool.h"
 
 namespace activekv::offload {
 
@@ -50,8 +50,7 @@ struct Prepared {
   Lease lease;  // meaningful only when status == ok
 };
 
-// One block of a region's transfer: its host pool slot and its device block index. Entry i of the
-// list occupies bytes [i * block_bytes, (i + 1) * block_bytes) of the region.
+// One block of a region's transfer: its host pool slot and its device block index.
 struct BlockTransfer {
   std::size_t slot;
   std::size_t device_block;
@@ -60,20 +59,16 @@ struct BlockTransfer {
 enum class FenceOutcome : std::uint8_t { signalled, unknown };
 enum class CompleteStatus : std::uint8_t { ok, lost };
 
-// Copies over a region's bytes and its bound transfer list.
-using RegionCopies =
-    std::function<void(std::uint8_t* region, const std::vector<BlockTransfer>& transfers)>;
+// Copies over a region's bound transfer list.
+using RegionCopies = std::function<void(const std::vector<BlockTransfer>& transfers)>;
 
 // Not thread-safe: the engine drives it under its own mutex.
 class StagingPool {
  public:
-  // block_bytes: one layer of one block as stored (SPEC.md §5).
-  StagingPool(std::size_t num_regions, std::size_t region_blocks, std::size_t block_bytes);
+  StagingPool(std::size_t num_regions, std::size_t region_blocks);
 
   std::size_t num_regions() const { return regions_.size(); }
   std::size_t region_blocks() const { return region_blocks_; }
-  std::size_t block_bytes() const { return block_bytes_; }
-  std::size_t region_bytes() const { return region_bytes_; }
   std::size_t quarantined_regions() const { return quarantined_; }
   bool all_quarantined() const { return quarantined_ == regions_.size(); }
 
@@ -81,7 +76,7 @@ class StagingPool {
   Prepared prepare(std::uint32_t layer, Direction direction);
   // prepared -> bound with this transfer list (at most region_blocks entries, else
   // StagingInputError and nothing changes).
-  void bind(const Lease& lease, std::vector<BlockTransfer> transfers);
+  void bind(const Lease& lease, const std::vector<BlockTransfer>& transfers);
   // bound -> in_flight: runs `copies` now (the CPU route's copies are synchronous) and arms the
   // fence with `fence`. If `copies` throws, the region stays bound.
   void transfer(const Lease& lease, FenceOutcome fence, const RegionCopies& copies);
@@ -110,13 +105,8 @@ class StagingPool {
   const Region& region_or_throw(std::size_t region) const;
 
   std::size_t region_blocks_;
-  std::size_t block_bytes_;
-  // Regions start on page boundaries (a device route registers and DMAs them whole).
-  std::size_t region_stride_;
-  std::size_t region_bytes_;
   std::vector<Region> regions_;
   std::size_t quarantined_ = 0;
-  PageAlignedBuffer memory_;
 };
 
 }  // namespace activekv::offload

@@ -50,24 +50,17 @@ QUARANTINED = "quarantined"
 
 
 class Staging:
-    """num_regions regions, each {state, generation, transfers, fence, data}. A lease is the tuple
-    (region, generation). Any use of a lease that does not match its region raises RuntimeError
-    ("stale lease") and changes nothing."""
+    """num_regions regions, each {state, generation, transfers, fence}; a region owns no bytes,
+    the copies go straight between slots and device blocks. A lease is the tuple (region,
+    generation). Any use of a lease that does not match its region raises RuntimeError ("stale
+    lease") and changes nothing."""
 
-    def __init__(self, num_regions: int, region_blocks: int, block_bytes: int) -> None:
+    def __init__(self, num_regions: int, region_blocks: int) -> None:
         self.region_blocks = region_blocks
-        self.block_bytes = block_bytes
-        self.regions: list[dict[str, Any]] = []
-        for _ in range(num_regions):
-            self.regions.append(
-                {
-                    "state": FREE,
-                    "generation": 0,
-                    "transfers": [],
-                    "fence_ok": True,
-                    "data": bytearray(region_blocks * block_bytes),
-                }
-            )
+        self.regions: list[dict[str, Any]] = [
+            {"state": FREE, "generation": 0, "transfers": [], "fence_ok": True}
+            for _ in range(num_regions)
+        ]
 
     def quarantined(self) -> int:
         return sum(1 for region in self.regions if region["state"] == QUARANTINED)
@@ -103,7 +96,7 @@ class Staging:
         return region
 
     def bind(self, lease: tuple[int, int], transfers: list[tuple[int, int]]) -> None:
-        """transfers: (slot, device_block) per block, entry i at bytes i * block_bytes."""
+        """transfers: (slot, device_block) per block."""
         region = self._leased(lease, PREPARED, "bind")
         if len(transfers) > self.region_blocks:
             raise ValueError(
@@ -114,21 +107,19 @@ class Staging:
         region["state"] = BOUND
 
     def transfer(self, lease: tuple[int, int], fence_ok: bool, copies: Any) -> None:
-        """Runs copies(data, transfers) now, then the region is in flight behind its fence."""
+        """Runs copies(transfers) now, then the region is in flight behind its fence."""
         region = self._leased(lease, BOUND, "transfer")
-        copies(region["data"], region["transfers"])
+        copies(region["transfers"])
         region["fence_ok"] = fence_ok
         region["state"] = IN_FLIGHT
 
-    def complete(self, lease: tuple[int, int], on_signalled: Any) -> str:
-        """ "ok" (after on_signalled(data, transfers); the region is free, generation + 1) or
-        "lost" (the region is quarantined for good)."""
+    def complete(self, lease: tuple[int, int]) -> str:
+        """ "ok" (the region is free, generation + 1) or "lost" (quarantined for good)."""
         region = self._leased(lease, IN_FLIGHT, "complete")
         if not region["fence_ok"]:
             region["state"] = QUARANTINED
             region["transfers"] = []
             return "lost"
-        on_signalled(region["data"], region["transfers"])
         region["transfers"] = []
         region["state"] = FREE
         region["generation"] += 1
@@ -216,7 +207,7 @@ class Engine:
         # hash -> {"slot", "state": "storing" | "committed", "pins", "last_use"}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._clock = 0
-        self._staging = Staging(num_regions, region_blocks, self._layer_bytes)
+        self._staging = Staging(num_regions, region_blocks)
         self._fatal = False
         # (direction, layer) -> faults injected and not yet taken by a lease
         self._faults: dict[tuple[str, int], int] = {}
@@ -573,10 +564,9 @@ class Engine:
         size = self._layer_bytes
         kv = self._kv[layer]
 
-        def copies(data: bytearray, transfers: list[tuple[int, int]]) -> None:
-            for i, (slot, device) in enumerate(transfers):
+        def copies(transfers: list[tuple[int, int]]) -> None:
+            for slot, device in transfers:
                 stored = self._slots[slot][layer * size : (layer + 1) * size]
-                data[i * size : (i + 1) * size] = stored
                 k, v = decode_layer(self._layout, self._mode, np.frombuffer(stored, np.uint8))
                 kv[0, device] = k
                 kv[1, device] = v
@@ -591,7 +581,7 @@ class Engine:
             if in_flight["layer"] != layer:
                 continue
             self._load_leases.remove(in_flight)
-            status = self._staging.complete(in_flight["lease"], lambda data, transfers: None)
+            status = self._staging.complete(in_flight["lease"])
             if status == "lost":
                 self._region_lost(in_flight["lease"][0])
                 for index in in_flight["entries"]:
@@ -622,28 +612,19 @@ class Engine:
         size = self._layer_bytes
         kv = self._kv[layer]
 
-        def copies(data: bytearray, transfers: list[tuple[int, int]]) -> None:
-            for i, (_, device) in enumerate(transfers):
+        def copies(transfers: list[tuple[int, int]]) -> None:
+            # Straight into the slots: a store whose fence is lost is dropped, and a dropped
+            # slot is freed without being read.
+            for slot, device in transfers:
                 stored = encode_layer(self._layout, self._mode, kv[0, device], kv[1, device])
-                data[i * size : (i + 1) * size] = stored.tobytes()
+                self._slots[slot][layer * size : (layer + 1) * size] = stored.tobytes()
 
         fence_ok = not self._take_fault("store", layer)
         self._staging.transfer(lease, fence_ok, copies)
         return {"layer": layer, "lease": lease, "entries": entries}
 
     def _complete_store(self, in_flight: dict[str, Any]) -> None:
-        layer = in_flight["layer"]
-        size = self._layer_bytes
-
-        def on_signalled(data: bytearray, transfers: list[tuple[int, int]]) -> None:
-            for i, (slot, _) in enumerate(transfers):
-                if self._stores[in_flight["entries"][i]]["dropped"]:
-                    continue  # dropped since this lease was issued: its slot is not written
-                self._slots[slot][layer * size : (layer + 1) * size] = data[
-                    i * size : (i + 1) * size
-                ]
-
-        status = self._staging.complete(in_flight["lease"], on_signalled)
+        status = self._staging.complete(in_flight["lease"])
         if status == "lost":
             self._region_lost(in_flight["lease"][0])
             for index in in_flight["entries"]:
