@@ -55,6 +55,34 @@ def reproduce(session: nox.Session) -> None:
     session.run("python", "-m", "release", "reproduce", *session.posargs)
 
 
+@nox.session(name="gpu-gates")
+def gpu_gates(session: nox.Session) -> None:
+    """GPU warm-up gate under CUPTI on the built wheels (or `-- --wheel W`); without a GPU it
+    records "not run: no GPU runner"."""
+    _install(session, "build", "release")
+    if not session.posargs:
+        session.run("python", "-m", "release", "build")
+    session.run("python", "-m", "release", "gpu-gates", *session.posargs)
+
+
+@nox.session(name="gpu-staging")
+def gpu_staging(session: nox.Session) -> None:
+    """CUDA route staging benchmark against its baselines on this GPU (`<out>/gpu-staging.json`)."""
+    _install(session, "build", "release")
+    session.run("python", "-m", "release", "build")
+    session.run("python", "-m", "release", "gpu-staging", *session.posargs)
+
+
+@nox.session(python="3.12")
+def vllm(session: nox.Session) -> None:
+    """Real vLLM (pinned, CPU): plugin, factory, both connector roles, citations, served path."""
+    _install(session, "vllm", "test")
+    session.run("python", "-m", "release", "build", "--python", "3.12")
+    session.run("python", "-m", "release", "served-path", *session.posargs)
+    (wheel,) = sorted(Path("out/wheels").glob("activekv-*-cp312-abi3-*.whl"))
+    session.run("pytest", "tests/with_vllm", env={"ACTIVEKV_TEST_WHEEL": str(wheel.resolve())})
+
+
 @nox.session
 def sanitize(session: nox.Session) -> None:
     """C++ tests under AddressSanitizer with UndefinedBehaviorSanitizer, then ThreadSanitizer."""

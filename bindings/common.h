@@ -5,6 +5,8 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <stdexcept>
 #include <vector>
 
@@ -31,6 +33,35 @@ inline nb::dict build_info_dict() {
   result["cuda_architectures"] = info.cuda_architectures;
   result["cuda_runtime_version"] = info.cuda_runtime_version;
   return result;
+}
+
+// Each module carries its own copy of the C++ runtime (zig's libc++, linked in), so its exceptions
+// match only its own type_info: nanobind's built-in translator, which lives in whichever module
+// was imported first, cannot catch another module's std::invalid_argument (Python then sees
+// "exception could not be translated"). Every module translates its own standard exceptions,
+// as nanobind would; called first in NB_MODULE, so the module's specific ones are tried before.
+inline void translate_standard_exceptions() {
+  nb::register_exception_translator([](const std::exception_ptr& raised, void*) {
+    try {
+      std::rethrow_exception(raised);
+    } catch (const std::bad_alloc& error) {
+      PyErr_SetString(PyExc_MemoryError, error.what());
+    } catch (const std::out_of_range& error) {
+      PyErr_SetString(PyExc_IndexError, error.what());
+    } catch (const std::overflow_error& error) {
+      PyErr_SetString(PyExc_OverflowError, error.what());
+    } catch (const std::invalid_argument& error) {
+      PyErr_SetString(PyExc_ValueError, error.what());
+    } catch (const std::domain_error& error) {
+      PyErr_SetString(PyExc_ValueError, error.what());
+    } catch (const std::length_error& error) {
+      PyErr_SetString(PyExc_ValueError, error.what());
+    } catch (const std::range_error& error) {
+      PyErr_SetString(PyExc_ValueError, error.what());
+    } catch (const std::exception& error) {
+      PyErr_SetString(PyExc_RuntimeError, error.what());
+    }
+  });
 }
 
 // Binds build_info() and cuda_device_count() into `m`.

@@ -121,7 +121,8 @@ using ReadOnlyArray = nb::ndarray<nb::ro>;
 template <typename Array>
 Array checked_words(nb::handle item, const std::string& name, std::size_t bits,
                     const std::vector<std::int64_t>& expected, const std::string& shape_text,
-                    const std::string& words_of = "") {
+                    const std::string& words_of = "",
+                    activekv::offload::Route route = activekv::offload::Route::cpu) {
   Array array;
   if (!nb::try_cast<Array>(item, array, /*convert=*/false)) {
     ReadOnlyArray read_only;
@@ -132,8 +133,13 @@ Array checked_words(nb::handle item, const std::string& name, std::size_t bits,
     throw EngineInputError(name + ": expected an array of raw words (a numpy array); got " +
                            nb::type_name(item.type()).c_str());
   }
-  if (array.device_type() != nb::device::cpu::value) {
-    throw EngineInputError(name + ": expected an array in host memory (CPU route)");
+  if (route == activekv::offload::Route::cpu && array.device_type() != nb::device::cpu::value) {
+    throw EngineInputError(name + ": expected an array in host memory (the engine's device is "
+                                  "\"cpu\")");
+  }
+  if (route == activekv::offload::Route::cuda && array.device_type() != nb::device::cuda::value) {
+    throw EngineInputError(name + ": expected an array in CUDA device memory (the engine's device "
+                                  "is \"cuda\")");
   }
   const nb::dlpack::dtype dtype = array.dtype();
   if (dtype.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) || dtype.bits != bits ||
@@ -173,12 +179,12 @@ std::size_t word_bits(const KvBlockLayout& layout) {
 // layers[index] as the engine may read and write it in place: a writable host array of the
 // layout's raw words, C-contiguous [2, num_device_blocks, T, H, D].
 AnyArray checked_kv_layer(const KvBlockLayout& layout, std::size_t num_device_blocks,
-                          nb::handle item, std::size_t index) {
+                          activekv::offload::Route route, nb::handle item, std::size_t index) {
   return checked_words<AnyArray>(
       item, "layers[" + std::to_string(index) + "]", word_bits(layout),
       {2, static_cast<std::int64_t>(num_device_blocks), layout.block_size(),
        layout.num_kv_heads(), layout.head_dim()},
-      "[2, num_device_blocks, block_size, num_kv_heads, head_dim]", of_dtype(layout));
+      "[2, num_device_blocks, block_size, num_kv_heads, head_dim]", of_dtype(layout), route);
 }
 
 // One block's K or V for encode_layer: read-only raw words [T, H, D].
@@ -195,12 +201,13 @@ class BoundEngine {
  public:
   BoundEngine(const KvBlockLayout& layout, const std::string& mode, std::int64_t capacity_bytes,
               std::int64_t num_regions, std::int64_t region_blocks,
-              std::int64_t num_device_blocks)
+              std::int64_t num_device_blocks, const std::string& device)
       : engine(layout, activekv::offload::parse_mode(mode),
                non_negative(capacity_bytes, "capacity_bytes"),
                non_negative(num_regions, "num_regions"),
                non_negative(region_blocks, "region_blocks"),
-               non_negative(num_device_blocks, "num_device_blocks")) {}
+               non_negative(num_device_blocks, "num_device_blocks"),
+               activekv::offload::parse_route(device)) {}
 
   void register_kv_caches(nb::iterable layers) {
     std::vector<nb::object> items;  // owned: an iterator may drop each item after yielding it
@@ -214,7 +221,8 @@ class BoundEngine {
     std::vector<AnyArray> arrays;
     std::vector<DeviceKvLayer> views;
     for (std::size_t index = 0; index < items.size(); ++index) {
-      arrays.push_back(checked_kv_layer(layout, engine.num_device_blocks(), items[index], index));
+      arrays.push_back(
+          checked_kv_layer(layout, engine.num_device_blocks(), engine.route(), items[index], index));
       views.push_back({arrays.back().data(), engine.num_device_blocks()});
     }
     // GIL held: the engine's views and the arrays keeping them alive must change together, or a
@@ -248,11 +256,13 @@ const std::vector<nb::handle>& event_kind_strings() {
 
 NB_MODULE(_engine, m) {
   m.doc() = "ActiveKV engine: KV blocks kept in host RAM and staged back layer by layer.";
+  activekv::bindings::translate_standard_exceptions();
   activekv::bindings::bind_build_and_device(m);
 
   nb::exception<activekv::offload::LayoutError>(m, "LayoutError", PyExc_ValueError);
   nb::exception<EngineInputError>(m, "EngineInputError", PyExc_ValueError);
   nb::exception<EngineStateError>(m, "EngineStateError", PyExc_RuntimeError);
+  nb::exception<activekv::offload::CudaRouteError>(m, "CudaRouteError", PyExc_RuntimeError);
 
   nb::enum_<KvDtype>(m, "KvDtype", "Element type of offloaded KV, carried as raw bits.")
       .value("fp16", KvDtype::fp16)
@@ -328,12 +338,17 @@ NB_MODULE(_engine, m) {
 
   using Release = nb::gil_scoped_release;
   nb::class_<BoundEngine>(m, "Engine",
-                          "The CPU route's engine: host pool, staging regions, per-layer hooks "
-                          "(engine/offload/SPEC.md).")
+                          "The offload engine: host pool, staging regions, per-layer hooks "
+                          "(engine/offload/SPEC.md). device=\"cuda\" pins the pool and moves "
+                          "the data with the wheel's kernels behind CUDA event fences.")
       .def(nb::init<const KvBlockLayout&, const std::string&, std::int64_t, std::int64_t,
-                    std::int64_t, std::int64_t>(),
+                    std::int64_t, std::int64_t, const std::string&>(),
            nb::arg("layout"), nb::arg("mode"), nb::arg("capacity_bytes"), nb::arg("num_regions"),
-           nb::arg("region_blocks"), nb::arg("num_device_blocks"))
+           nb::arg("region_blocks"), nb::arg("num_device_blocks"), nb::arg("device") = "cpu")
+      .def_prop_ro("device",
+                   [](const BoundEngine& self) {
+                     return self.engine.route() == activekv::offload::Route::cuda ? "cuda" : "cpu";
+                   })
       .def_prop_ro("slot_bytes", [](const BoundEngine& self) { return self.engine.slot_bytes(); })
       .def_prop_ro("num_slots", [](const BoundEngine& self) { return self.engine.num_slots(); })
       .def_prop_ro("fatal",
@@ -395,9 +410,14 @@ NB_MODULE(_engine, m) {
           "Issues layer + 1, completes this layer; the device blocks whose data did not arrive.")
       .def(
           "save_kv_layer",
-          [](BoundEngine& self, std::int64_t layer) { self.engine.save_kv_layer(layer); },
-          nb::arg("layer"), nb::call_guard<Release>(),
-          "Issues this layer's stores (allocating slots at layer 0), completes the previous one.")
+          [](BoundEngine& self, std::int64_t layer, std::uintptr_t stream) {
+            self.engine.save_kv_layer(layer, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("layer"), nb::arg("stream") = 0, nb::call_guard<Release>(),
+          "Issues this layer's stores (allocating slots at layer 0), completes the previous one. "
+          "stream (device \"cuda\"): the cudaStream_t the forward ran the layer on, e.g. "
+          "torch.cuda.current_stream().cuda_stream; the store waits for it (0: the default "
+          "stream).")
       .def(
           "wait_for_save", [](BoundEngine& self) { self.engine.wait_for_save(); },
           nb::call_guard<Release>(),

@@ -29,11 +29,11 @@ from release.elfcheck import cxx_runtime_findings
 from release.errors import BuildError
 from release.interpreters import find_interpreter
 from release.manifest import Manifest
-from release.progress import console
-from release.toolchain import Toolchain, resolve_toolchain
+from release.progress import console, tracked
+from release.toolchain import Toolchain, resolve_toolchain, toolchain_record
 
 # What decides a wheel's bytes, besides the toolchain and the interpreter.
-_SOURCE_ROOTS = ("CMakeLists.txt", "pyproject.toml", "README.md", "engine", "bindings")
+_SOURCE_ROOTS = ("CMakeLists.txt", "pyproject.toml", "README.md", "engine", "bindings", "shims")
 
 
 @dataclass(frozen=True)
@@ -343,7 +343,7 @@ def build_wheels(
     builder.logs.mkdir(parents=True, exist_ok=True)
     built: list[BuiltWheel] = []
     with _staging_area(out_dir) as staging:
-        for target in targets:
+        for target in tracked(targets, "wheels", lambda t: f"python {t.python}"):
             label = f"python {target.python}" + (" (stable ABI)" if target.stable_abi else "")
             with console.status(f"building the {label} wheel"):
                 wheel = builder.build(target, staging)
@@ -356,7 +356,8 @@ def build_wheels(
     )
     for skip in skipped:
         console.print(f"  python {skip.python}: skipped, {skip.reason}")
-    return BuildReport(wheels, tuple(skipped), builder.toolchain.identity(), builder.epoch)
+    record = toolchain_record(builder.toolchain, builder.env["PATH"])
+    return BuildReport(wheels, tuple(skipped), record, builder.epoch)
 
 
 def _build_with_cibuildwheel(

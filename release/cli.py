@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         help="wheel under test (default: the built wheel for this interpreter)",
     )
     parity.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="engine route: cpu, or cuda (this machine's GPU; adds the GPU cells; evidence "
+        "gpu-parity)",
+    )
+    parity.add_argument(
         "--cell",
         action="append",
         default=[],
@@ -94,11 +101,77 @@ def _parser() -> argparse.ArgumentParser:
         metavar="X.Y",
         help="only this declared version (repeatable)",
     )
+    ci = sub.add_parser(
+        "ci", parents=[common], help="write the GitHub Actions workflow from the manifest's [ci]"
+    )
+    ci.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when the committed workflow differs from the manifest's",
+    )
+    report = sub.add_parser(
+        "report",
+        parents=[common],
+        help="write <out>/report.md and report.html from the records under <out>",
+    )
+    report.add_argument(
+        "--channel",
+        default=None,
+        help="channel whose requirements the report shows (default: the one the records name)",
+    )
+    gpu_gates = sub.add_parser(
+        "gpu-gates",
+        parents=[common],
+        help='GPU warm-up gate under CUPTI ("not run: no GPU runner" without a GPU)',
+    )
+    gpu_gates.add_argument(
+        "--wheel",
+        type=Path,
+        action="append",
+        default=[],
+        help="wheel under test (repeatable; default: <out>/wheels/*.whl)",
+    )
+    gpu_staging = sub.add_parser(
+        "gpu-staging",
+        parents=[common],
+        help="CUDA route staging benchmark with its baselines, on this machine's GPU",
+    )
+    gpu_staging.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="the wheel built from these sources, named in the record (default: the built "
+        "wheel for this interpreter)",
+    )
     for gate in ("payload", "policy"):
         step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
         step.add_argument(
             "wheels", nargs="*", type=Path, help="wheels to judge (default: <out>/wheels/*.whl)"
         )
+    for gate, text in (
+        ("audit", "the payload gate: classify every file, verify every shim citation"),
+        ("casters", "import each native module; no raw C++ type in any signature"),
+    ):
+        step = sub.add_parser(gate, parents=[common], help=text)
+        step.add_argument(
+            "wheels", nargs="*", type=Path, help="wheels to judge (default: <out>/wheels/*.whl)"
+        )
+    served = sub.add_parser(
+        "served-path",
+        parents=[common],
+        help="drive the vLLM connector through vLLM's hooks; count first-party Python frames",
+    )
+    served.add_argument(
+        "wheels", nargs="*", type=Path, help="wheels to choose from (default: <out>/wheels/*.whl)"
+    )
+    served.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=None,
+        help="Python 3.12+ that has vLLM (default: $ACTIVEKV_VLLM_PYTHON, else this one)",
+    )
+    served.add_argument("--layers", type=int, default=4, help="model layers (default 4)")
+    served.add_argument("--steps", type=int, default=6, help="scheduler steps (default 6)")
     for name, text in (
         ("sign", "sign the provenance of the built wheels"),
         ("publish", "publish signed, gated wheels to the index"),
@@ -113,13 +186,81 @@ def _parser() -> argparse.ArgumentParser:
                 default=None,
                 help="release channel (default: the manifest's default_channel)",
             )
+    _add_consumer_verify_arguments(sub.choices["verify"])
     return parser  # fmt: skip
+
+
+def _add_consumer_verify_arguments(verify: argparse.ArgumentParser) -> None:
+    """`verify --index URL NAME==VERSION`: a consumer's check, needing no publisher state."""
+    verify.add_argument(
+        "requirement",
+        nargs="?",
+        default=None,
+        metavar="NAME==VERSION",
+        help="with --index: the release to verify, e.g. activekv==0.1.0",
+    )
+    verify.add_argument(
+        "--index",
+        default=None,
+        metavar="URL",
+        help="verify as a consumer: the pip index URL (.../simple/); needs --root and "
+        "--provenance-key; does not start the embedded index",
+    )
+    verify.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        metavar="ROOT_JSON",
+        help="the trusted TUF root (the publisher's 1.root.json)",
+    )
+    verify.add_argument(
+        "--provenance-key",
+        type=Path,
+        default=None,
+        metavar="PUB_JSON",
+        help="public key of the provenance signer (<channel>-signing-key.pub.json)",
+    )
+    verify.add_argument(
+        "--tuf-url",
+        default=None,
+        metavar="URL",
+        help="the TUF repository (default: the index URL with /simple/ replaced by /tuf/)",
+    )
+    verify.add_argument(
+        "--tuf-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="TUF metadata seen before, for rollback protection "
+        "(default: ~/.cache/activekv/tuf/<hash of URL and root>)",
+    )
+    verify.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="interpreter to install with (repeatable; default: this one)",
+    )
+    verify.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module to import after installing (repeatable; default: activekv._engine and "
+        "activekv._fabric)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         manifest = load_manifest(args.manifest)
+        if args.command == "gpu-gates":  # before `steps`: GPU machines lack the signing stack
+            from release.gpu_gates import step_gpu_gates
+
+            return step_gpu_gates(manifest, args.wheel, args.out.resolve())
         from release import steps  # imported late: `--help` must not need every dependency
 
         state_dir = args.state_dir or (REPO_ROOT / manifest.publish.state_dir)

@@ -18,41 +18,66 @@ from release.toolchain import resolve_toolchain
 SANITIZERS = {"asan-ubsan": "address,undefined", "tsan": "thread"}
 
 
-def run_cpp_tests(
-    manifest: Manifest, *, source_dir: Path, cache_dir: Path, sanitizer: str | None = None
-) -> int:
-    """Configures, builds and runs the C++ tests; returns ctest's exit status."""
+def host_configure(
+    manifest: Manifest,
+    *,
+    source_dir: Path,
+    cache_dir: Path,
+    build_dir: Path,
+    build_type: str,
+    options: tuple[str, ...],
+    flags: str | None = None,
+) -> dict[str, str]:
+    """Configures `build_dir` for the host g++ and nvcc (ccache when present); the environment
+    to build and run in."""
     toolchain = resolve_toolchain(manifest, cache_dir)
     host = str(toolchain.cuda_host_compiler)
-    name = "ctest" if sanitizer is None else f"ctest-{sanitizer}"
-    build_dir = source_dir / "build" / name
     configure = [
         "cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
-        "-DACTIVEKV_BUILD_TESTS=ON", "-DCMAKE_BUILD_TYPE=Debug",
+        *options, f"-DCMAKE_BUILD_TYPE={build_type}",
         f"-DCMAKE_CXX_COMPILER={host}",
         f"-DCMAKE_CUDA_COMPILER={toolchain.nvcc}",
         f"-DCMAKE_CUDA_HOST_COMPILER={host}",
         f"-DCUDAToolkit_ROOT={toolchain.cuda_root}",
         f"-DACTIVEKV_CUDA_ARCHITECTURES={';'.join(manifest.build.cuda.architectures)}",
     ]  # fmt: skip
-    if sanitizer is not None:
-        if sanitizer not in SANITIZERS:
-            raise BuildError(
-                f"--sanitizer: expected one of {sorted(SANITIZERS)}; got {sanitizer!r}"
-            )
-        flags = f"-fsanitize={SANITIZERS[sanitizer]} -fno-omit-frame-pointer"
+    if flags is not None:
         configure += [f"-DCMAKE_CXX_FLAGS={flags}", f"-DCMAKE_EXE_LINKER_FLAGS={flags}"]
     if toolchain.ccache is not None:
         configure += [
             f"-DCMAKE_{lang}_COMPILER_LAUNCHER={toolchain.ccache}" for lang in ("CXX", "CUDA")
         ]
     env = {**os.environ, **toolchain.environment()}
-    for command in (
-        configure,
-        ["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2)],
-    ):
-        if subprocess.run(command, env=env).returncode != 0:
-            raise BuildError(f"C++ tests: `{' '.join(command[:3])} …` failed; see the output above")
+    _run(configure, env)
+    return env
+
+
+def host_build(build_dir: Path, env: dict[str, str], *targets: str) -> None:
+    target_args = [arg for target in targets for arg in ("--target", target)]
+    _run(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2), *target_args], env)
+
+
+def _run(command: list[str], env: dict[str, str]) -> None:
+    if subprocess.run(command, env=env).returncode != 0:
+        raise BuildError(f"`{' '.join(command[:3])} …` failed; see the output above")
+
+
+def run_cpp_tests(
+    manifest: Manifest, *, source_dir: Path, cache_dir: Path, sanitizer: str | None = None
+) -> int:
+    """Configures, builds and runs the C++ tests; returns ctest's exit status."""
+    if sanitizer is not None and sanitizer not in SANITIZERS:
+        raise BuildError(f"--sanitizer: expected one of {sorted(SANITIZERS)}; got {sanitizer!r}")
+    name = "ctest" if sanitizer is None else f"ctest-{sanitizer}"
+    build_dir = source_dir / "build" / name
+    flags = None
+    if sanitizer is not None:
+        flags = f"-fsanitize={SANITIZERS[sanitizer]} -fno-omit-frame-pointer"
+    env = host_configure(
+        manifest, source_dir=source_dir, cache_dir=cache_dir, build_dir=build_dir,
+        build_type="Debug", options=("-DACTIVEKV_BUILD_TESTS=ON",), flags=flags,
+    )  # fmt: skip
+    host_build(build_dir, env)
     if shutil.which("ctest") is None:
         raise BuildError("ctest: not on PATH; install the `build` dependency group (cmake)")
     return subprocess.run(

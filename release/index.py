@@ -1,5 +1,7 @@
 """The embedded private package index: a pypiserver on 127.0.0.1 with htpasswd authentication,
-its packages and credentials kept under ``<state_dir>/index/`` between runs.
+its packages, credentials and TUF repository kept under ``<state_dir>/index/`` between runs.
+The server process is :mod:`release.index_server`, which also serves the TUF metadata and the
+signed statements at ``<url>/tuf/``.
 
 pypiserver is started without ``--overwrite`` (an existing file is never replaced: re-upload is
 refused with 409, 400 to twine) and with ``--disable-fallback`` (an unknown project is a 404, never
@@ -78,6 +80,16 @@ class EmbeddedIndex:
         return self._dir / "server.log"
 
     @property
+    def tuf_dir(self) -> Path:
+        """The publisher's TUF repository (keys and metadata); only ``metadata/`` is served."""
+        return self._dir / "tuf"
+
+    @property
+    def provenance_dir(self) -> Path:
+        """The signed statements, one per version; served as TUF targets ``provenance/…``."""
+        return self._dir / "metadata"
+
+    @property
     def username(self) -> str:
         return self._username
 
@@ -91,6 +103,8 @@ class EmbeddedIndex:
         """Create the index's directories and credentials on first use; return the password."""
         self.packages_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self._dir, 0o700)
+        (self.tuf_dir / "metadata").mkdir(parents=True, exist_ok=True)
+        self.provenance_dir.mkdir(parents=True, exist_ok=True)
         password = self._load_or_create_credentials()
         if not self.htpasswd_path.exists():
             os.close(os.open(self.htpasswd_path, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -144,6 +158,11 @@ class EmbeddedIndex:
     def simple_url(self) -> str:
         return f"{self.url}/simple/"
 
+    @property
+    def tuf_url(self) -> str:
+        """The TUF repository: ``metadata/`` and ``targets/provenance/`` below it."""
+        return f"{self.url}/tuf/"
+
     def __enter__(self) -> EmbeddedIndex:
         self._password = self._ensure_state()
         last_error: PackageIndexError | None = None
@@ -167,8 +186,13 @@ class EmbeddedIndex:
     def _start(self, port: int) -> None:
         command = [
             sys.executable,
-            "-m",
-            "pypiserver",
+            # By path: the server needs only pypiserver, wherever this package is importable.
+            str(Path(__file__).with_name("index_server.py")),
+            "--tuf-metadata",
+            str(self.tuf_dir / "metadata"),
+            "--provenance",
+            str(self.provenance_dir),
+            "--",
             "run",
             "-v",
             "--host",

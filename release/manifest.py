@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
@@ -40,7 +41,7 @@ SCHEMA_VERSION = 1
 CUDA_ARCHITECTURES = ("75", "80", "86", "89", "90", "100", "103", "120")
 REQUIRED_ARCHITECTURES = ("80", "90")
 REQUIRED_CHANNELS = ("dev", "stable")
-SIGNER_SCHEMES = ("gcpkms", "awskms", "azurekms", "hsm", "envvar")
+SIGNER_SCHEMES = ("gcpkms", "awskms", "azurekms", "hsm", "envvar", "file2", "hv", "gnupg", "tkey")
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 MIN_ABI3_PYTHON = (3, 12)
 
@@ -362,17 +363,31 @@ class GateSpec(_Model):
     warmup_steps: PositiveInt | None = None
     steady_steps: PositiveInt | None = None
     cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
+    # Cells the parity gate replays only on the CUDA route (parity --device cuda), besides `cells`.
+    gpu_cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
 
 
 class SignSpec(_Model):
     """``[sign.<name>]``: a key reference (never the key itself)."""
 
     key: Annotated[StrictStr, AfterValidator(_signing_key)]
+    # The signer's public key file (*.pub.json); a signer URI key needs it (release/sign.py).
+    public_key: Path | None = None
 
     @property
     def generated(self) -> bool:
         """True for a key generated on first use (a dev key)."""
         return self.key == "generate"
+
+
+class TufKeys(_Model):
+    """``[publish.tuf_keys.<role>]``: the key reference of each TUF role of the index (as in
+    ``[sign.*]``). Without this table the roles' keys are generated (dev only)."""
+
+    root: SignSpec
+    targets: SignSpec
+    snapshot: SignSpec
+    timestamp: SignSpec
 
 
 class PublishSettings(_Model):
@@ -384,11 +399,57 @@ class PublishSettings(_Model):
         AfterValidator(_pattern(r"[A-Za-z0-9._-]+", "a user name of [A-Za-z0-9._-] characters")),
     ]
     state_dir: Annotated[StrictStr, AfterValidator(_relative_dir)]
+    tuf_keys: TufKeys | None = None
 
     @property
     def embedded(self) -> bool:
         """True when the pipeline starts its own index on 127.0.0.1."""
         return self.index == "embedded"
+
+
+RunnerLabel = Annotated[
+    StrictStr,
+    AfterValidator(
+        _pattern(
+            r"[A-Za-z0-9][A-Za-z0-9._-]*",
+            "a runner label of letters, digits, '.', '_' and '-' that starts alphanumeric",
+        )
+    ),
+]
+
+
+def _gpu_labels(value: tuple[str, ...]) -> tuple[str, ...]:
+    _check(
+        "self-hosted" not in value,
+        'labels without "self-hosted" (the workflow adds it before them)',
+    )
+    return value
+
+
+def _workflow_path(value: str) -> str:
+    path = PurePosixPath(value)
+    _check(
+        len(path.parts) == 3
+        and path.parts[:2] == (".github", "workflows")
+        and path.suffix in (".yml", ".yaml"),
+        'a path ".github/workflows/<name>.yml"',
+    )
+    return value
+
+
+class CiSettings(_Model):
+    """``[ci]``: the GitHub Actions workflow that ``python -m release ci`` generates."""
+
+    workflow: Annotated[StrictStr, AfterValidator(_workflow_path)]
+    build_runner: RunnerLabel
+    gpu_runner_labels: Annotated[
+        tuple[RunnerLabel, ...],
+        AfterValidator(_non_empty),
+        AfterValidator(_unique("runner labels")),
+        AfterValidator(_gpu_labels),
+    ]
+    gpu_python: PythonVersion
+    tag_channel: Name
 
 
 class Manifest(_Model):
@@ -401,6 +462,7 @@ class Manifest(_Model):
     gates: dict[Name, GateSpec]
     sign: dict[Name, SignSpec]
     publish: PublishSettings
+    ci: CiSettings | None = None
 
     _path: Path = PrivateAttr(default=Path("<manifest>"))
 
@@ -516,6 +578,8 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                 _show(m.build.stable_abi_from),
             )
         )
+    if m.ci is not None:
+        issues += _ci_references(m, m.ci)
     if "parity" in m.gates and not m.gates["parity"].cells:
         issues.append(
             _Issue(("gates", "parity", "cells"), "a non-empty array of parity cells", "nothing")
@@ -530,6 +594,29 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                         ("gates", name, key), "a positive integer (a gpu gate needs it)", "nothing"
                     )
                 )
+    return issues
+
+
+def _ci_references(m: Manifest, ci: CiSettings) -> list[_Issue]:
+    """[ci] names a declared Python version and a declared channel."""
+    issues: list[_Issue] = []
+    if ci.gpu_python not in m.build.python:
+        issues.append(
+            _Issue(
+                ("ci", "gpu_python"),
+                "one of build.python, " + _choices(m.build.python, "or"),
+                _show(ci.gpu_python),
+            )
+        )
+    # A missing required channel is reported once, at release.channels.
+    if ci.tag_channel not in m.release.channels and ci.tag_channel not in REQUIRED_CHANNELS:
+        issues.append(
+            _Issue(
+                ("ci", "tag_channel"),
+                "a declared channel " + _choices(sorted(m.release.channels), "or"),
+                _show(ci.tag_channel),
+            )
+        )
     return issues
 
 
@@ -573,6 +660,8 @@ def _known_keys(loc: Loc) -> list[str]:
     """The keys the schema allows in the table at ``loc`` (empty if it cannot tell)."""
     node: Any = Manifest
     for part in loc:
+        if get_origin(node) in (Union, UnionType):  # an optional table lists the keys of X
+            node = next(a for a in get_args(node) if a is not type(None))
         if isinstance(node, type) and issubclass(node, BaseModel):
             field = node.model_fields.get(str(part))
             if field is None:
@@ -582,6 +671,8 @@ def _known_keys(loc: Loc) -> list[str]:
             node = get_args(node)[-1 if get_origin(node) is dict else 0]
         else:
             return []
+    if get_origin(node) in (Union, UnionType):
+        node = next(a for a in get_args(node) if a is not type(None))
     if isinstance(node, type) and issubclass(node, BaseModel):
         return list(node.model_fields)
     return []

@@ -24,7 +24,7 @@ from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.manifest import Manifest
-from release.progress import console
+from release.progress import console, tracked
 from release.trace import Lookup, Step, Trace, generate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,33 +100,79 @@ def _fill(layers: list[np.ndarray], kv_seed: int) -> None:
         layer[...] = rng.integers(0, 2**bits, layer.shape, dtype=layer.dtype)
 
 
-def replay(trace: Trace, implementation: Implementation) -> list[OpOutcome]:
+class HostKv:
+    """The device KV of the CPU route: numpy arrays of raw words, one per layer."""
+
+    def __init__(self, shape: tuple[int, ...], word: type, num_layers: int) -> None:
+        self.layers = [np.zeros(shape, dtype=word) for _ in range(num_layers)]
+        self.arrays: list[Any] = self.layers
+        self.stream = 0
+
+    def fill(self, kv_seed: int) -> None:
+        _fill(self.layers, kv_seed)
+
+    def read(self) -> list[np.ndarray]:
+        return self.layers
+
+
+class CudaKv(HostKv):
+    """The device KV of the CUDA route: torch tensors on the GPU (torch only drives the test; the
+    wheel never links it), filled from and read back into the same host words."""
+
+    def __init__(self, shape: tuple[int, ...], word: type, num_layers: int) -> None:
+        super().__init__(shape, word, num_layers)
+        try:
+            import torch
+        except ImportError as error:
+            raise GateError("parity --device cuda: expected torch with CUDA to hold the device "
+                            f"KV; {error}") from error  # fmt: skip
+        self._torch = torch
+        signed = torch.int32 if word is np.uint32 else torch.int16
+        unsigned = torch.uint32 if word is np.uint32 else torch.uint16
+        self._signed = np.int32 if word is np.uint32 else np.int16
+        self.tensors = [torch.zeros(shape, dtype=signed, device="cuda") for _ in self.layers]
+        self.arrays = [tensor.view(unsigned) for tensor in self.tensors]
+        self.stream = torch.cuda.current_stream().cuda_stream
+
+    def fill(self, kv_seed: int) -> None:
+        super().fill(kv_seed)
+        for tensor, layer in zip(self.tensors, self.layers, strict=True):
+            tensor.copy_(self._torch.from_numpy(layer.view(self._signed)))
+        self._torch.cuda.synchronize()
+
+    def read(self) -> list[np.ndarray]:
+        pairs = zip(self.tensors, self.layers, strict=True)
+        return [tensor.cpu().numpy().view(layer.dtype) for tensor, layer in pairs]
+
+
+def replay(trace: Trace, implementation: Implementation, device: str = "cpu") -> list[OpOutcome]:
     """Runs every operation of `trace`; what each returned, in order."""
     layout_spec, spec = trace.layout, trace.engine
     module = implementation.module
     layout = implementation.make_layout(layout_spec)
     slot_bytes = module.stored_block_bytes(layout, spec["mode"])
+    on_device = {"device": device} if device != "cpu" else {}
     engine = module.Engine(
         layout, spec["mode"], spec["pool_blocks"] * slot_bytes, spec["num_regions"],
-        spec["region_blocks"], spec["num_device_blocks"],
+        spec["region_blocks"], spec["num_device_blocks"], **on_device,
     )  # fmt: skip
     shape = (2, spec["num_device_blocks"], layout_spec["block_size"],
              layout_spec["num_kv_heads"], layout_spec["head_dim"])  # fmt: skip
-    word = _word_dtype(layout_spec["dtype"])
-    layers = [np.zeros(shape, dtype=word) for _ in range(layout_spec["num_layers"])]
-    engine.register_kv_caches(layers)
+    kv_type = CudaKv if device == "cuda" else HostKv
+    kv = kv_type(shape, _word_dtype(layout_spec["dtype"]), layout_spec["num_layers"])
+    engine.register_kv_caches(kv.arrays)
     outcomes: list[OpOutcome] = []
     for op in trace.ops:
         if isinstance(op, Lookup):
             found = engine.lookup(list(op.hashes))
             outcomes.append(OpOutcome(list(engine.events()), lookup=found))
             continue
-        outcomes.append(_replay_step(engine, op, layers))
+        outcomes.append(_replay_step(engine, op, kv))
     return outcomes
 
 
-def _replay_step(engine: Any, step: Step, layers: list[np.ndarray]) -> OpOutcome:
-    _fill(layers, step.kv_seed)
+def _replay_step(engine: Any, step: Step, kv: HostKv) -> OpOutcome:
+    kv.fill(step.kv_seed)
     if step.loads:
         engine.plan_load([h for h, _ in step.loads], [d for _, d in step.loads])
     if step.stores:
@@ -136,12 +182,16 @@ def _replay_step(engine: Any, step: Step, layers: list[np.ndarray]) -> OpOutcome
         engine.inject_fence_fault(fault.direction, fault.layer)
     engine.start_load()
     lost = []
-    for layer in range(len(layers)):
+    for layer in range(len(kv.layers)):
         lost.append(sorted(engine.wait_for_layer_load(layer)))
-        engine.save_kv_layer(layer)
+        if kv.stream:
+            engine.save_kv_layer(layer, stream=kv.stream)
+        else:
+            engine.save_kv_layer(layer)
     engine.wait_for_save()
     events = [tuple(event) for event in engine.events()]
     loaded_hashes = {value for kind, value in events if kind == "loaded"}
+    layers = kv.read()
     loaded = {
         device: [layer[:, device].tobytes() for layer in layers]
         for block_hash, device in step.loads
@@ -192,10 +242,10 @@ class CellResult:
 
 
 def compare_cell(
-    trace: Trace, reference: Implementation, engine: Implementation
+    trace: Trace, reference: Implementation, engine: Implementation, device: str = "cpu"
 ) -> tuple[str | None, int]:
     expected = replay(trace, reference)
-    actual = replay(trace, engine)
+    actual = replay(trace, engine, device)
     return first_difference(expected, actual), sum(len(o.events) for o in expected)
 
 
@@ -206,14 +256,18 @@ def run_parity_gate(
     *,
     cells: Sequence[str] = (),
     site: Path | None = None,
+    device: str = "cpu",
 ) -> Evidence:
     """Replays the manifest's cells against the engine of `wheel` (installed under `site`, or
-    into `<out>/parity/site` here); writes the parity evidence."""
+    into `<out>/parity/site` here); writes the parity evidence. With device "cuda" the engine
+    runs its CUDA route on this machine's GPU, on the same cells plus the GPU cells, and the
+    evidence (gate "gpu-parity") names the GPU and the driver."""
     gate = manifest.gates.get("parity")
     if gate is None or not gate.cells:
         raise GateError(f"{manifest.path}: gates.parity.cells: expected parity cells")
-    chosen = [c for c in gate.cells if not cells or c.name in cells]
-    unknown = sorted(set(cells) - {c.name for c in gate.cells})
+    declared = list(gate.cells) + (list(gate.gpu_cells or ()) if device == "cuda" else [])
+    chosen = [c for c in declared if not cells or c.name in cells]
+    unknown = sorted(set(cells) - {c.name for c in declared})
     if unknown:
         raise GateError(f"--cell: expected cells of {manifest.path} gates.parity; got {unknown}")
     engine = engine_implementation(site or install_wheel(wheel, out_dir / "parity" / "site"))
@@ -221,20 +275,26 @@ def run_parity_gate(
     traces_dir = out_dir / "parity" / "traces"
     traces_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for cell in chosen:
+    for cell in tracked(chosen, "parity cells", lambda c: c.name):
         trace = generate(cell)
         trace.write(traces_dir / f"{cell.name}.jsonl")
         started = time.monotonic()
         with console.status(f"parity: {cell.name}"):
-            difference, events = compare_cell(trace, reference, engine)
+            difference, events = compare_cell(trace, reference, engine, device)
         result = CellResult(cell.name, cell.mode, len(trace.ops), events, difference,
                             time.monotonic() - started)  # fmt: skip
         console.print(f"  {cell.name}: {result.verdict}"
                       + (f" — {difference}" if difference else ""))  # fmt: skip
         results.append(result)
     failures = [r for r in results if r.difference]
+    runner: dict[str, Any] = {}
+    if device == "cuda":
+        from release.gpu_gates import gpu_identity
+
+        runner = {"runner": gpu_identity()}
     evidence = Evidence(
-        gate="parity",
+        gate="gpu-parity" if device == "cuda" else "parity",
+        **runner,
         verdict="fail" if failures else "pass",
         artefacts={wheel.name: sha256_file(wheel)},
         figures={

@@ -1,7 +1,11 @@
-"""The payload gate: every file of every wheel is classified; only allowed kinds may ship.
+"""The payload gate (`python -m release payload` or `audit`): every file of every wheel is
+classified; only the kinds the manifest allows may ship.
 
 Executable Python is allowed only as a shim the manifest declares, with the declared content
-hash. Bytecode and undeclared `.py` files (a stray `__init__.py` included) always fail.
+hash, and every line of it must cite the pinned framework's source (release/citations.py), which
+is checked against that framework's own wheel, fetched once into a cache
+(release/framework_cache.py). Bytecode and undeclared `.py` files (a stray `__init__.py`
+included) always fail.
 """
 
 from __future__ import annotations
@@ -9,13 +13,17 @@ from __future__ import annotations
 import hashlib
 import re
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path, PurePosixPath
 
+from release.citations import verify_shim
 from release.digests import sha256_file
+from release.errors import GateError
 from release.evidence import Evidence, write_evidence
-from release.manifest import Manifest
+from release.framework_cache import framework_wheel
+from release.manifest import Manifest, Shim
 
 _EXTENSION = re.compile(r"\.(cpython-\d+[a-z]*-[\w-]+|abi3)\.so$")
 
@@ -52,7 +60,29 @@ def classify(path: str) -> str:
     return "other"
 
 
-def list_wheel(wheel: Path, manifest: Manifest) -> list[PayloadFile]:
+# (framework, version) -> the framework's wheel, whose files the citations name.
+FrameworkSource = Callable[[str, str], Path]
+
+
+def _shim_problem(shim: Shim, source: bytes, frameworks: FrameworkSource | None) -> str:
+    actual = hashlib.sha256(source).hexdigest()
+    if actual != shim.sha256:
+        return f"shim content sha256 {actual} differs from the manifest's {shim.sha256}"
+    if frameworks is None:
+        raise GateError(
+            f"{shim.path}: its citations of {shim.framework}=={shim.version} need the framework's "
+            "wheel; expected a framework cache directory (framework_cache)"
+        )
+    problems = verify_shim(shim.path, source, shim.framework, shim.version, None)
+    if not problems:  # the pins hold: check each cited line in the framework's files
+        wheel = frameworks(shim.framework, shim.version)
+        problems = verify_shim(shim.path, source, shim.framework, shim.version, wheel)
+    return "; ".join(f"line {p.line}: {p.message}" for p in problems)
+
+
+def list_wheel(
+    wheel: Path, manifest: Manifest, frameworks: FrameworkSource | None = None
+) -> list[PayloadFile]:
     """Every file of `wheel` with its kind, and the problem when it may not ship."""
     allowed = set(manifest.payload.allowed_kinds)
     shims = {shim.path: shim for shim in manifest.payload.shims}
@@ -69,12 +99,7 @@ def list_wheel(wheel: Path, manifest: Manifest) -> list[PayloadFile]:
                     problem = "undeclared Python file (only the manifest's shims may ship)"
                 else:
                     kind = "shim"
-                    actual = hashlib.sha256(archive.read(info)).hexdigest()
-                    if actual != shim.sha256:
-                        problem = (
-                            f"shim content sha256 {actual} differs from the manifest's "
-                            f"{shim.sha256}"
-                        )
+                    problem = _shim_problem(shim, archive.read(info), frameworks)
             elif kind == "bytecode":
                 problem = "compiled Python bytecode may never ship"
             if not problem and kind not in allowed:
@@ -83,9 +108,22 @@ def list_wheel(wheel: Path, manifest: Manifest) -> list[PayloadFile]:
     return listing
 
 
-def run_payload_gate(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) -> Evidence:
-    """Lists every wheel, writes the payload evidence, and returns it (verdict pass or fail)."""
-    listing = [entry for wheel in wheels for entry in list_wheel(wheel, manifest)]
+def run_payload_gate(
+    manifest: Manifest,
+    wheels: Sequence[Path],
+    out_dir: Path,
+    *,
+    framework_cache: Path | None = None,
+    pip_args: Sequence[str] = (),
+) -> Evidence:
+    """Lists every wheel, writes the payload evidence, and returns it (verdict pass or fail).
+
+    Shim citations are checked against framework wheels kept under `framework_cache`, fetched
+    with `pip download --no-deps` (plus `pip_args`) when missing."""
+    frameworks: FrameworkSource | None = None
+    if framework_cache is not None:
+        frameworks = partial(framework_wheel, cache_dir=framework_cache, pip_args=pip_args)
+    listing = [entry for wheel in wheels for entry in list_wheel(wheel, manifest, frameworks)]
     failures = [entry for entry in listing if entry.problem]
     evidence = Evidence(
         gate="payload",

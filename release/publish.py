@@ -8,6 +8,9 @@ Rules:
 * The first stored envelope of a version stays authoritative: it is never overwritten, and a new
   file of that version is only uploaded when that envelope names it with the same digest.
 * After uploading, the index's listing must show every file with its local digest.
+* Then the TUF repository (when given) names every file and the statement as targets; its
+  timestamp is the commit point, so a publish killed between two uploads, or before that, is
+  completed by running it again (the files already there are skipped as identical).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +29,17 @@ from typing import Protocol
 from release.digests import sha256_file
 from release.errors import PublishError, ReleaseError
 from release.index import list_project_files, normalize_project
+from release.progress import tracked
 from release.sign import read_statement_unverified, subject_digests
+from release.tuf_metadata import PROVENANCE_PREFIX, TufRepository, TufUpdate
 
 UPLOADED = "uploaded"
 ALREADY_PRESENT = "already present, identical"
 
 _TWINE_TIMEOUT_S = 300.0
 _REDACTED = "********"
+# Tests only: seconds to sleep after each upload, so that a test can kill a publish between two.
+PAUSE_ENV = "ACTIVEKV_TEST_PAUSE_AFTER_UPLOAD_S"
 
 
 class IndexTarget(Protocol):
@@ -65,6 +73,7 @@ class PublishReport:
     envelope_path: Path
     envelope_stored: bool  # False: an earlier envelope of this version was kept
     message: str
+    tuf: TufUpdate | None = None
 
     @property
     def uploaded(self) -> tuple[str, ...]:
@@ -81,13 +90,23 @@ def envelope_path_for(metadata_dir: Path, project: str, version: str) -> Path:
 
 
 def publish(
-    wheels: Sequence[Path], index: IndexTarget, *, envelope: Path, metadata_dir: Path
+    wheels: Sequence[Path],
+    index: IndexTarget,
+    *,
+    envelope: Path,
+    metadata_dir: Path,
+    tuf: TufRepository | None = None,
 ) -> PublishReport:
-    """Upload the ``wheels`` not yet on ``index`` and store ``envelope`` for their version."""
+    """Upload the ``wheels`` not yet on ``index``, store ``envelope`` for their version and make
+    both TUF targets of ``tuf``."""
     project, version = _project_and_version(wheels)
     local = {wheel.name: sha256_file(wheel) for wheel in wheels}
     paths = {wheel.name: wheel for wheel in wheels}
     _check_envelope_names(envelope, local, what="the envelope to publish")
+    stored_path = envelope_path_for(metadata_dir, project, version)
+    if tuf is not None:
+        tuf.check(_tuf_targets(paths, stored_path if stored_path.exists() else envelope,
+                               stored_path.name))  # fmt: skip
 
     present = list_project_files(index.simple_url, project)
     conflicts = [
@@ -103,7 +122,6 @@ def publish(
         )
     missing = sorted(name for name in local if name not in present)
 
-    stored_path = envelope_path_for(metadata_dir, project, version)
     if missing and stored_path.exists():
         _check_envelope_names(
             stored_path,
@@ -111,8 +129,9 @@ def publish(
             what=f"the stored (authoritative) statement of {project} {version}",
         )
 
-    for name in missing:
+    for name in tracked(missing, "uploads"):
         _twine_upload(paths[name], index)
+        _test_pause()
 
     if missing:
         after = list_project_files(index.simple_url, project)
@@ -124,6 +143,9 @@ def publish(
                 )
 
     envelope_stored = _store_once(envelope, stored_path)
+    tuf_update = None
+    if tuf is not None:
+        tuf_update = tuf.add_targets(_tuf_targets(paths, stored_path, stored_path.name))
     files = tuple(
         PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
         for name in sorted(local)
@@ -135,7 +157,18 @@ def publish(
         envelope_path=stored_path,
         envelope_stored=envelope_stored,
         message=_message(project, version, files),
+        tuf=tuf_update,
     )
+
+
+def _tuf_targets(wheels: dict[str, Path], statement: Path, statement_name: str) -> dict[str, Path]:
+    """TUF target path to local file: the wheels, and the statement under provenance/."""
+    return {**wheels, PROVENANCE_PREFIX + statement_name: statement}
+
+
+def _test_pause() -> None:
+    if seconds := os.environ.get(PAUSE_ENV):
+        time.sleep(float(seconds))
 
 
 def _project_and_version(wheels: Sequence[Path]) -> tuple[str, str]:

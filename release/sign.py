@@ -6,6 +6,10 @@ Key references (manifest ``[sign.<channel>].key``):
 * ``generate`` -- a dev key, generated on first use into ``<state_dir>/keys/`` and reused after;
   refused for the ``stable`` channel.
 * ``file:/abs/path.pem`` -- a PEM private key file that only its owner may read (mode 0600).
+* ``<scheme>:...`` -- any private key URI securesystemslib supports (``SIGNER_FOR_URI_SCHEME``:
+  ``file2:``, ``gcpkms:``, ``awskms:``, ``azurekms:``, ``hv:``, ``hsm:``, ...), loaded through
+  ``Signer.from_priv_key_uri`` with the signer's public key (``[sign.<name>].public_key``, a file
+  written by :func:`write_public_key`). A ``file2:`` key file must have mode 0600 too.
 
 Private key material never appears in a message, a log or an output file of this module.
 """
@@ -27,7 +31,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import FormatError, UnverifiedSignatureError
-from securesystemslib.signer import CryptoSigner, Key, Signer
+from securesystemslib.signer import SIGNER_FOR_URI_SCHEME, CryptoSigner, Key, Signer
 
 from release.digests import sha256_file
 from release.errors import SigningError
@@ -53,8 +57,12 @@ def key_paths(state_dir: Path, channel: str) -> tuple[Path, Path]:
     return keys / f"{channel}-signing-key.pem", keys / f"{channel}-signing-key.pub.json"
 
 
-def load_signer(key_ref: str, *, channel: str, state_dir: Path) -> tuple[Signer, Key]:
-    """The signer named by ``key_ref`` for ``channel`` and its public key."""
+def load_signer(
+    key_ref: str, *, channel: str, state_dir: Path, public_key: Path | None = None
+) -> tuple[Signer, Key]:
+    """The signer named by ``key_ref`` for ``channel`` and its public key.
+
+    ``public_key`` (a file of :func:`write_public_key`) is needed by signer URIs only."""
     if key_ref == GENERATE:
         if channel == _PROTECTED_CHANNEL:
             raise SigningError(
@@ -64,12 +72,54 @@ def load_signer(key_ref: str, *, channel: str, state_dir: Path) -> tuple[Signer,
         return _generated_signer(state_dir, channel)
     if key_ref.startswith(_FILE_SCHEME):
         signer = _signer_from_pem_file(_file_ref_path(key_ref))
-        return signer, signer.public_key
+        return _not_a_dev_key(key_ref, channel, state_dir, (signer, signer.public_key))
     scheme = key_ref.partition(":")[0] if ":" in key_ref else key_ref
+    if ":" in key_ref and scheme in SIGNER_FOR_URI_SCHEME:
+        return _not_a_dev_key(key_ref, channel, state_dir, _uri_signer(key_ref, scheme, public_key))
     raise SigningError(
-        f"key reference {key_ref!r}: signer URI scheme {scheme!r} is not supported yet "
-        f"(supported: {GENERATE!r} for dev channels, 'file:/abs/path.pem')"
+        f"key reference {key_ref!r}: signer URI scheme {scheme!r} is not supported "
+        f"(supported: {GENERATE!r} for dev channels, 'file:/abs/path.pem', or a securesystemslib "
+        f"signer URI with scheme {', '.join(sorted(SIGNER_FOR_URI_SCHEME))})"
     )
+
+
+def _not_a_dev_key(
+    key_ref: str, channel: str, state_dir: Path, loaded: tuple[Signer, Key]
+) -> tuple[Signer, Key]:
+    """Refuses, for stable, a key that is one of the dev keys generated under ``state_dir``."""
+    if channel == _PROTECTED_CHANNEL:
+        for generated in sorted((state_dir / "keys").glob("*-signing-key.pub.json")):
+            if load_public_key(generated).keyid == loaded[1].keyid:
+                raise SigningError(
+                    f"key reference {key_ref!r} is a generated dev key (its public key is "
+                    f"{generated}); dev keys never sign for {channel!r}"
+                )
+    return loaded
+
+
+def _uri_signer(key_ref: str, scheme: str, public_key_path: Path | None) -> tuple[Signer, Key]:
+    if public_key_path is None:
+        raise SigningError(
+            f"key reference {key_ref!r}: a signer URI needs the signer's public key; give "
+            "[sign.<name>].public_key, the path of a *.pub.json public key file"
+        )
+    public_key = load_public_key(public_key_path)
+    if scheme == CryptoSigner.SCHEME and not os.environ.get(CryptoSigner.PREFIX_ENV_VAR):
+        _check_private_file(Path(key_ref.partition(":")[2]))
+    try:
+        signer = Signer.from_priv_key_uri(key_ref, public_key)
+    except OSError as exc:
+        raise SigningError(
+            f"key reference {key_ref!r}: the key cannot be read ({exc.strerror})"
+        ) from None
+    except Exception as exc:  # each signer library raises its own types
+        # Only the type is shown: a parser's text could echo key material.
+        raise SigningError(
+            f"key reference {key_ref!r}: securesystemslib cannot load this signer with the public "
+            f"key {public_key_path} ({type(exc).__name__}: the key does not match, or the URI "
+            "is malformed)"
+        ) from None
+    return signer, public_key
 
 
 def load_public_key(path: Path) -> Key:
@@ -91,7 +141,11 @@ def write_public_key(key: Key, path: Path) -> None:
 
 
 def _generated_signer(state_dir: Path, channel: str) -> tuple[Signer, Key]:
-    pem_path, pub_path = key_paths(state_dir, channel)
+    return generated_key_pair(*key_paths(state_dir, channel))
+
+
+def generated_key_pair(pem_path: Path, pub_path: Path) -> tuple[Signer, Key]:
+    """An ed25519 key kept at ``pem_path`` (mode 0600) and ``pub_path``; generated on first use."""
     pem_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not pem_path.exists():
         if pub_path.exists():
@@ -133,6 +187,24 @@ def _file_ref_path(key_ref: str) -> Path:
 
 
 def _signer_from_pem_file(path: Path) -> CryptoSigner:
+    _check_private_file(path)
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise SigningError(f"signing key {path} cannot be read: {exc.strerror}") from None
+    try:
+        private_key = load_pem_private_key(pem, password=None)
+        return CryptoSigner(private_key)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        # The exception text of a parser is kept out: it could echo the input.
+        raise SigningError(
+            f"signing key {path} is not an unencrypted PEM private key of a supported type "
+            f"({type(exc).__name__})"
+        ) from None
+
+
+def _check_private_file(path: Path) -> None:
+    """``path`` is a regular file only its owner may read and write (mode 0600)."""
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -147,19 +219,6 @@ def _signer_from_pem_file(path: Path) -> CryptoSigner:
             f"signing key {path} has mode {mode:04o}; it must be 0600 "
             f"(readable and writable by its owner only): chmod 600 {path}"
         )
-    try:
-        pem = path.read_bytes()
-    except OSError as exc:
-        raise SigningError(f"signing key {path} cannot be read: {exc.strerror}") from None
-    try:
-        private_key = load_pem_private_key(pem, password=None)
-        return CryptoSigner(private_key)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        # The exception text of a parser is kept out: it could echo the input.
-        raise SigningError(
-            f"signing key {path} is not an unencrypted PEM private key of a supported type "
-            f"({type(exc).__name__})"
-        ) from None
 
 
 # --------------------------------------------------------------------------- statement

@@ -6,6 +6,7 @@ import argparse
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,7 +19,7 @@ from release import summary
 from release.build import build_wheels
 from release.cpptests import run_cpp_tests
 from release.digests import sha256_file
-from release.errors import GateError, PublishError
+from release.errors import GateError, PublishError, VerifyError
 from release.evidence import Evidence, evidence_problems
 from release.gpu import record_gpu_gates
 from release.index import EmbeddedIndex
@@ -38,7 +39,9 @@ from release.sign import (
     write_envelope,
     write_public_key,
 )
-from release.verify import verify_from_index
+from release.tuf_client import TrustedIndex
+from release.tuf_metadata import TufRepository, repository_for
+from release.verify import verify_from_index, verify_release
 
 MODULES = ("activekv._engine", "activekv._fabric")
 
@@ -137,21 +140,51 @@ def step_build(context: Context, only: list[str], toolchain_kind: str | None = N
 
 def step_gate(context: Context, gate: str, wheels: list[Path]) -> int:
     chosen = wheels or context.built_wheels()
-    runner = run_payload_gate if gate == "payload" else run_policy_gate
-    return _print_verdict(runner(context.manifest, chosen, context.out_dir))
+    if gate in ("payload", "audit"):
+        return _print_verdict(payload_gate(context, chosen))
+    if gate == "casters":
+        from release.casters import run_casters_gate
+
+        return _print_verdict(run_casters_gate(context.manifest, chosen, context.out_dir))
+    return _print_verdict(run_policy_gate(context.manifest, chosen, context.out_dir))
 
 
-def step_parity(context: Context, wheel: Path | None, cells: list[str]) -> int:
+def payload_gate(context: Context, wheels: list[Path]) -> Evidence:
+    """The payload gate; shim citations are checked against framework wheels in the cache."""
+    return run_payload_gate(
+        context.manifest, wheels, context.out_dir, framework_cache=context.cache_dir
+    )
+
+
+def step_served_path(context: Context, args: argparse.Namespace) -> int:
+    from release.served_path import dispatch_line, run_served_path_gate
+
+    wheels = [w.resolve() for w in args.wheels] or context.built_wheels()
+    evidence = run_served_path_gate(
+        wheels, context.out_dir, vllm_python=args.vllm_python, layers=args.layers,
+        steps=args.steps,
+    )  # fmt: skip
+    if line := dispatch_line(evidence):
+        console.print(line)
+    return _print_verdict(evidence)
+
+
+def step_parity(context: Context, wheel: Path | None, cells: list[str], device: str = "cpu") -> int:
     from release.parity import run_parity_gate, wheel_for_this_interpreter
 
     chosen = wheel.resolve() if wheel else wheel_for_this_interpreter(context.built_wheels())
-    console.print(f"parity: engine of {chosen.name} against the Python reference")
-    return _print_verdict(run_parity_gate(context.manifest, chosen, context.out_dir, cells=cells))
+    console.print(f"parity: engine of {chosen.name} ({device} route) against the Python reference")
+    return _print_verdict(
+        run_parity_gate(context.manifest, chosen, context.out_dir, cells=cells, device=device)
+    )
 
 
 def _signing(context: Context, channel: str, spec: ChannelSpec) -> tuple[Any, Any]:
-    key_ref = context.manifest.sign[spec.signing].key
-    return load_signer(key_ref, channel=channel, state_dir=context.state_dir)
+    sign = context.manifest.sign[spec.signing]
+    public_key = sign.public_key and context.manifest.path.parent / sign.public_key  # if relative
+    return load_signer(
+        sign.key, channel=channel, state_dir=context.state_dir, public_key=public_key
+    )
 
 
 def step_sign(context: Context, channel_name: str | None) -> int:
@@ -201,12 +234,20 @@ def check_publishable(context: Context, channel: str, spec: ChannelSpec) -> None
     check_channel_evidence(context, channel, spec)
     _, public_key = _signing(context, channel, spec)
     read_and_verify_envelope(context.envelope_path, public_key)
+    _tuf_repository(context, channel)  # its keys load (and stable has no generated ones)
+
+
+def _tuf_repository(context: Context, channel: str) -> TufRepository:
+    return repository_for(
+        context.index().tuf_dir, context.manifest.publish.tuf_keys, channel=channel,
+        state_dir=context.state_dir, manifest_dir=context.manifest.path.parent,
+    )  # fmt: skip
 
 
 def _publish_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
     report = publish(
         context.built_wheels(), index, envelope=context.envelope_path,
-        metadata_dir=context.metadata_dir,
+        metadata_dir=context.metadata_dir, tuf=_tuf_repository(context, channel),
     )  # fmt: skip
     console.print(escape(report.message))
     write_record(context.out_dir, "publish", {
@@ -214,6 +255,11 @@ def _publish_with(context: Context, index: EmbeddedIndex, channel: str, spec: Ch
         "files": [{"file": f.filename, "sha256": f.sha256, "outcome": f.outcome}
                   for f in report.files],
         "statement": str(report.envelope_path), "statement_stored": report.envelope_stored,
+        "tuf": None if report.tuf is None else {
+            "url": index.tuf_url,
+            "trusted_root": str(TufRepository(index.tuf_dir).trusted_root_path),
+            "added": list(report.tuf.added), "targets_version": report.tuf.targets_version,
+            "timestamp_version": report.tuf.timestamp_version},
     })  # fmt: skip
 
 
@@ -223,15 +269,21 @@ def _verify_with(context: Context, index: EmbeddedIndex, channel: str, spec: Cha
     stored = envelope_path_for(context.metadata_dir, context.manifest.release.name, version)
     statement = read_and_verify_envelope(stored, public_key)
     interpreters = [p for v in context.manifest.build.python if (p := find_interpreter(v))]
+    # What pip downloads must also be the TUF target the publisher signed (the cache in the
+    # state dir remembers the metadata seen, so a later rollback is refused).
+    trusted = TrustedIndex(index.tuf_url, TufRepository(index.tuf_dir).trusted_root_path,
+                           context.state_dir / "verify-tuf-cache")  # fmt: skip
+    trusted.refresh()
     with console.status("installing from the index into fresh venvs"):
         checks = verify_from_index(
             simple_url=index.simple_url, project=context.manifest.release.name, version=version,
             statement=statement, interpreters=interpreters, imports=MODULES,
-            workdir=context.out_dir / "verify",
+            workdir=context.out_dir / "verify", file_check=trusted.check_file,
         )  # fmt: skip
     for check in checks:
-        console.print(f"  python {check.python_version}: {check.wheel} digest matches the signed "
-                      f"statement; imported {', '.join(check.imported)}")  # fmt: skip
+        console.print(f"  python {check.python_version}: {check.wheel} digest matches its TUF "
+                      f"target and the signed statement; imported "
+                      f"{', '.join(check.imported)}")  # fmt: skip
     write_record(context.out_dir, "verify", {
         "index": index.simple_url, "statement": str(stored),
         "checks": [{"python": c.python_version, "wheel": c.wheel, "sha256": c.sha256,
@@ -247,10 +299,62 @@ def step_publish(context: Context, channel_name: str | None) -> int:
     return 0
 
 
+def step_verify_index(context: Context, args: argparse.Namespace) -> int:
+    """`verify --index URL NAME==VERSION`: the consumer's check (release/verify.py)."""
+    given = {"NAME==VERSION": args.requirement, "--root": args.root,
+             "--provenance-key": args.provenance_key}  # fmt: skip
+    missing = [flag for flag, value in given.items() if not value]
+    if missing:
+        raise VerifyError(f"verify --index {args.index}: also give {', '.join(missing)}")
+    if args.channel is not None:
+        raise VerifyError("verify --index: --channel is for the publisher's own index; drop it")
+    interpreters = [p.resolve() for p in args.python] or [Path(sys.executable)]
+    with console.status(f"verifying {args.requirement} from {args.index}"):
+        checks = verify_release(
+            index_url=args.index, requirement=args.requirement, trusted_root=args.root,
+            provenance_key=args.provenance_key, interpreters=interpreters,
+            imports=args.imports or MODULES, workdir=context.out_dir / "verify-index",
+            tuf_url=args.tuf_url, cache_dir=args.tuf_cache,
+        )  # fmt: skip
+    for check in checks:
+        console.print(f"  python {check.python_version}: {check.wheel} matches its TUF target "
+                      f"and the signed statement; imported {', '.join(check.imported)}",
+                      soft_wrap=True)  # fmt: skip
+    return 0
+
+
 def step_verify(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
     with context.index() as index:
         _verify_with(context, index, channel, spec)
+    return 0
+
+
+def step_ci(context: Context, check: bool) -> int:
+    from release import ci_workflow
+
+    ci = ci_workflow.ci_settings(context.manifest)
+    if not check:
+        path = ci_workflow.write_workflow(context.manifest, context.source_dir)
+        console.print(f"wrote {path} from {context.manifest.path}")
+        return 0
+    committed = context.source_dir / ci.workflow
+    if not committed.exists():
+        raise GateError(f"{committed}: expected the workflow; run `python -m release ci`")
+    problems = ci_workflow.drift(context.manifest, committed.read_text(), str(committed))
+    for problem in problems:
+        console.print(f"[red]{escape(problem)}[/]")
+    if not problems:
+        console.print(f"{committed}: matches {context.manifest.path}")
+    return 1 if problems else 0
+
+
+def step_report(context: Context, channel_name: str | None) -> int:
+    from release.report import recorded_channel, write_report
+
+    channel = channel_name or recorded_channel(context.out_dir, context.manifest)
+    for path in write_report(context.out_dir, context.manifest, channel):
+        console.print(f"wrote {path}")
     return 0
 
 
@@ -273,15 +377,22 @@ def step_run(context: Context, channel_name: str | None) -> int:
         (context.out_dir / f"{stale}.json").unlink(missing_ok=True)
     shutil.rmtree(context.out_dir / "evidence", ignore_errors=True)
     console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
-    step_build(context, [])  # includes the policy gate
-    wheels = context.built_wheels()
-    console.rule("gates")
-    _print_verdict(run_payload_gate(context.manifest, wheels, context.out_dir))
-    if "parity" in context.manifest.gates:
-        step_parity(context, None, [])
-    for evidence in record_gpu_gates(context.manifest, wheels, context.out_dir):
-        _print_verdict(evidence)
+    # A gate that stops the run still leaves the summary and the report of what happened.
     try:
+        step_build(context, [])  # includes the policy gate
+        wheels = context.built_wheels()
+        console.rule("gates")
+        _print_verdict(payload_gate(context, wheels))
+        if "casters" in context.manifest.gates:
+            step_gate(context, "casters", wheels)
+        if "served-path" in context.manifest.gates:
+            from release.served_path import run_served_path_gate
+
+            _print_verdict(run_served_path_gate(wheels, context.out_dir))
+        if "parity" in context.manifest.gates:
+            step_parity(context, None, [])
+        for evidence in record_gpu_gates(context.manifest, wheels, context.out_dir):
+            _print_verdict(evidence)
         check_channel_evidence(context, channel, spec)
         console.rule("sign")
         step_sign(context, channel)
@@ -293,6 +404,10 @@ def step_run(context: Context, channel_name: str | None) -> int:
             _verify_with(context, index, channel, spec)
     finally:
         summary.print_summary(context.out_dir, context.manifest, channel)
+        from release.report import write_report
+
+        for path in write_report(context.out_dir, context.manifest, channel):
+            console.print(f"report: {path}")
     return 0
 
 
@@ -328,13 +443,37 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
             context.manifest, source_dir=context.source_dir, out_dir=context.out_dir,
             cache_dir=context.cache_dir, only=args.python,
         ))  # fmt: skip
+    if command == "gpu-staging":
+        from release.gpu_staging import run_gpu_staging
+        from release.parity import wheel_for_this_interpreter
+
+        wheel = (
+            args.wheel.resolve()
+            if args.wheel
+            else wheel_for_this_interpreter(context.built_wheels())
+        )
+        run_gpu_staging(
+            context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
+            out_dir=context.out_dir, wheel=wheel,
+        )  # fmt: skip
+        return 0
     if command == "parity":
-        return step_parity(context, args.wheel, args.cell)
-    if command in ("payload", "policy"):
+        return step_parity(context, args.wheel, args.cell, args.device)
+    if command in ("payload", "policy", "audit", "casters"):
         return step_gate(context, command, [w.resolve() for w in args.wheels])
+    if command == "served-path":
+        return step_served_path(context, args)
+    if command == "verify" and args.index is not None:
+        return step_verify_index(context, args)
+    if command == "verify" and args.requirement is not None:
+        raise VerifyError(f"verify {args.requirement}: a requirement needs --index URL")
     steps = {"sign": step_sign, "publish": step_publish, "verify": step_verify, "run": step_run}
     if command in steps:
         return steps[command](context, args.channel)
     if command == "serve":
         return step_serve(context)
+    if command == "ci":
+        return step_ci(context, check=args.check)
+    if command == "report":
+        return step_report(context, args.channel)
     raise GateError(f"{command}: unknown step")

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from release.manifest import Manifest
 from release.progress import console
+from release.report import describe
 
 _VERDICT_STYLE = {"pass": "green", "fail": "red", "not-run": "yellow"}
 
@@ -44,7 +45,9 @@ def _gates(out_dir: Path, manifest: Manifest, channel: str) -> Table:
     table = Table(title=f"Gates (channel {channel})", title_justify="left")
     for column in ("gate", "runner", f"required by {channel}", "verdict", "detail"):
         table.add_column(column, overflow="fold")
-    for name, gate in sorted(manifest.gates.items()):
+    recorded = {path.stem for path in (out_dir / "evidence").glob("*.json")}
+    for name in sorted(set(manifest.gates) | recorded):
+        gate = manifest.gates.get(name)
         record = _load(out_dir / "evidence", name)
         verdict = record["verdict"] if record else "not-run"
         detail = record["reason"] if record and record["reason"] else ""
@@ -63,8 +66,12 @@ def _gates(out_dir: Path, manifest: Manifest, channel: str) -> Table:
             for entry in record["figures"]["files"]:
                 kinds[entry["kind"]] = kinds.get(entry["kind"], 0) + 1
             detail = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+        elif record["figures"]:  # a gate this summary has no words of its own for
+            shown = "; ".join(f"{k}: {describe(v)}" for k, v in record["figures"].items())
+            detail = shown + (f"; {detail}" if detail else "")
         style = _VERDICT_STYLE[verdict]
-        table.add_row(name, gate.runner, "yes" if name in required else "no",
+        runner = gate.runner if gate else "not in the manifest"
+        table.add_row(name, runner, "yes" if name in required else "no",
                       f"[{style}]{verdict}[/]", escape(detail))  # fmt: skip
     return table
 

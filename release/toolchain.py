@@ -14,9 +14,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from release.digests import sha256_file
 from release.errors import BuildError
 from release.manifest import Manifest
-from release.pins import dependency_group
+from release.pins import dependency_group, pyproject
 
 _NVCC_RELEASE = re.compile(r"release (\d+\.\d+)")
 
@@ -73,6 +74,98 @@ class Toolchain:
             "cuda_host_compiler": _first_line([str(self.cuda_host_compiler), "--version"]),
             "ccache": _first_line([str(self.ccache), "--version"]) if self.ccache else "not used",
         }
+
+
+# Build requirements whose distribution files the provenance names (cmake is a binary: hashed).
+RECORDED_BUILD_REQUIREMENTS = ("scikit-build-core", "nanobind")
+_CMAKE_VERSION = re.compile(r"cmake version (\S+)")
+
+
+def toolchain_record(toolchain: Toolchain, search_path: str) -> dict[str, str]:
+    """:meth:`Toolchain.identity` plus, for the provenance, the version and sha256 of every tool
+    that makes the wheels' bytes: the zig binary, nvcc, the CUDA host compiler (g++), cmake, and
+    the distribution files of scikit-build-core and nanobind as pip resolves their pins.
+
+    ``search_path`` is the PATH the build runs with (it decides which cmake answers). The build
+    group and ``build-system.requires`` pin the same cmake, so the isolated build environment
+    runs a binary of the same distribution file as the one recorded.
+    """
+    record = dict(toolchain.identity())
+    record["zig_path"] = str(toolchain.zig)
+    record["zig_sha256"] = sha256_file(toolchain.zig)
+    nvcc = toolchain.nvcc.resolve()
+    record["nvcc_path"] = str(nvcc)
+    record["nvcc_sha256"] = sha256_file(nvcc)
+    host = toolchain.cuda_host_compiler.resolve()
+    record["cuda_host_compiler_path"] = str(host)
+    record["cuda_host_compiler_sha256"] = sha256_file(host)
+    cmake = _cmake_binary(search_path)
+    record["cmake"] = _first_line([str(cmake), "--version"], pick=_CMAKE_VERSION)
+    record["cmake_path"] = str(cmake)
+    record["cmake_sha256"] = sha256_file(cmake)
+    pins = _build_system_pins()
+    for name in RECORDED_BUILD_REQUIREMENTS:
+        version = pins.get(name)
+        if version is None:
+            raise BuildError(
+                f"pyproject.toml: build-system.requires: expected an exact pin of {name} "
+                "(name==version)"
+            )
+        distribution = _distribution_file(name, version, toolchain.cache_dir)
+        record[name] = version
+        record[f"{name}_file"] = distribution.name
+        record[f"{name}_sha256"] = sha256_file(distribution)
+    return record
+
+
+def _cmake_binary(search_path: str) -> Path:
+    """The cmake binary the build runs; a pip-installed ``cmake`` script is followed to it."""
+    found = shutil.which("cmake", path=search_path)
+    if found is None:
+        raise BuildError("toolchain: no cmake on the build's PATH (install the build group)")
+    try:
+        import cmake as cmake_distribution  # the pinned `cmake` of the build dependency group
+
+        binary = Path(cmake_distribution.CMAKE_BIN_DIR) / "cmake"
+        if Path(found).parent == Path(sys.executable).parent and binary.is_file():
+            return binary  # the console script of that same distribution runs this binary
+    except ImportError:
+        pass
+    return Path(found).resolve()
+
+
+def _build_system_pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for requirement in pyproject()["build-system"]["requires"]:
+        name, separator, version = requirement.partition("==")
+        if separator:
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def _distribution_file(name: str, version: str, cache_dir: Path) -> Path:
+    """The file pip resolves for ``name==version`` (what the isolated build env installs),
+    downloaded once into the cache."""
+    target = cache_dir / "toolchain" / "build-requires" / f"{name}-{version}"
+    found = sorted(target.glob("*.whl")) if target.is_dir() else []
+    if len(found) != 1:
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--disable-pip-version-check", "--dest", str(staging), f"{name}=={version}"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        found = sorted(staging.glob("*.whl"))
+        if result.returncode != 0 or len(found) != 1:
+            raise BuildError(
+                f"toolchain: cannot fetch {name}=={version} to record its digest (pip download "
+                f"status {result.returncode}):\n{result.stderr.strip()[-2000:]}"
+            )
+        shutil.rmtree(target, ignore_errors=True)
+        staging.replace(target)
+        found = sorted(target.glob("*.whl"))
+    return found[0]
 
 
 def _first_line(command: list[str], pick: re.Pattern[str] | None = None) -> str:

@@ -5,6 +5,12 @@ only (the machine's pip configuration and every ``PIP_*`` variable are kept out,
 source can answer); the downloaded file's sha256 must equal the signed statement's subject; then
 ``pip install --no-index --no-deps`` of exactly that file and an import of every module, checked
 to come from the venv.
+
+:func:`verify_release` is the consumer's check (``python -m release verify --index URL
+activekv==VERSION``): it needs only the index URL, the trusted TUF root and the public key of the
+provenance signer. It refreshes the index's TUF metadata (rollback, freeze, expiry and wrong keys
+are refused), downloads the version's signed statement as a TUF target and checks its signature,
+then checks each wheel pip downloads against its TUF target and the statement before installing.
 """
 
 from __future__ import annotations
@@ -13,14 +19,17 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from release.digests import sha256_file
 from release.errors import ReleaseError, VerifyError
-from release.sign import subject_digests
+from release.index import normalize_project
+from release.sign import load_public_key, read_and_verify_envelope, subject_digests
+from release.tuf_client import TrustedIndex
+from release.tuf_metadata import PROVENANCE_PREFIX
 
 _PIP_TIMEOUT_S = 600.0
 _OUTPUT_TAIL_CHARS = 4000
@@ -69,8 +78,12 @@ def verify_from_index(
     interpreters: Sequence[Path],
     imports: Sequence[str],
     workdir: Path,
+    file_check: Callable[[Path], None] | None = None,
 ) -> list[InstallCheck]:
-    """Download, check, install and import ``project==version`` once per interpreter."""
+    """Download, check, install and import ``project==version`` once per interpreter.
+
+    ``file_check`` (e.g. :meth:`TrustedIndex.check_file`) judges each downloaded file first.
+    """
     if not interpreters:
         raise VerifyError("no interpreters to verify with")
     try:
@@ -89,9 +102,80 @@ def verify_from_index(
                 signed=signed,
                 imports=imports,
                 env=env,
+                file_check=file_check,
             )
         )
     return checks
+
+
+def parse_requirement(text: str) -> tuple[str, str]:
+    """``name==version`` to (normalised name, version); VerifyError naming the argument else."""
+    name, separator, version = text.partition("==")
+    name, version = name.strip(), version.strip()
+    valid_name = name.replace("-", "").replace("_", "").replace(".", "").isalnum()
+    if not separator or not name or not valid_name or not version or "=" in version:
+        raise VerifyError(
+            f"requirement {text!r}: expected exactly one pinned version, NAME==VERSION "
+            "(e.g. activekv==0.1.0)"
+        )
+    return normalize_project(name), version
+
+
+def tuf_url_for(index_url: str) -> str:
+    """The TUF repository beside a pip index URL: ``…/simple/`` becomes ``…/tuf/``."""
+    base = index_url.rstrip("/")
+    parent, _, last = base.rpartition("/")
+    if last in ("simple", "+simple") and "//" in parent:
+        return parent + "/tuf/"
+    raise VerifyError(
+        f"--index {index_url}: cannot tell where its TUF repository is (expected a URL ending "
+        "in /simple/); give --tuf-url"
+    )
+
+
+def verify_release(
+    *,
+    index_url: str,
+    requirement: str,
+    trusted_root: Path,
+    provenance_key: Path,
+    interpreters: Sequence[Path],
+    imports: Sequence[str],
+    workdir: Path,
+    tuf_url: str | None = None,
+    cache_dir: Path | None = None,
+) -> list[InstallCheck]:
+    """The consumer's verification of ``requirement`` on the index at ``index_url``."""
+    project, version = parse_requirement(requirement)
+    public_key = load_public_key(provenance_key)
+    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir)
+    trusted.refresh()
+    statement_target = f"{PROVENANCE_PREFIX}{project}-{version}.intoto.json"
+    statement_path = trusted.download(
+        statement_target, workdir / "provenance" / statement_target.rsplit("/", 1)[-1]
+    )
+    try:
+        statement = read_and_verify_envelope(statement_path, public_key)
+    except ReleaseError as exc:
+        raise VerifyError(f"the signed statement {statement_target}: {exc}") from None
+    signed_version = _statement_version(statement)
+    if signed_version != version:
+        raise VerifyError(
+            f"the signed statement {statement_target} is for version {signed_version!r}, "
+            f"not {version!r}"
+        )
+    return verify_from_index(
+        simple_url=index_url, project=project, version=version, statement=statement,
+        interpreters=interpreters, imports=imports, workdir=workdir,
+        file_check=trusted.check_file,
+    )  # fmt: skip
+
+
+def _statement_version(statement: Mapping[str, Any]) -> object:
+    try:
+        return statement["predicate"]["buildDefinition"]["externalParameters"]["version"]
+    except (KeyError, TypeError):
+        return None
 
 
 def _verify_one(
@@ -103,6 +187,7 @@ def _verify_one(
     signed: Mapping[str, str],
     imports: Sequence[str],
     env: Mapping[str, str],
+    file_check: Callable[[Path], None] | None,
 ) -> InstallCheck:
     if root.exists():
         shutil.rmtree(root)
@@ -122,6 +207,8 @@ def _verify_one(
         names = ", ".join(p.name for p in fetched) or "nothing"
         raise VerifyError(f"pip download of {requirement} for {who} gave {names}, not one wheel")
     wheel = fetched[0]
+    if file_check is not None:
+        file_check(wheel)
     actual = sha256_file(wheel)
     if wheel.name not in signed:
         raise VerifyError(

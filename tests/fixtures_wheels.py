@@ -58,11 +58,14 @@ def build_wheel(
             ).encode(),
         ),
     ]
-    record_lines = [f"{path},{_record_hash(data)},{len(data)}" for path, data in files]
-    record_lines.append(f"{dist_info}/RECORD,,")
-    files.append((f"{dist_info}/RECORD", ("\n".join(record_lines) + "\n").encode("utf-8")))
+    return _write_wheel(dest_dir / f"{name}-{version}-{tag}.whl", dist_info, files)
 
-    path = dest_dir / f"{name}-{version}-{tag}.whl"
+
+def _write_wheel(path: Path, dist_info: str, files: list[tuple[str, bytes]]) -> Path:
+    """Writes ``files`` plus a RECORD listing them into the wheel at ``path``."""
+    record_lines = [f"{member},{_record_hash(data)},{len(data)}" for member, data in files]
+    record_lines.append(f"{dist_info}/RECORD,,")
+    files = [*files, (f"{dist_info}/RECORD", ("\n".join(record_lines) + "\n").encode("utf-8"))]
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for member, data in files:
             info = zipfile.ZipInfo(member, date_time=_DATE_TIME)
@@ -70,3 +73,27 @@ def build_wheel(
             info.external_attr = 0o644 << 16
             archive.writestr(info, data)
     return path
+
+
+def build_files_wheel(
+    dest_dir: Path,
+    files: dict[str, bytes],
+    *,
+    name: str = "fakefw",
+    version: str = "1.0",
+    tag: str = "py3-none-any",
+) -> Path:
+    """Write ``<name>-<version>-<tag>.whl`` holding exactly ``files`` (plus its metadata) into
+    ``dest_dir``: a stand-in for a framework wheel whose source lines shims cite."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dist_info = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    wheel = (
+        f"Wheel-Version: 1.0\nGenerator: tests.fixtures_wheels\nRoot-Is-Purelib: true\nTag: {tag}\n"
+    )
+    members = [
+        *files.items(),
+        (f"{dist_info}/METADATA", metadata.encode()),
+        (f"{dist_info}/WHEEL", wheel.encode()),
+    ]
+    return _write_wheel(dest_dir / f"{name}-{version}-{tag}.whl", dist_info, members)

@@ -58,7 +58,9 @@ def shim(**changes: str) -> Transform:
     fields["sha256"] = SHA
     fields.update(changes)
     body = ", ".join(f'{key} = "{value}"' for key, value in fields.items() if value != "-")
-    return replace("shims = []", f"shims = [{{{body}}}]")
+    return lambda text: re.sub(
+        r"^shims = \[\n(?:  .*\n)*\]", f"shims = [{{{body}}}]", text, flags=re.MULTILINE
+    )
 
 
 def load_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Manifest:
@@ -82,7 +84,10 @@ def test_real_manifest_loads() -> None:
     assert manifest.schema_version == 1
     assert manifest.release.name == "activekv"
     assert manifest.release.default_channel == "dev"
-    assert manifest.channel("stable").requires == ("policy", "payload", "parity", "warmup")
+    assert manifest.channel("stable").requires == (
+        "policy", "payload", "casters", "parity", "served-path", "warmup"
+    )  # fmt: skip
+    assert manifest.channel("dev").requires == ("policy", "payload", "casters")
     assert manifest.channel("dev").signing == "dev"
     assert manifest.build.python == ("3.10", "3.11", "3.12", "3.13")
     assert manifest.build.glibc == (2, 28)
@@ -90,7 +95,7 @@ def test_real_manifest_loads() -> None:
     assert manifest.build.abi3_python == "3.12"
     assert manifest.build.toolchain.kind == "hermetic"
     assert manifest.build.cuda.architectures == ("80", "90", "100")
-    assert manifest.payload.shims == ()
+    assert [shim.path for shim in manifest.payload.shims] == ["activekv/vllm_connector.py"]
     assert manifest.gates["warmup"].runner == "gpu"
     assert manifest.gates["warmup"].warmup_steps == 32
     assert manifest.gates["policy"].steady_steps is None
@@ -214,19 +219,19 @@ CASES = [
         id="no-stable-channel",
     ),
     pytest.param(
-        replace('"parity", "warmup"]', '"parity", "speed"]'),
-        "release.channels.stable.requires[3]",
+        replace('"served-path", "warmup"]', '"served-path", "speed"]'),
+        "release.channels.stable.requires[5]",
         "a gate declared in [gates.*]",
         id="unknown-gate",
     ),
     pytest.param(
-        replace('requires = ["policy", "payload"]', "requires = []"),
+        replace('requires = ["policy", "payload", "casters"]', "requires = []"),
         "release.channels.dev.requires",
         "a non-empty array",
         id="requires-empty",
     ),
     pytest.param(
-        replace('requires = ["policy", "payload"]', 'requires = ["policy", "policy"]'),
+        replace('requires = ["policy", "payload", "casters"]', 'requires = ["policy", "policy"]'),
         "release.channels.dev.requires",
         "without duplicates",
         id="requires-duplicate",
@@ -342,13 +347,13 @@ CASES = [
     ),
     # payload
     pytest.param(
-        replace('"typed-marker", "metadata"]', '"typed-marker", "metadata", "binary"]'),
-        "payload.allowed_kinds[4]",
+        replace('"metadata", "shim"]', '"metadata", "shim", "binary"]'),
+        "payload.allowed_kinds[5]",
         'one of "extension", "stub",',
         id="kind-unknown",
     ),
     pytest.param(
-        replace('"typed-marker", "metadata"]', '"typed-marker", "stub"]'),
+        replace('"metadata", "shim"]', '"metadata", "stub"]'),
         "payload.allowed_kinds",
         "file kinds without duplicates",
         id="kind-duplicate",

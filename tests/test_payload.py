@@ -8,20 +8,42 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zipfile
 from pathlib import Path
 
 import pytest
+from fixtures_wheels import build_files_wheel
 
+from release.citations import line_digest
 from release.digests import sha256_file
-from release.evidence import evidence_path
+from release.errors import GateError
+from release.evidence import Evidence, evidence_path
 from release.manifest import Manifest, load_manifest
 from release.payload import classify, list_wheel, run_payload_gate
 
 REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
 DIST_INFO = "activekv-0.1.0.dist-info"
 SHIM_PATH = "activekv/connector.py"
-SHIM_TEXT = b"from activekv._engine import Connector as ActiveKVConnector  # noqa: F401\n"
+# The fixture framework the shims below cite (tests/test_citations.py has the format's details).
+FAKEFW_FILES = {
+    "fakefw/base.py": b"import abc\n\nclass Base(abc.ABC):\n    def hook(self, x):\n        pass\n",
+    "fakefw/caller.py": b"def run(connector, x):\n    return connector.hook(x)\n",
+}
+CITED_RETURN = b"        return x  # cites: fakefw==1.0 fakefw/caller.py:2 " + (
+    line_digest("return connector.hook(x)").encode() + b"\n"
+)
+SHIM_TEXT = (
+    b"# A shim: comments and blank lines need no citation.\n\n"
+    b"from fakefw.base import Base  # cites: fakefw==1.0 fakefw/base.py:3 "
+    + line_digest("class Base(abc.ABC):").encode()
+    + b"\nclass Shim(Base):  # cites: fakefw==1.0 fakefw/base.py:3 "
+    + line_digest("class Base(abc.ABC):").encode()
+    + b"\n    def hook(self, x):  # cites: fakefw==1.0 fakefw/base.py:4 "
+    + line_digest("def hook(self, x):").encode()
+    + b"\n"
+    + CITED_RETURN
+)
 
 CLEAN = {
     "activekv/_engine.cpython-311-x86_64-linux-gnu.so": b"\x7fELF fake module",
@@ -51,21 +73,26 @@ def manifest() -> Manifest:
     return load_manifest(REAL)
 
 
-def shim_manifest(tmp_path: Path, *, sha256: str, allow_shim: bool = True) -> Manifest:
-    """The real manifest with one declared shim (and "shim" among the allowed kinds)."""
+def shim_manifest(
+    tmp_path: Path,
+    *,
+    sha256: str,
+    allow_shim: bool = True,
+    framework: str = "vllm",
+    version: str = "0.33.0",
+) -> Manifest:
+    """The real manifest with one declared shim (and "shim" among the allowed kinds or not)."""
     text = REAL.read_text()
-    kinds = 'allowed_kinds = ["extension", "stub", "typed-marker", "metadata"]'
-    assert text.count(kinds) == 1 and text.count("shims = []\n") == 1
-    if allow_shim:
-        text = text.replace(kinds, kinds[:-1] + ', "shim"]')
-    text = text.replace(
-        "shims = []\n",
-        "\n[[payload.shims]]\n"
-        f'path = "{SHIM_PATH}"\n'
-        'framework = "vllm"\n'
-        'version = "0.33.0"\n'
-        f'sha256 = "{sha256}"\n',
+    kinds = 'allowed_kinds = ["extension", "stub", "typed-marker", "metadata", "shim"]'
+    shims = re.compile(r"^shims = \[\n(?:  .*\n)*\]\n", re.MULTILINE)
+    assert text.count(kinds) == 1 and len(shims.findall(text)) == 1
+    if not allow_shim:
+        text = text.replace(kinds, kinds.replace(', "shim"', ""))
+    entry = (
+        f'{{ path = "{SHIM_PATH}", framework = "{framework}", version = "{version}", '
+        f'sha256 = "{sha256}" }}'
     )
+    text = shims.sub(f"shims = [\n  {entry},\n]\n", text)
     path = tmp_path / "manifest.toml"
     path.write_text(text)
     return load_manifest(path)
@@ -143,46 +170,135 @@ def test_planted_violation_fails_naming_the_file(
     assert evidence.figures["failures"] == [f"{wheel.name}: {member}: {bad[0].problem}"]
 
 
-def test_declared_shim_with_the_declared_hash_passes(tmp_path: Path) -> None:
-    manifest = shim_manifest(tmp_path, sha256=hashlib.sha256(SHIM_TEXT).hexdigest())
-    wheel = make_wheel(tmp_path / "dist", {SHIM_PATH: SHIM_TEXT})
-    listing = {entry.path: entry for entry in list_wheel(wheel, manifest)}
-    assert listing[SHIM_PATH].kind == "shim"
-    assert listing[SHIM_PATH].problem == ""
-    assert run_payload_gate(manifest, [wheel], tmp_path / "out").verdict == "pass"
+@pytest.fixture(scope="module")
+def fakefw(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """pip arguments that find the fixture framework ``fakefw==1.0`` (and nothing else)."""
+    index = tmp_path_factory.mktemp("index")
+    build_files_wheel(index, FAKEFW_FILES)
+    return ["--no-index", "--find-links", str(index)]
 
 
-def test_declared_shim_with_other_content_fails(tmp_path: Path) -> None:
+@pytest.fixture(autouse=True)
+def plain_pip(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # this machine's pip config adds sources
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+
+
+def audit(
+    tmp_path: Path, fakefw: list[str], members: dict[str, bytes], **manifest_args: object
+) -> tuple[Path, Evidence]:
+    """The payload gate on one wheel with `members`, the fakefw shim declared."""
+    manifest_args.setdefault("sha256", hashlib.sha256(members.get(SHIM_PATH, b"")).hexdigest())
+    manifest = shim_manifest(tmp_path, framework="fakefw", version="1.0", **manifest_args)  # type: ignore[arg-type]
+    wheel = make_wheel(tmp_path / "dist", members)
+    evidence = run_payload_gate(
+        manifest, [wheel], tmp_path / "out", framework_cache=tmp_path / "cache", pip_args=fakefw
+    )
+    return wheel, evidence
+
+
+def test_declared_cited_shim_passes_and_fetches_the_framework_once(
+    tmp_path: Path, fakefw: list[str]
+) -> None:
+    wheel, evidence = audit(tmp_path, fakefw, {SHIM_PATH: SHIM_TEXT})
+    assert evidence.verdict == "pass", evidence.reason
+    shim = [f for f in evidence.figures["files"] if f["path"] == SHIM_PATH]
+    assert shim == [{"wheel": wheel.name, "path": SHIM_PATH, "kind": "shim",
+                     "size": len(SHIM_TEXT), "problem": ""}]  # fmt: skip
+    assert [p.name for p in (tmp_path / "cache" / "frameworks").iterdir()] == [
+        "fakefw-1.0-py3-none-any.whl"
+    ]
+
+
+def test_declared_shim_with_other_content_fails(tmp_path: Path, fakefw: list[str]) -> None:
     declared = hashlib.sha256(SHIM_TEXT).hexdigest()
-    manifest = shim_manifest(tmp_path, sha256=declared)
     tampered = SHIM_TEXT + b"import os; os.system('true')\n"
-    wheel = make_wheel(tmp_path / "dist", {SHIM_PATH: tampered})
-    evidence = run_payload_gate(manifest, [wheel], tmp_path / "out")
+    wheel, evidence = audit(tmp_path, fakefw, {SHIM_PATH: tampered}, sha256=declared)
     assert evidence.verdict == "fail"
     assert f"{wheel.name}: {SHIM_PATH}: shim content sha256" in evidence.reason
     assert hashlib.sha256(tampered).hexdigest() in evidence.reason
     assert declared in evidence.reason
 
 
-def test_declared_shim_fails_when_shims_are_not_an_allowed_kind(tmp_path: Path) -> None:
-    manifest = shim_manifest(
-        tmp_path, sha256=hashlib.sha256(SHIM_TEXT).hexdigest(), allow_shim=False
+@pytest.mark.parametrize(
+    ("replace", "expected"),
+    [
+        pytest.param(
+            (CITED_RETURN, b"        return x\n"),
+            "line 6: uncited line: expected '# cites: ",
+            id="uncited-line",
+        ),
+        pytest.param(
+            (b"fakefw/caller.py:2 ", b"fakefw/caller.py:1 "),
+            "line 6: cites fakefw/caller.py:1 with hash",
+            id="wrong-line-number",
+        ),
+        pytest.param(
+            (b"fakefw==1.0 fakefw/base.py:3", b"fakefw==1.1 fakefw/base.py:3"),
+            "line 3: cites fakefw==1.1, but the manifest pins this shim to fakefw==1.0",
+            id="framework-version-differs-from-the-pin",
+        ),
+    ],
+)
+def test_shim_citation_violation_fails_naming_file_and_line(
+    tmp_path: Path, fakefw: list[str], replace: tuple[bytes, bytes], expected: str
+) -> None:
+    text = SHIM_TEXT.replace(*replace)
+    assert text != SHIM_TEXT
+    wheel, evidence = audit(tmp_path, fakefw, {SHIM_PATH: text})
+    assert evidence.verdict == "fail"
+    assert evidence.figures["failures"][0].startswith(f"{wheel.name}: {SHIM_PATH}: {expected}")
+
+
+def test_a_changed_cited_line_fails_naming_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The framework's wheel (not the shim) changed the line the shim cites."""
+    index = tmp_path / "index"
+    changed = {**FAKEFW_FILES, "fakefw/caller.py": b"def run(c, x):\n    return c.hook(x, 1)\n"}
+    build_files_wheel(index, changed)
+    wheel, evidence = audit(tmp_path, ["--no-index", "--find-links", str(index)],
+                            {SHIM_PATH: SHIM_TEXT})  # fmt: skip
+    assert evidence.verdict == "fail"
+    (failure,) = evidence.figures["failures"]
+    assert failure.startswith(f"{wheel.name}: {SHIM_PATH}: line 6: cites fakefw/caller.py:2")
+    assert "'return c.hook(x, 1)'" in failure
+    assert "(changed line)" in failure
+
+
+def test_a_stray_py_beside_a_cited_shim_fails(tmp_path: Path, fakefw: list[str]) -> None:
+    wheel, evidence = audit(
+        tmp_path, fakefw, {SHIM_PATH: SHIM_TEXT, "activekv/helpers.py": b"X = 1\n"}
     )
-    wheel = make_wheel(tmp_path / "dist", {SHIM_PATH: SHIM_TEXT})
-    evidence = run_payload_gate(manifest, [wheel], tmp_path / "out")
+    assert evidence.verdict == "fail"
+    assert evidence.figures["failures"] == [
+        f"{wheel.name}: activekv/helpers.py: undeclared Python file "
+        "(only the manifest's shims may ship)"
+    ]
+
+
+def test_bytecode_of_a_cited_shim_fails(tmp_path: Path, fakefw: list[str]) -> None:
+    pyc = "activekv/__pycache__/connector.cpython-312.pyc"
+    wheel, evidence = audit(tmp_path, fakefw, {SHIM_PATH: SHIM_TEXT, pyc: b"\x00bytecode"})
+    assert evidence.verdict == "fail"
+    assert evidence.figures["failures"] == [
+        f"{wheel.name}: {pyc}: compiled Python bytecode may never ship"
+    ]
+
+
+def test_declared_shim_fails_when_shims_are_not_an_allowed_kind(
+    tmp_path: Path, fakefw: list[str]
+) -> None:
+    _, evidence = audit(tmp_path, fakefw, {SHIM_PATH: SHIM_TEXT}, allow_shim=False)
     assert evidence.verdict == "fail"
     assert f"{SHIM_PATH}: kind 'shim' is not in payload.allowed_kinds" in evidence.reason
 
 
-def test_a_declared_shim_path_does_not_allow_other_python(tmp_path: Path) -> None:
+def test_a_shim_needs_a_framework_cache_to_be_judged(tmp_path: Path) -> None:
     manifest = shim_manifest(tmp_path, sha256=hashlib.sha256(SHIM_TEXT).hexdigest())
-    wheel = make_wheel(tmp_path / "dist", {SHIM_PATH: SHIM_TEXT, "activekv/__init__.py": b""})
-    evidence = run_payload_gate(manifest, [wheel], tmp_path / "out")
-    assert evidence.verdict == "fail"
-    assert evidence.figures["failures"] == [
-        f"{wheel.name}: activekv/__init__.py: undeclared Python file "
-        "(only the manifest's shims may ship)"
-    ]
+    wheel = make_wheel(tmp_path / "dist", {SHIM_PATH: SHIM_TEXT})
+    with pytest.raises(GateError, match="expected a framework cache directory"):
+        run_payload_gate(manifest, [wheel], tmp_path / "out")
 
 
 def test_evidence_file_names_every_wheel_digest_and_the_verdict(

@@ -152,12 +152,87 @@ def test_file_key_that_is_not_a_key_is_refused_without_echoing_it(tmp_path: Path
     assert "Tk9UQUtFWVNFQ1JFVFRFWFQ" not in str(caught.value)
 
 
-@pytest.mark.parametrize("ref", ["awskms:alias/activekv", "hsm:", "vault:transit/keys/x"])
-def test_other_signer_schemes_are_not_supported_yet(tmp_path: Path, ref: str) -> None:
+@pytest.mark.parametrize("ref", ["vault:transit/keys/x", "kms:alias/activekv", "s3:bucket/k"])
+def test_schemes_securesystemslib_does_not_know_are_refused_naming_the_supported(
+    tmp_path: Path, ref: str
+) -> None:
     scheme = ref.split(":")[0]
-    with pytest.raises(SigningError, match=f"scheme '{scheme}' is not supported yet") as caught:
+    with pytest.raises(SigningError, match=f"scheme '{scheme}' is not supported") as caught:
         load_signer(ref, channel="stable", state_dir=tmp_path)
     assert ref in str(caught.value)
+    assert "file2, gcpkms" in str(caught.value)
+
+
+def _file2_key(tmp_path: Path, mode: int = 0o600) -> tuple[str, Path, str]:
+    """A ``file2:`` signer URI (securesystemslib's CryptoSigner), its public key file, its PEM."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path, pem = _pem_file(tmp_path / "uri-key.pem", mode)
+    public = tmp_path / "uri-key.pub.json"
+    write_public_key(CryptoSigner.from_priv_key_uri(f"file2:{path}", _public_of(pem)).public_key,
+                     public)  # fmt: skip
+    os.chmod(path, mode)
+    return f"file2:{path}", public, pem
+
+
+def _public_of(pem: str):  # the SSlibKey of a PEM private key
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from securesystemslib.signer import SSlibKey
+
+    return SSlibKey.from_crypto(load_pem_private_key(pem.encode(), password=None).public_key())
+
+
+def test_signer_uri_loads_through_securesystemslib_and_signs_for_stable(tmp_path: Path) -> None:
+    uri, public, _ = _file2_key(tmp_path)
+    signer, key = load_signer(uri, channel="stable", state_dir=tmp_path, public_key=public)
+    assert key == load_public_key(public)
+    envelope = tmp_path / "e.json"
+    wheel = build_wheel(tmp_path / "dist")
+    write_envelope(sign_statement(_statement([wheel], tmp_path), signer), envelope)
+    assert subject_digests(read_and_verify_envelope(envelope, key))
+
+
+def test_signer_uri_without_its_public_key_is_refused(tmp_path: Path) -> None:
+    uri, _, _ = _file2_key(tmp_path)
+    with pytest.raises(SigningError, match=r"a signer URI needs the signer's public key"):
+        load_signer(uri, channel="stable", state_dir=tmp_path)
+
+
+def test_signer_uri_with_another_public_key_is_refused(tmp_path: Path) -> None:
+    uri, _, _ = _file2_key(tmp_path)
+    _, other_public, _ = _file2_key(tmp_path / "other")
+    with pytest.raises(SigningError, match=r"cannot load this signer .*does not match") as caught:
+        load_signer(uri, channel="stable", state_dir=tmp_path, public_key=other_public)
+    assert "PRIVATE KEY" not in str(caught.value)
+
+
+def test_file2_signer_uri_key_file_must_be_0600(tmp_path: Path) -> None:
+    uri, public, _ = _file2_key(tmp_path, mode=0o644)
+    with pytest.raises(SigningError, match=r"has mode 0644; it must be 0600"):
+        load_signer(uri, channel="stable", state_dir=tmp_path, public_key=public)
+
+
+def test_kms_signer_uri_reports_a_clear_error_where_its_library_is_missing(
+    tmp_path: Path,
+) -> None:
+    _, public, _ = _file2_key(tmp_path)
+    with pytest.raises(SigningError, match=r"key reference 'awskms:alias/activekv'"):
+        load_signer("awskms:alias/activekv", channel="stable", state_dir=tmp_path,
+                    public_key=public)  # fmt: skip
+
+
+def test_stable_file_key_with_mode_0644_is_refused(tmp_path: Path) -> None:
+    path, _ = _pem_file(tmp_path / "stable.pem", 0o644)
+    with pytest.raises(SigningError, match=rf"signing key {path} has mode 0644; it must be 0600"):
+        load_signer(f"file:{path}", channel="stable", state_dir=tmp_path)
+
+
+def test_a_generated_dev_key_cannot_sign_stable_even_as_a_file_reference(tmp_path: Path) -> None:
+    load_signer("generate", channel="dev", state_dir=tmp_path)
+    pem_path, _ = key_paths(tmp_path, "dev")
+    with pytest.raises(SigningError, match=r"dev keys can never sign for stable"):
+        load_signer("generate", channel="stable", state_dir=tmp_path)
+    with pytest.raises(SigningError, match=r"is a generated dev key.*never sign for .stable."):
+        load_signer(f"file:{pem_path}", channel="stable", state_dir=tmp_path)
 
 
 # ----------------------------------------------------------------------------- statement

@@ -47,6 +47,12 @@ Direction parse_direction(std::string_view name) {
                          "\"");
 }
 
+Route parse_route(std::string_view name) {
+  if (name == "cpu") return Route::cpu;
+  if (name == "cuda") return Route::cuda;
+  throw EngineInputError("device: expected \"cpu\" or \"cuda\"; got \"" + std::string(name) + "\"");
+}
+
 const char* event_kind_name(EventKind kind) {
   switch (kind) {
     case EventKind::lookup:
@@ -76,7 +82,8 @@ const char* event_kind_name(EventKind kind) {
 }
 
 Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t capacity_bytes,
-               std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks)
+               std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks,
+               Route route)
     : layout_(layout),
       mode_(mode),
       layer_bytes_(stored_layer_bytes(layout, mode)),
@@ -88,6 +95,10 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
       slot_bytes_(store_.slot_bytes()),
       pool_base_(store_.slot_data(0)) {
   for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
+  if (route == Route::cuda) {
+    cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots() * slot_bytes_,
+                                        num_regions, region_blocks);
+  }
 }
 
 bool Engine::fatal() const {
@@ -200,8 +211,9 @@ std::vector<std::size_t> Engine::wait_for_layer_load(std::int64_t layer_argument
   return lost;
 }
 
-void Engine::save_kv_layer(std::int64_t layer_argument) {
+void Engine::save_kv_layer(std::int64_t layer_argument, void* compute_stream) {
   const std::lock_guard<std::mutex> lock(mutex_);
+  compute_stream_ = compute_stream;
   const std::uint32_t layer = checked_layer(layer_argument);
   if (phase_ != Phase::running || layers_loaded_ != layer + 1 || layers_saved_ != layer) {
     out_of_order("save_kv_layer(" + std::to_string(layer) + ")");
@@ -341,7 +353,13 @@ void Engine::note_lost_region(std::size_t region) {
 
 // The hot loops of the CPU route: per block only pointer arithmetic and the copies (exact mode
 // is two memcpy calls; slots and device blocks were range-checked when they were planned).
-void Engine::copy_in(std::uint32_t layer, const std::vector<BlockTransfer>& list) {
+void Engine::copy_in(std::uint32_t layer, std::size_t region,
+                     const std::vector<BlockTransfer>& list) {
+  if (cuda_) {
+    cuda_->issue(Direction::load, region, layer, list, kv_[layer].data, num_device_blocks_,
+                 slot_bytes_, nullptr);
+    return;
+  }
   std::uint8_t* const keys = static_cast<std::uint8_t*>(kv_[layer].data);
   std::uint8_t* const values = keys + num_device_blocks_ * tensor_bytes_;
   const std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
@@ -359,7 +377,13 @@ void Engine::copy_in(std::uint32_t layer, const std::vector<BlockTransfer>& list
 
 // Written into the slots at transfer: a store whose fence is lost is dropped, and a dropped slot
 // is freed without ever being read, so nothing unfenced is ever observed.
-void Engine::copy_out(std::uint32_t layer, const std::vector<BlockTransfer>& list) {
+void Engine::copy_out(std::uint32_t layer, std::size_t region,
+                      const std::vector<BlockTransfer>& list) {
+  if (cuda_) {
+    cuda_->issue(Direction::store, region, layer, list, kv_[layer].data, num_device_blocks_,
+                 slot_bytes_, compute_stream_);
+    return;
+  }
   const std::uint8_t* const keys = static_cast<const std::uint8_t*>(kv_[layer].data);
   const std::uint8_t* const values = keys + num_device_blocks_ * tensor_bytes_;
   std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
@@ -427,7 +451,9 @@ bool Engine::issue_load(std::uint32_t layer, bool final_attempt) {
   const FenceOutcome fence =
       take_fault(Direction::load, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
   staging_.transfer(prepared.lease, fence,
-                    [&](const std::vector<BlockTransfer>& list) { copy_in(layer, list); });
+                    [&](const std::vector<BlockTransfer>& list) {
+                      copy_in(layer, prepared.lease.region, list);
+                    });
   load_leases_.push_back({layer, prepared.lease, carried});
   return true;
 }
@@ -438,7 +464,8 @@ void Engine::complete_load(std::uint32_t layer) {
     const InFlight in_flight = std::move(*it);
     load_leases_.erase(it);
     const CompleteStatus status =
-        staging_.complete(in_flight.lease, [](const std::vector<BlockTransfer>&) {});
+        staging_.complete(in_flight.lease, [](const std::vector<BlockTransfer>&) {},
+                          observe(Direction::load, in_flight.lease));
     if (status == CompleteStatus::lost) {
       note_lost_region(in_flight.lease.region);
       for (const std::size_t index : in_flight.carried->entries) mark_lost(index);
@@ -488,14 +515,23 @@ bool Engine::issue_store(std::uint32_t layer, bool final_attempt,
   const FenceOutcome fence =
       take_fault(Direction::store, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
   staging_.transfer(prepared.lease, fence,
-                    [&](const std::vector<BlockTransfer>& list) { copy_out(layer, list); });
+                    [&](const std::vector<BlockTransfer>& list) {
+                      copy_out(layer, prepared.lease.region, list);
+                    });
   issued = InFlight{layer, prepared.lease, carried};
   return true;
 }
 
+FenceOutcome Engine::observe(Direction direction, const Lease& lease) {
+  const FenceOutcome armed = staging_.armed_fence(lease.region);
+  if (!cuda_) return armed;
+  return cuda_->observe(direction, lease.region, armed == FenceOutcome::unknown);
+}
+
 void Engine::complete_store(const InFlight& in_flight) {
   const CompleteStatus status =
-      staging_.complete(in_flight.lease, [](const std::vector<BlockTransfer>&) {});
+      staging_.complete(in_flight.lease, [](const std::vector<BlockTransfer>&) {},
+                        observe(Direction::store, in_flight.lease));
   if (status == CompleteStatus::lost) {
     note_lost_region(in_flight.lease.region);
     for (const std::size_t index : in_flight.carried->entries) mark_dropped(index);

@@ -21,6 +21,7 @@
 
 #include "offload/block_store.h"
 #include "offload/compression.h"
+#include "offload/cuda_route.h"
 #include "offload/kv_layout.h"
 #include "offload/staging.h"
 
@@ -42,7 +43,14 @@ class EngineStateError : public std::logic_error {
 // "load" | "store"; EngineInputError naming `direction` for anything else.
 Direction parse_direction(std::string_view name);
 
-// A non-owning view of one layer's device KV cache: C-contiguous
+// Where the device KV lives and who moves it: host arrays and synchronous copies (cpu), or GPU
+// memory and kernels on the engine's own streams behind CUDA event fences (cuda).
+enum class Route : std::uint8_t { cpu, cuda };
+// "cpu" | "cuda"; EngineInputError naming `device` for anything else.
+Route parse_route(std::string_view name);
+
+// A non-owning view of one layer's device KV cache (host memory on the CPU route, GPU memory on
+// the CUDA route): C-contiguous
 // [2, num_device_blocks, block_size, num_kv_heads, head_dim] raw words of the layout's dtype
 // (index 0 is K, 1 is V). Whoever registers it keeps the memory alive and its shape right.
 struct DeviceKvLayer {
@@ -78,15 +86,18 @@ struct Event {
 class Engine {
  public:
   // EngineInputError naming the argument: no whole slot fits in capacity_bytes, or num_regions,
-  // region_blocks or num_device_blocks is 0.
+  // region_blocks or num_device_blocks is 0. The CUDA route pins the pool and makes its streams
+  // and events here (CudaRouteError when it cannot).
   Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t capacity_bytes,
-         std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks);
+         std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks,
+         Route route = Route::cpu);
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   const KvBlockLayout& layout() const { return layout_; }
   CompressionMode mode() const { return mode_; }
+  Route route() const { return cuda_ ? Route::cuda : Route::cpu; }
   std::size_t slot_bytes() const { return store_.slot_bytes(); }
   std::size_t num_slots() const { return store_.num_slots(); }
   std::size_t num_device_blocks() const { return num_device_blocks_; }
@@ -112,7 +123,9 @@ class Engine {
   // The device blocks whose layer-`layer` data did not arrive (lost at this layer or before), in
   // plan order.
   std::vector<std::size_t> wait_for_layer_load(std::int64_t layer);
-  void save_kv_layer(std::int64_t layer);
+  // `compute_stream` (CUDA route): the cudaStream_t the forward ran this layer on; the store
+  // waits for it. Null is the legacy default stream; the CPU route ignores it.
+  void save_kv_layer(std::int64_t layer, void* compute_stream = nullptr);
   void wait_for_save();
 
   // The fence of the next lease of this direction and layer reports an unknown outcome
@@ -178,8 +191,11 @@ class Engine {
   const std::shared_ptr<const Carried>& carried_stores();
 
   // One layer's copies: slots -> device KV (decoding), device KV -> slots (encoding).
-  void copy_in(std::uint32_t layer, const std::vector<BlockTransfer>& list);
-  void copy_out(std::uint32_t layer, const std::vector<BlockTransfer>& list);
+  void copy_in(std::uint32_t layer, std::size_t region, const std::vector<BlockTransfer>& list);
+  void copy_out(std::uint32_t layer, std::size_t region, const std::vector<BlockTransfer>& list);
+  // The fence of an in-flight lease as observed: the armed outcome on the CPU route; on the CUDA
+  // route, what waiting for its event says.
+  FenceOutcome observe(Direction direction, const Lease& lease);
 
   // Issue one layer's transfer of every block not lost (loads) or dropped (stores). When no region
   // is free they return false and do nothing, unless `final_attempt`: then, as when every region
@@ -203,6 +219,8 @@ class Engine {
   const std::size_t num_device_blocks_;
   const std::size_t slot_bytes_;
   std::uint8_t* const pool_base_;  // slot 0; slot s starts at pool_base_ + s * slot_bytes_
+  std::unique_ptr<CudaRoute> cuda_;  // after store_: gone (streams drained) before the pool
+  void* compute_stream_ = nullptr;   // of the save_kv_layer call being served
   std::vector<DeviceKvLayer> kv_;
 
   bool fatal_ = false;

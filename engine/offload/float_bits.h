@@ -3,25 +3,40 @@
 // the floating-point environment), so that the CPU route, a later CUDA route and the Python
 // reference (tests/reference/compression.py) agree bit for bit.
 //
-// Bit-pattern functions are constexpr; bits_to_float / float_to_bits move between the patterns
-// and float with std::memcpy. Host-only for now.
+// Every function is also a CUDA device function (AKV_HOST_DEVICE), so the CUDA route's kernels
+// run this very code: one definition of each rounding rule for both routes. Header-only and free
+// of library calls, so it is safe in .cu files too (see cuda/probe.h).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#if defined(__CUDACC__)
+#define AKV_HOST_DEVICE __host__ __device__
+#else
+#define AKV_HOST_DEVICE
+#endif
+
 namespace activekv::offload::float_bits {
 
-inline float bits_to_float(std::uint32_t bits) {
+AKV_HOST_DEVICE inline float bits_to_float(std::uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
   float value;
   std::memcpy(&value, &bits, sizeof value);
   return value;
+#endif
 }
 
-inline std::uint32_t float_to_bits(float value) {
+AKV_HOST_DEVICE inline std::uint32_t float_to_bits(float value) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(value);
+#else
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
   return bits;
+#endif
 }
 
 inline constexpr std::uint32_t kF32SignMask = 0x80000000u;
@@ -32,11 +47,15 @@ inline constexpr std::uint32_t kF32CanonicalNan = 0x7FC00000u;
 inline constexpr std::uint16_t kFp16CanonicalNan = 0x7E00u;
 inline constexpr std::uint16_t kBf16CanonicalNan = 0x7FC0u;
 
-constexpr bool f32_is_nan(std::uint32_t bits) { return (bits & kF32AbsMask) > kF32Inf; }
-constexpr bool f32_is_finite(std::uint32_t bits) { return (bits & kF32AbsMask) < kF32Inf; }
+AKV_HOST_DEVICE constexpr bool f32_is_nan(std::uint32_t bits) {
+  return (bits & kF32AbsMask) > kF32Inf;
+}
+AKV_HOST_DEVICE constexpr bool f32_is_finite(std::uint32_t bits) {
+  return (bits & kF32AbsMask) < kF32Inf;
+}
 
 // Rounds `value >> shift` to nearest, ties to even (1 <= shift <= 31).
-constexpr std::uint32_t shift_right_rne(std::uint32_t value, std::uint32_t shift) {
+AKV_HOST_DEVICE constexpr std::uint32_t shift_right_rne(std::uint32_t value, std::uint32_t shift) {
   const std::uint32_t kept = value >> shift;
   const std::uint32_t rest = value & ((std::uint32_t{1} << shift) - 1u);
   const std::uint32_t half = std::uint32_t{1} << (shift - 1u);
@@ -47,7 +66,7 @@ constexpr std::uint32_t shift_right_rne(std::uint32_t value, std::uint32_t shift
 // ---- widening (exact) ----
 
 // IEEE binary16 -> binary32, exact; NaN payloads keep their 10 bits (shifted up).
-constexpr std::uint32_t fp16_to_f32_bits(std::uint16_t half) {
+AKV_HOST_DEVICE constexpr std::uint32_t fp16_to_f32_bits(std::uint16_t half) {
   const std::uint32_t sign = std::uint32_t{half & 0x8000u} << 16;
   const std::uint32_t exponent = (half >> 10) & 0x1Fu;
   std::uint32_t mantissa = half & 0x3FFu;
@@ -64,13 +83,15 @@ constexpr std::uint32_t fp16_to_f32_bits(std::uint16_t half) {
 }
 
 // bfloat16 -> binary32, exact: the top 16 bits.
-constexpr std::uint32_t bf16_to_f32_bits(std::uint16_t bf16) { return std::uint32_t{bf16} << 16; }
+AKV_HOST_DEVICE constexpr std::uint32_t bf16_to_f32_bits(std::uint16_t bf16) {
+  return std::uint32_t{bf16} << 16;
+}
 
 // ---- narrowing (round to nearest, ties to even) ----
 
 // binary32 -> binary16: round to nearest even, overflow to ±inf, subnormal results rounded
 // correctly, no flush to zero. NaN -> quiet NaN with the sign and the top 9 payload bits.
-constexpr std::uint16_t f32_bits_to_fp16(std::uint32_t bits) {
+AKV_HOST_DEVICE constexpr std::uint16_t f32_bits_to_fp16(std::uint32_t bits) {
   const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
   const std::uint32_t magnitude = bits & kF32AbsMask;
   if (magnitude > kF32Inf) {
@@ -96,7 +117,7 @@ constexpr std::uint16_t f32_bits_to_fp16(std::uint32_t bits) {
 
 // binary32 -> bfloat16: round to nearest even of the top 16 bits (overflow to ±inf comes out of
 // the carry). NaN -> quiet NaN with the sign and the top payload bits.
-constexpr std::uint16_t f32_bits_to_bf16(std::uint32_t bits) {
+AKV_HOST_DEVICE constexpr std::uint16_t f32_bits_to_bf16(std::uint32_t bits) {
   if (f32_is_nan(bits)) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
   return static_cast<std::uint16_t>(shift_right_rne(bits & kF32AbsMask, 16) |
                                     ((bits >> 16) & 0x8000u));
@@ -109,7 +130,7 @@ inline constexpr std::uint32_t kF32Bits448 = 0x43E00000u;  // 448.0f
 
 // Exact value of an E4M3 code as binary32 bits; 0x7F / 0xFF decode to the canonical quiet NaN
 // (with the code's sign).
-constexpr std::uint32_t e4m3_to_f32_bits(std::uint8_t code) {
+AKV_HOST_DEVICE constexpr std::uint32_t e4m3_to_f32_bits(std::uint8_t code) {
   const std::uint32_t sign = std::uint32_t{code & 0x80u} << 24;
   const std::uint32_t exponent = (code >> 3) & 0xFu;
   std::uint32_t mantissa = code & 0x7u;
@@ -128,7 +149,7 @@ constexpr std::uint32_t e4m3_to_f32_bits(std::uint8_t code) {
 // binary32 -> E4M3: nearest value, ties to the even code; |y| > 448 (inf included) saturates to
 // ±448 (0x7E / 0xFE); the sign bit is y's sign whatever the magnitude rounds to (-0 -> 0x80, and
 // a negative y that rounds to zero too); NaN -> 0x00. Never returns 0x7F / 0xFF.
-constexpr std::uint8_t f32_bits_to_e4m3(std::uint32_t bits) {
+AKV_HOST_DEVICE constexpr std::uint8_t f32_bits_to_e4m3(std::uint32_t bits) {
   if (f32_is_nan(bits)) return 0x00;
   const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
   const std::uint32_t magnitude = bits & kF32AbsMask;
@@ -150,7 +171,7 @@ constexpr std::uint8_t f32_bits_to_e4m3(std::uint32_t bits) {
 // ---- int8 ----
 
 // round_half_even(y) clamped to [-127, 127]; ±inf saturates. y must not be NaN.
-inline std::int8_t f32_to_int8_rne(float y) {
+AKV_HOST_DEVICE inline std::int8_t f32_to_int8_rne(float y) {
   if (y >= 127.0f) return 127;
   if (y <= -127.0f) return -127;
   // |y| < 127: truncation fits an int, and y - trunc(y) is exact (its bits are y's own low bits).

@@ -91,9 +91,10 @@ void StagingPool::transfer(const Lease& lease, FenceOutcome fence, const RegionC
   region.state = RegionState::in_flight;
 }
 
-CompleteStatus StagingPool::complete(const Lease& lease, const RegionCopies& on_signalled) {
+CompleteStatus StagingPool::complete(const Lease& lease, const RegionCopies& on_signalled,
+                                     FenceOutcome observed) {
   Region& region = leased(lease, RegionState::in_flight, "complete");
-  if (region.fence == FenceOutcome::unknown) {
+  if (region.fence == FenceOutcome::unknown || observed == FenceOutcome::unknown) {
     // Whatever the copies did or still do, the region can never be trusted again.
     region.state = RegionState::quarantined;
     region.transfers.clear();
@@ -108,6 +109,10 @@ CompleteStatus StagingPool::complete(const Lease& lease, const RegionCopies& on_
 }
 
 RegionState StagingPool::state(std::size_t region) const { return region_or_throw(region).state; }
+
+FenceOutcome StagingPool::armed_fence(std::size_t region) const {
+  return region_or_throw(region).fence;
+}
 
 std::uint64_t StagingPool::generation(std::size_t region) const {
   return region_or_throw(region).generation;

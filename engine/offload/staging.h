@@ -81,13 +81,17 @@ class StagingPool {
   // fence with `fence`. If `copies` throws, the region stays bound.
   void transfer(const Lease& lease, FenceOutcome fence, const RegionCopies& copies);
   // in_flight -> free (generation + 1) after running `on_signalled`, when the fence was
-  // signalled; in_flight -> quarantined, for good, when its outcome is unknown.
-  CompleteStatus complete(const Lease& lease, const RegionCopies& on_signalled);
+  // signalled; in_flight -> quarantined, for good, when its outcome is unknown: armed so at
+  // transfer, or `observed` so by whoever waited for it (the CUDA route's event query).
+  CompleteStatus complete(const Lease& lease, const RegionCopies& on_signalled,
+                          FenceOutcome observed = FenceOutcome::signalled);
 
   // Introspection (tests and diagnostics); StagingInputError for a region out of range.
   RegionState state(std::size_t region) const;
   std::uint64_t generation(std::size_t region) const;
   const std::vector<BlockTransfer>& transfers(std::size_t region) const;
+  // The outcome armed at transfer (meaningful while in flight).
+  FenceOutcome armed_fence(std::size_t region) const;
 
  private:
   struct Region {

@@ -1,0 +1,633 @@
+// activekv._vllm: the native core of ActiveKV's vLLM connector, and the vLLM plugin entry point.
+//
+// vLLM needs its connector to be a Python subclass of KVConnectorBase_V1 (a nanobind class cannot
+// be one: no inspect.signature, and a metaclass conflict), so shims/activekv/vllm_connector.py is
+// that subclass: it holds one ConnectorCore and forwards every hook to it in one call. All the
+// work is here: vLLM's objects are read duck-typed and the C++ Engine does the rest.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <new>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/set.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings/common.h"
+#include "offload/compression.h"
+#include "offload/engine.h"
+#include "offload/kv_layout.h"
+
+namespace nb = nanobind;
+using activekv::offload::CompressionMode;
+using activekv::offload::DeviceKvLayer;
+using activekv::offload::Engine;
+using activekv::offload::KvBlockLayout;
+using activekv::offload::KvDtype;
+
+namespace {
+
+// The name vLLM's KVTransferConfig.kv_connector uses, and where the factory finds the shim.
+constexpr const char* kConnectorName = "ActiveKVConnector";
+constexpr const char* kShimModule = "activekv.vllm_connector";
+constexpr const char* kShimClass = "ActiveKVConnector";
+constexpr const char* kFactoryModule = "vllm.distributed.kv_transfer.kv_connector.factory";
+
+// Defaults for kv_connector_extra_config keys that are not given.
+constexpr std::int64_t kDefaultCpuBytes = std::int64_t{1} << 30;
+constexpr std::int64_t kDefaultNumRegions = 4;
+constexpr std::int64_t kDefaultRegionBlocks = 64;
+
+// A vLLM configuration or object the connector cannot serve; the message names the attribute and
+// what was expected. Python: ValueError.
+class ConnectorConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+std::string type_of(nb::handle value) { return nb::type_name(value.type()).c_str(); }
+
+std::int64_t int_attr(nb::handle owner, const char* name, const std::string& where) {
+  nb::object value = nb::getattr(owner, name, nb::none());
+  std::int64_t result = 0;
+  if (value.is_none() || !nb::try_cast<std::int64_t>(value, result)) {
+    throw ConnectorConfigError(where + "." + name + ": expected an integer; got " +
+                               (value.is_none() ? std::string("nothing") : type_of(value)));
+  }
+  return result;
+}
+
+std::uint32_t positive_u32(std::int64_t value, const std::string& what) {
+  if (value <= 0 || value > std::numeric_limits<std::uint32_t>::max()) {
+    throw ConnectorConfigError(what + ": expected a positive 32-bit integer; got " +
+                               std::to_string(value));
+  }
+  return static_cast<std::uint32_t>(value);
+}
+
+std::vector<std::int64_t> int_list(nb::handle iterable, const std::string& what) {
+  std::vector<std::int64_t> values;
+  for (nb::handle item : iterable) {
+    std::int64_t value = 0;
+    if (!nb::try_cast<std::int64_t>(item, value)) {
+      throw ConnectorConfigError(what + ": expected integers; got " + type_of(item));
+    }
+    values.push_back(value);
+  }
+  return values;
+}
+
+// vLLM's block hashes are bytes (a sha256 by default); the engine keys blocks by 64 bits, taken as
+// the FNV-1a hash of those bytes. Integer hashes (older vLLM) are used as they are.
+std::uint64_t block_key(nb::handle hash) {
+  if (nb::isinstance<nb::bytes>(hash)) {
+    const nb::bytes bytes = nb::borrow<nb::bytes>(hash);
+    const auto* data = reinterpret_cast<const unsigned char*>(bytes.c_str());
+    std::uint64_t key = 14695981039346656037ull;
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      key = (key ^ data[i]) * 1099511628211ull;
+    }
+    return key;
+  }
+  std::uint64_t key = 0;
+  if (!nb::try_cast<std::uint64_t>(hash, key)) {
+    throw ConnectorConfigError("request.block_hashes: expected bytes or integer hashes; got " +
+                               type_of(hash));
+  }
+  return key;
+}
+
+std::vector<std::uint64_t> block_keys(nb::handle request) {
+  std::vector<std::uint64_t> keys;
+  for (nb::handle hash : request.attr("block_hashes")) keys.push_back(block_key(hash));
+  return keys;
+}
+
+// The block ids of KV cache group 0 in a vLLM `tuple[list[int], ...]`.
+std::vector<std::int64_t> group0_block_ids(nb::handle groups, const std::string& what) {
+  for (nb::handle group : groups) return int_list(group, what + "[0]");
+  throw ConnectorConfigError(what + ": expected one list of block ids per KV cache group; got none");
+}
+
+// What the connector needs of vLLM's configuration, read once.
+struct Settings {
+  KvBlockLayout layout;
+  CompressionMode mode;
+  std::size_t cpu_bytes;
+  std::size_t num_regions;
+  std::size_t region_blocks;
+  std::size_t num_device_blocks;
+  std::vector<std::string> layer_names;  // model order: the order vLLM calls the layers in
+  std::string engine_id;
+};
+
+KvDtype kv_dtype(nb::handle torch_dtype) {
+  const std::string name = nb::str(torch_dtype).c_str();
+  if (name == "torch.float16") return KvDtype::fp16;
+  if (name == "torch.bfloat16") return KvDtype::bf16;
+  if (name == "torch.float32") return KvDtype::fp32;
+  throw ConnectorConfigError(
+      "kv_cache_config.kv_cache_groups[0].kv_cache_spec.dtype: expected torch.float16, "
+      "torch.bfloat16 or torch.float32; got " + name);
+}
+
+std::int64_t extra_int(nb::handle extra, const char* key, std::int64_t fallback) {
+  if (extra.is_none() || !nb::isinstance<nb::dict>(extra)) return fallback;
+  const nb::dict table = nb::borrow<nb::dict>(extra);
+  if (!table.contains(key)) return fallback;
+  std::int64_t value = 0;
+  if (!nb::try_cast<std::int64_t>(table[key], value) || value <= 0) {
+    throw ConnectorConfigError(std::string("kv_transfer_config.kv_connector_extra_config[\"") +
+                               key + "\"]: expected a positive integer; got " +
+                               nb::repr(table[key]).c_str());
+  }
+  return value;
+}
+
+std::string extra_str(nb::handle extra, const char* key, const char* fallback) {
+  if (extra.is_none() || !nb::isinstance<nb::dict>(extra)) return fallback;
+  const nb::dict table = nb::borrow<nb::dict>(extra);
+  if (!table.contains(key)) return fallback;
+  std::string value;
+  if (!nb::try_cast<std::string>(table[key], value)) {
+    throw ConnectorConfigError(std::string("kv_transfer_config.kv_connector_extra_config[\"") +
+                               key + "\"]: expected a string; got " +
+                               nb::repr(table[key]).c_str());
+  }
+  return value;
+}
+
+Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
+  std::vector<nb::object> groups;
+  for (nb::handle group : kv_cache_config.attr("kv_cache_groups")) groups.push_back(nb::borrow(group));
+  if (groups.size() != 1) {
+    throw ConnectorConfigError(
+        "kv_cache_config.kv_cache_groups: expected exactly one full-attention group (run vLLM "
+        "with --disable-hybrid-kv-cache-manager); got " + std::to_string(groups.size()));
+  }
+  const std::string where = "kv_cache_config.kv_cache_groups[0].kv_cache_spec";
+  nb::object spec = groups[0].attr("kv_cache_spec");
+  const std::int64_t head_size = int_attr(spec, "head_size", where);
+  nb::object head_size_v = nb::getattr(spec, "head_size_v", nb::none());
+  if (!head_size_v.is_none() && nb::cast<std::int64_t>(head_size_v) != head_size) {
+    throw ConnectorConfigError(where + ".head_size_v: expected the same as head_size (" +
+                               std::to_string(head_size) + ")");
+  }
+  std::vector<std::string> layer_names;
+  for (nb::handle name : groups[0].attr("layer_names")) {
+    layer_names.push_back(nb::cast<std::string>(name));
+  }
+  const KvBlockLayout layout(
+      positive_u32(static_cast<std::int64_t>(layer_names.size()),
+                   "kv_cache_config.kv_cache_groups[0].layer_names (count)"),
+      positive_u32(int_attr(spec, "block_size", where), where + ".block_size"),
+      positive_u32(int_attr(spec, "num_kv_heads", where), where + ".num_kv_heads"),
+      positive_u32(head_size, where + ".head_size"), kv_dtype(spec.attr("dtype")));
+
+  nb::object transfer = vllm_config.attr("kv_transfer_config");
+  if (transfer.is_none()) {
+    throw ConnectorConfigError("vllm_config.kv_transfer_config: expected a KVTransferConfig");
+  }
+  nb::object extra = nb::getattr(transfer, "kv_connector_extra_config", nb::none());
+  nb::object engine_id = nb::getattr(transfer, "engine_id", nb::none());
+  return Settings{
+      layout,
+      activekv::offload::parse_mode(extra_str(extra, "mode", "exact")),
+      static_cast<std::size_t>(extra_int(extra, "cpu_bytes", kDefaultCpuBytes)),
+      static_cast<std::size_t>(extra_int(extra, "num_regions", kDefaultNumRegions)),
+      static_cast<std::size_t>(extra_int(extra, "region_blocks", kDefaultRegionBlocks)),
+      static_cast<std::size_t>(positive_u32(int_attr(kv_cache_config, "num_blocks", "kv_cache_config"),
+                                            "kv_cache_config.num_blocks")),
+      std::move(layer_names),
+      engine_id.is_none() ? std::string() : std::string(nb::str(engine_id).c_str())};
+}
+
+bool same_layout(const KvBlockLayout& a, const KvBlockLayout& b) {
+  return a.num_layers() == b.num_layers() && a.block_size() == b.block_size() &&
+         a.num_kv_heads() == b.num_kv_heads() && a.head_dim() == b.head_dim() &&
+         a.dtype() == b.dtype();
+}
+
+// The scheduler half and the worker half of one process share one engine per vLLM engine_id, so
+// the scheduler's lookups see what the worker stored. Guarded by the GIL.
+std::shared_ptr<Engine> shared_engine(const Settings& settings) {
+  static std::map<std::string, std::weak_ptr<Engine>> engines;
+  std::weak_ptr<Engine>& slot = engines[settings.engine_id];
+  if (std::shared_ptr<Engine> existing = slot.lock()) {
+    if (!same_layout(existing->layout(), settings.layout) ||
+        existing->num_device_blocks() != settings.num_device_blocks ||
+        existing->mode() != settings.mode) {
+      throw ConnectorConfigError("kv_transfer_config.engine_id: engine " + settings.engine_id +
+                                 " already exists in this process with another KV layout");
+    }
+    return existing;
+  }
+  auto engine = std::make_shared<Engine>(settings.layout, settings.mode, settings.cpu_bytes,
+                                         settings.num_regions, settings.region_blocks,
+                                         settings.num_device_blocks);
+  slot = engine;
+  return engine;
+}
+
+// (block hash key, device block) of one planned transfer.
+using BlockRef = std::pair<std::uint64_t, std::int64_t>;
+
+// The plan of one step, sent by the scheduler half to the workers as vLLM's connector metadata.
+// It pickles as two lists, so vLLM may ship it to worker processes.
+struct StepPlan {
+  std::vector<BlockRef> loads;
+  std::vector<BlockRef> stores;
+};
+
+// What the scheduler half remembers of one request between hooks.
+struct TrackedRequest {
+  nb::object request;                  // vLLM's Request: its block_hashes grow with its tokens
+  std::vector<std::int64_t> block_ids;  // KV cache group 0, as the scheduler allocated them
+  std::int64_t num_computed_tokens = 0;
+  std::size_t local_blocks = 0;   // block-aligned local prefix-cache hit at lookup
+  std::size_t hit_blocks = 0;     // leading blocks committed in the host pool at lookup
+  std::size_t load_blocks = 0;    // blocks this connector offered to load
+  std::size_t stored_blocks = 0;  // leading blocks known to be in the pool or planned to be
+};
+
+class ConnectorCore {
+ public:
+  ConnectorCore(nb::handle vllm_config, nb::handle role, nb::handle kv_cache_config)
+      : settings_(read_settings(vllm_config, kv_cache_config)),
+        role_(nb::str(nb::getattr(role, "name", role)).c_str()),
+        engine_(shared_engine(settings_)) {}
+
+  const std::string& role() const { return role_; }
+  std::size_t num_layers() const { return settings_.layer_names.size(); }
+  const std::map<std::string, std::uint64_t>& event_counts() const { return event_counts_; }
+
+  // ---- scheduler half ----
+
+  std::pair<std::int64_t, bool> get_num_new_matched_tokens(nb::handle request,
+                                                           std::int64_t num_computed_tokens) {
+    const std::size_t block_size = settings_.layout.block_size();
+    std::vector<std::uint64_t> keys = block_keys(request);
+    // vLLM must compute at least the last prompt token itself, so never offer the whole prompt.
+    const std::int64_t num_tokens = int_attr(request, "num_tokens", "request");
+    const std::size_t offerable =
+        num_tokens > 0 ? static_cast<std::size_t>(num_tokens - 1) / block_size : 0;
+    if (keys.size() > offerable) keys.resize(offerable);
+    std::size_t hits = 0;
+    {
+      nb::gil_scoped_release release;
+      hits = engine_->lookup(keys);
+    }
+    TrackedRequest& tracked = requests_[request_id(request)];
+    offered_loads_ -= tracked.load_blocks;  // a request asked again (vLLM retries) counts once
+    tracked.request = nb::borrow(request);
+    tracked.local_blocks = static_cast<std::size_t>(num_computed_tokens) / block_size;
+    tracked.hit_blocks = hits;
+    // A step may load at most region_blocks blocks (the engine's staging limit).
+    const std::size_t planned = planned_loads();
+    const std::size_t room = planned < settings_.region_blocks ? settings_.region_blocks - planned : 0;
+    tracked.load_blocks =
+        hits > tracked.local_blocks ? std::min(hits - tracked.local_blocks, room) : 0;
+    offered_loads_ += tracked.load_blocks;
+    drain_events();
+    return {static_cast<std::int64_t>(tracked.load_blocks * block_size), false};
+  }
+
+  void update_state_after_alloc(nb::handle request, nb::handle blocks,
+                                std::int64_t num_external_tokens) {
+    auto found = requests_.find(request_id(request));
+    if (found == requests_.end()) return;  // never looked up: nothing was offered
+    TrackedRequest& tracked = found->second;
+    const std::size_t block_size = settings_.layout.block_size();
+    const std::size_t load_blocks =
+        std::min(static_cast<std::size_t>(std::max<std::int64_t>(num_external_tokens, 0)) /
+                     block_size,
+                 tracked.load_blocks);
+    offered_loads_ -= tracked.load_blocks;
+    tracked.load_blocks = 0;
+    // Below this the blocks are in the pool already (or about to be loaded from it).
+    tracked.stored_blocks = std::max(
+        tracked.stored_blocks, load_blocks > 0 ? tracked.local_blocks + load_blocks
+                                               : std::min(tracked.hit_blocks, tracked.local_blocks));
+    if (load_blocks == 0) return;
+    const std::vector<std::uint64_t> keys = block_keys(request);
+    const std::vector<std::int64_t> block_ids =
+        group0_block_ids(blocks.attr("get_block_ids")(), "blocks.get_block_ids()");
+    const std::size_t end = tracked.local_blocks + load_blocks;
+    if (end > keys.size() || end > block_ids.size()) {
+      throw ConnectorConfigError("update_state_after_alloc: expected " + std::to_string(end) +
+                                 " block hashes and block ids; got " +
+                                 std::to_string(keys.size()) + " and " +
+                                 std::to_string(block_ids.size()));
+    }
+    for (std::size_t i = tracked.local_blocks; i < end; ++i) {
+      plan_.loads.emplace_back(keys[i], block_ids[i]);
+    }
+  }
+
+  StepPlan build_connector_meta(nb::handle scheduler_output) {
+    for (nb::handle new_request : scheduler_output.attr("scheduled_new_reqs")) {
+      auto found = requests_.find(nb::cast<std::string>(new_request.attr("req_id")));
+      if (found == requests_.end()) continue;
+      found->second.block_ids =
+          group0_block_ids(new_request.attr("block_ids"), "scheduled_new_reqs[].block_ids");
+      found->second.num_computed_tokens =
+          int_attr(new_request, "num_computed_tokens", "scheduled_new_reqs[]");
+    }
+    nb::object cached = scheduler_output.attr("scheduled_cached_reqs");
+    nb::object resumed = nb::getattr(cached, "resumed_req_ids", nb::none());
+    std::size_t index = 0;
+    nb::object new_block_ids = cached.attr("new_block_ids");
+    nb::object computed = cached.attr("num_computed_tokens");
+    for (nb::handle id : cached.attr("req_ids")) {
+      const std::size_t i = index++;
+      auto found = requests_.find(nb::cast<std::string>(id));
+      if (found == requests_.end()) continue;
+      TrackedRequest& tracked = found->second;
+      nb::object groups = new_block_ids[i];
+      if (!groups.is_none()) {
+        std::vector<std::int64_t> ids =
+            group0_block_ids(groups, "scheduled_cached_reqs.new_block_ids[]");
+        const bool replaces = !resumed.is_none() && nb::cast<bool>(resumed.attr("__contains__")(id));
+        if (replaces) tracked.block_ids.clear();
+        tracked.block_ids.insert(tracked.block_ids.end(), ids.begin(), ids.end());
+      }
+      tracked.num_computed_tokens = nb::cast<std::int64_t>(computed[i]);
+    }
+    plan_stores(scheduler_output.attr("num_scheduled_tokens"));
+    for (nb::handle id : scheduler_output.attr("finished_req_ids")) {
+      requests_.erase(nb::cast<std::string>(id));
+    }
+    drain_events();
+    // Offers not taken up by an allocation this step lapse; a request still waiting is asked again.
+    for (auto& entry : requests_) entry.second.load_blocks = 0;
+    offered_loads_ = 0;
+    StepPlan plan = std::move(plan_);
+    plan_ = StepPlan{};
+    return plan;
+  }
+
+  // ---- worker half ----
+
+  void register_kv_caches(nb::handle kv_caches) {
+    if (!nb::isinstance<nb::dict>(kv_caches)) {
+      throw ConnectorConfigError("kv_caches: expected a dict of layer name to tensor; got " +
+                                 type_of(kv_caches));
+    }
+    const nb::dict caches = nb::borrow<nb::dict>(kv_caches);
+    std::vector<nb::ndarray<>> arrays;
+    std::vector<DeviceKvLayer> views;
+    for (const std::string& name : settings_.layer_names) {
+      if (!caches.contains(name.c_str())) {
+        throw ConnectorConfigError("kv_caches: expected a tensor for layer " + name +
+                                   " (kv_cache_config's layer_names); got none");
+      }
+      arrays.push_back(checked_layer(caches[name.c_str()], "kv_caches[\"" + name + "\"]"));
+      views.push_back({arrays.back().data(), settings_.num_device_blocks});
+    }
+    // GIL held: the engine's views and the arrays keeping their memory alive change together.
+    engine_->register_kv_caches(views);
+    kv_arrays_ = std::move(arrays);
+    layer_index_.clear();
+    for (std::size_t i = 0; i < settings_.layer_names.size(); ++i) {
+      layer_index_[settings_.layer_names[i]] = static_cast<std::int64_t>(i);
+    }
+  }
+
+  void start_load_kv(nb::handle connector, nb::handle /*forward_context*/) { begin_step(connector); }
+
+  void wait_for_layer_load(nb::handle connector, const std::string& layer_name) {
+    begin_step(connector);
+    const std::int64_t layer = layer_of(layer_name);
+    std::vector<std::size_t> lost;
+    {
+      nb::gil_scoped_release release;
+      lost = engine_->wait_for_layer_load(layer);
+    }
+    for (std::size_t block : lost) load_errors_.insert(static_cast<std::int64_t>(block));
+  }
+
+  void save_kv_layer(nb::handle connector, const std::string& layer_name, nb::handle /*kv_layer*/,
+                     nb::handle /*attn_metadata*/) {
+    begin_step(connector);
+    const std::int64_t layer = layer_of(layer_name);
+    nb::gil_scoped_release release;
+    engine_->save_kv_layer(layer);
+  }
+
+  void wait_for_save(nb::handle connector) {
+    begin_step(connector);  // a step without a forward has had no hook yet
+    {
+      nb::gil_scoped_release release;
+      engine_->wait_for_save();
+    }
+    step_running_ = false;
+    drain_events();
+  }
+
+  std::set<std::int64_t> get_block_ids_with_load_errors() {
+    std::set<std::int64_t> errors;
+    errors.swap(load_errors_);
+    return errors;
+  }
+
+ private:
+  static std::string request_id(nb::handle request) {
+    return nb::cast<std::string>(request.attr("request_id"));
+  }
+
+  std::size_t planned_loads() const { return plan_.loads.size() + offered_loads_; }
+
+  // Stores of every block that becomes full in this step and is not yet in the pool, at most
+  // region_blocks per step (the rest waits for a later step).
+  void plan_stores(nb::handle num_scheduled_tokens) {
+    const std::size_t block_size = settings_.layout.block_size();
+    for (auto [id, count] : nb::cast<nb::dict>(num_scheduled_tokens)) {
+      auto found = requests_.find(nb::cast<std::string>(id));
+      if (found == requests_.end()) continue;
+      TrackedRequest& tracked = found->second;
+      const std::vector<std::uint64_t> keys = block_keys(tracked.request);
+      const std::size_t computed =
+          static_cast<std::size_t>(tracked.num_computed_tokens + nb::cast<std::int64_t>(count));
+      const std::size_t full =
+          std::min({computed / block_size, keys.size(), tracked.block_ids.size()});
+      while (tracked.stored_blocks < full && plan_.stores.size() < settings_.region_blocks) {
+        plan_.stores.emplace_back(keys[tracked.stored_blocks],
+                                  tracked.block_ids[tracked.stored_blocks]);
+        ++tracked.stored_blocks;
+      }
+    }
+  }
+
+  nb::ndarray<> checked_layer(nb::handle tensor, const std::string& name) const {
+    nb::ndarray<> array;
+    if (!nb::try_cast<nb::ndarray<>>(tensor, array, /*convert=*/false)) {
+      throw ConnectorConfigError(name + ": expected a tensor (DLPack); got " + type_of(tensor));
+    }
+    if (array.device_type() != nb::device::cpu::value) {
+      throw ConnectorConfigError(name + ": expected a tensor in host memory (the CPU route)");
+    }
+    const KvBlockLayout& layout = settings_.layout;
+    const std::size_t bits = activekv::offload::dtype_bytes(layout.dtype()) * 8;
+    if (array.dtype().bits != bits || array.dtype().lanes != 1) {
+      throw ConnectorConfigError(name + ": expected " + std::to_string(bits) + "-bit elements (" +
+                                 activekv::offload::dtype_name(layout.dtype()) + "); got " +
+                                 std::to_string(array.dtype().bits) + "-bit");
+    }
+    const std::vector<std::int64_t> expected{
+        2, static_cast<std::int64_t>(settings_.num_device_blocks), layout.block_size(),
+        layout.num_kv_heads(), layout.head_dim()};
+    std::vector<std::int64_t> shape(array.shape_ptr(), array.shape_ptr() + array.ndim());
+    if (shape != expected) {
+      std::string got;
+      for (std::int64_t extent : shape) got += (got.empty() ? "" : ", ") + std::to_string(extent);
+      throw ConnectorConfigError(
+          name + ": expected shape [2, num_blocks, block_size, num_kv_heads, head_size] = [2, " +
+          std::to_string(expected[1]) + ", " + std::to_string(expected[2]) + ", " +
+          std::to_string(expected[3]) + ", " + std::to_string(expected[4]) + "]; got [" + got +
+          "]");
+    }
+    std::int64_t contiguous = 1;
+    for (std::size_t dim = shape.size(); dim-- > 0;) {
+      if (shape[dim] != 1 && array.stride_ptr() != nullptr && array.stride(dim) != contiguous) {
+        throw ConnectorConfigError(name + ": expected a C-contiguous tensor");
+      }
+      contiguous *= shape[dim];
+    }
+    return array;
+  }
+
+  std::int64_t layer_of(const std::string& layer_name) const {
+    auto found = layer_index_.find(layer_name);
+    if (found == layer_index_.end()) {
+      throw ConnectorConfigError("layer_name: expected a layer registered by register_kv_caches; "
+                                 "got " + layer_name);
+    }
+    return found->second;
+  }
+
+  // The first hook of a step gives the engine the step's plan. vLLM calls start_load_kv before
+  // the forward only when a step has synchronous loads; otherwise the layer hooks come first.
+  void begin_step(nb::handle connector) {
+    if (step_running_) return;
+    nb::object metadata = connector.attr("_get_connector_metadata")();
+    StepPlan* plan = nullptr;
+    if (!nb::try_cast<StepPlan*>(metadata, plan) || plan == nullptr) {
+      throw ConnectorConfigError("connector metadata: expected the StepPlan ActiveKV's scheduler "
+                                 "half built; got " + type_of(metadata));
+    }
+    std::vector<std::uint64_t> load_keys, store_keys;
+    std::vector<std::int64_t> load_blocks, store_blocks;
+    for (const auto& [key, block] : plan->loads) {
+      load_keys.push_back(key);
+      load_blocks.push_back(block);
+    }
+    for (const auto& [key, block] : plan->stores) {
+      store_keys.push_back(key);
+      store_blocks.push_back(block);
+    }
+    nb::gil_scoped_release release;
+    engine_->plan_load(load_keys, load_blocks);
+    engine_->plan_store(store_keys, store_blocks);
+    engine_->build_step();
+    engine_->start_load();
+    step_running_ = true;
+  }
+
+  // The engine keeps an event log until it is taken; the connector keeps counts per kind.
+  void drain_events() {
+    for (const auto& event : engine_->take_events()) {
+      ++event_counts_[activekv::offload::event_kind_name(event.kind)];
+    }
+  }
+
+  Settings settings_;
+  std::string role_;
+  std::shared_ptr<Engine> engine_;
+  // Scheduler half.
+  std::unordered_map<std::string, TrackedRequest> requests_;
+  StepPlan plan_;
+  std::size_t offered_loads_ = 0;  // offered by lookups this step, not yet allocated
+  // Worker half.
+  std::vector<nb::ndarray<>> kv_arrays_;
+  std::unordered_map<std::string, std::int64_t> layer_index_;
+  bool step_running_ = false;
+  std::set<std::int64_t> load_errors_;
+  std::map<std::string, std::uint64_t> event_counts_;
+};
+
+// vLLM's plugin entry point (group vllm.general_plugins): registers the connector with
+// KVConnectorFactory unless a connector of that name is registered already (registering a name
+// twice raises in vLLM). True when this call registered it.
+bool register_connector() {
+  nb::object factory = nb::module_::import_(kFactoryModule).attr("KVConnectorFactory");
+  nb::object registry = factory.attr("_registry");
+  if (nb::cast<bool>(registry.attr("__contains__")(kConnectorName))) return false;
+  factory.attr("register_connector")(kConnectorName, kShimModule, kShimClass);
+  return true;
+}
+
+}  // namespace
+
+NB_MODULE(_vllm, m) {
+  m.doc() = "ActiveKV's vLLM connector: the native core behind activekv.vllm_connector.";
+  activekv::bindings::translate_standard_exceptions();
+  nb::exception<ConnectorConfigError>(m, "ConnectorConfigError", PyExc_ValueError);
+  m.attr("CONNECTOR_NAME") = kConnectorName;
+
+  m.def("register_connector", &register_connector,
+        "vLLM plugin entry point: registers ActiveKVConnector with KVConnectorFactory once; "
+        "True when this call registered it.");
+
+  using Refs = std::vector<BlockRef>;
+  nb::class_<StepPlan>(m, "StepPlan",
+                       "One step's planned loads and stores, (block hash key, device block) "
+                       "pairs: the connector metadata vLLM sends to the workers.")
+      .def(nb::init<>())
+      .def_ro("loads", &StepPlan::loads)
+      .def_ro("stores", &StepPlan::stores)
+      .def("__getstate__",
+           [](const StepPlan& plan) { return std::make_tuple(plan.loads, plan.stores); })
+      .def("__setstate__", [](StepPlan& plan, const std::tuple<Refs, Refs>& state) {
+        new (&plan) StepPlan{std::get<0>(state), std::get<1>(state)};
+      });
+
+  nb::class_<ConnectorCore>(m, "ConnectorCore",
+                            "Everything ActiveKVConnector does: each hook of vLLM's "
+                            "KVConnectorBase_V1 is one call here.")
+      .def(nb::init<nb::handle, nb::handle, nb::handle>(), nb::arg("vllm_config"),
+           nb::arg("role"), nb::arg("kv_cache_config"))
+      .def_prop_ro("role", &ConnectorCore::role)
+      .def_prop_ro("num_layers", &ConnectorCore::num_layers)
+      .def_prop_ro("event_counts", &ConnectorCore::event_counts,
+                   "Engine events seen so far, counted by kind (hit, loaded, commit, ...).")
+      .def("get_num_new_matched_tokens", &ConnectorCore::get_num_new_matched_tokens,
+           nb::arg("request"), nb::arg("num_computed_tokens"))
+      .def("update_state_after_alloc", &ConnectorCore::update_state_after_alloc,
+           nb::arg("request"), nb::arg("blocks"), nb::arg("num_external_tokens"))
+      .def("build_connector_meta", &ConnectorCore::build_connector_meta,
+           nb::arg("scheduler_output"))
+      .def("register_kv_caches", &ConnectorCore::register_kv_caches, nb::arg("kv_caches"))
+      .def("start_load_kv", &ConnectorCore::start_load_kv, nb::arg("connector"),
+           nb::arg("forward_context").none())
+      .def("wait_for_layer_load", &ConnectorCore::wait_for_layer_load, nb::arg("connector"),
+           nb::arg("layer_name"))
+      .def("save_kv_layer", &ConnectorCore::save_kv_layer, nb::arg("connector"),
+           nb::arg("layer_name"), nb::arg("kv_layer").none(), nb::arg("attn_metadata").none())
+      .def("wait_for_save", &ConnectorCore::wait_for_save, nb::arg("connector"))
+      .def("get_block_ids_with_load_errors", &ConnectorCore::get_block_ids_with_load_errors);
+}

@@ -1,0 +1,264 @@
+// The CUDA route's staging kernels. Numerics are float_bits.h's, shared with the CPU route, and
+// every float operation is one explicitly rounded IEEE binary32 operation (__fdiv_rn, __fmul_rn;
+// the file is also compiled with -fmad=false), so both routes agree bit for bit (SPEC.md §5).
+// Host code here must not use the C++ standard library: see probe.h.
+#include "cuda/staging.h"
+
+#include <cuda_runtime.h>
+
+#include "offload/float_bits.h"
+
+// A named namespace, not an anonymous one: see probe.cu.
+namespace activekv_cuda_staging {
+
+namespace fb = activekv::offload::float_bits;
+
+constexpr unsigned kThreads = 256;
+constexpr unsigned kWarpsPerBlock = kThreads / 32;
+
+__host__ __device__ __forceinline__ uint64_t word_bytes(int dtype) {
+  return dtype == AKV_DTYPE_FP32 ? 4 : 2;
+}
+
+__device__ __forceinline__ uint64_t tensor_bytes(const akv_stage_args& a) {
+  return uint64_t{a.groups} * a.head_dim * word_bytes(a.dtype);
+}
+
+uint64_t tensor_bytes_host(const akv_stage_args& a) {
+  return uint64_t{a.groups} * a.head_dim * word_bytes(a.dtype);
+}
+
+// K (tensor 0) or V (tensor 1) of one device block.
+__device__ __forceinline__ uint8_t* device_tensor(const akv_stage_args& a, uint64_t block,
+                                                  unsigned tensor) {
+  return a.kv + (tensor * a.num_device_blocks + block) * tensor_bytes(a);
+}
+
+// ---- exact: the stored layer is K then V, the device's raw words as they are ----
+
+// Each thread block walks transfers (x) and its share (y) of each one's units. Unit is the widest
+// access every address and size allows.
+template <typename Unit>
+__global__ void stage_exact(akv_stage_args a, bool in) {
+  const uint64_t units = tensor_bytes(a) / sizeof(Unit);
+  for (uint32_t t = blockIdx.x; t < a.count; t += gridDim.x) {
+    const akv_transfer transfer = a.transfers[t];
+    Unit* stored = reinterpret_cast<Unit*>(a.pool + transfer.slot_offset + a.layer_offset);
+    Unit* keys = reinterpret_cast<Unit*>(device_tensor(a, transfer.device_block, 0));
+    Unit* values = reinterpret_cast<Unit*>(device_tensor(a, transfer.device_block, 1));
+    for (uint64_t i = uint64_t{blockIdx.y} * blockDim.x + threadIdx.x; i < 2 * units;
+         i += uint64_t{gridDim.y} * blockDim.x) {
+      Unit* device = i < units ? keys + i : values + (i - units);
+      if (in) {
+        *device = stored[i];
+      } else {
+        stored[i] = *device;
+      }
+    }
+  }
+}
+
+// Compressed modes, the bus-crossing half: whole stored layers between the slots and the
+// region's device staging buffer (transfer t at scratch + t * layer_bytes).
+template <typename Unit>
+__global__ void move_stored(akv_stage_args a, bool in) {
+  const uint64_t units = a.layer_bytes / sizeof(Unit);
+  for (uint32_t t = blockIdx.x; t < a.count; t += gridDim.x) {
+    Unit* stored = reinterpret_cast<Unit*>(a.pool + a.transfers[t].slot_offset + a.layer_offset);
+    Unit* staged = reinterpret_cast<Unit*>(a.scratch + t * a.layer_bytes);
+    for (uint64_t i = uint64_t{blockIdx.y} * blockDim.x + threadIdx.x; i < units;
+         i += uint64_t{gridDim.y} * blockDim.x) {
+      if (in) {
+        staged[i] = stored[i];
+      } else {
+        stored[i] = staged[i];
+      }
+    }
+  }
+}
+
+// ---- compressed: codes K, codes V, scales K, scales V (SPEC.md §5) ----
+
+__device__ __forceinline__ uint32_t load_f32_bits(int dtype, const uint8_t* words, uint64_t i) {
+  if (dtype == AKV_DTYPE_FP32) return reinterpret_cast<const uint32_t*>(words)[i];
+  const uint16_t word = reinterpret_cast<const uint16_t*>(words)[i];
+  return dtype == AKV_DTYPE_FP16 ? fb::fp16_to_f32_bits(word) : fb::bf16_to_f32_bits(word);
+}
+
+__device__ __forceinline__ void store_narrowed(int dtype, float value, uint8_t* words, uint64_t i) {
+  const uint32_t bits = fb::float_to_bits(value);
+  const bool nan = fb::f32_is_nan(bits);
+  if (dtype == AKV_DTYPE_FP32) {
+    reinterpret_cast<uint32_t*>(words)[i] = nan ? fb::kF32CanonicalNan : bits;
+  } else {
+    const uint16_t word = dtype == AKV_DTYPE_FP16
+                              ? (nan ? fb::kFp16CanonicalNan : fb::f32_bits_to_fp16(bits))
+                              : (nan ? fb::kBf16CanonicalNan : fb::f32_bits_to_bf16(bits));
+    reinterpret_cast<uint16_t*>(words)[i] = word;
+  }
+}
+
+// Scales are read and written byte-wise: their offset inside a slot need not be 4-aligned.
+__device__ __forceinline__ float load_scale(const uint8_t* at) {
+  const uint32_t bits = uint32_t{at[0]} | uint32_t{at[1]} << 8 | uint32_t{at[2]} << 16 |
+                        uint32_t{at[3]} << 24;
+  return fb::bits_to_float(bits);
+}
+
+__device__ __forceinline__ void store_scale(uint8_t* at, float scale) {
+  const uint32_t bits = fb::float_to_bits(scale);
+  for (int byte = 0; byte < 4; ++byte) at[byte] = static_cast<uint8_t>(bits >> (8 * byte));
+}
+
+struct Group {
+  uint8_t* codes;
+  uint8_t* scale;
+  uint8_t* words;  // the group's first element in the device tensor
+};
+
+// Warp `warp` of the grid's y dimension handles group (tensor, g) of transfer blockIdx.x, whose
+// stored layer is in the region's device staging buffer.
+__device__ __forceinline__ bool locate_group(const akv_stage_args& a, Group& group) {
+  const uint64_t warp = uint64_t{blockIdx.y} * kWarpsPerBlock + threadIdx.x / 32;
+  if (warp >= 2ull * a.groups) return false;
+  const unsigned tensor = static_cast<unsigned>(warp / a.groups);
+  const uint64_t g = warp % a.groups;
+  const akv_transfer t = a.transfers[blockIdx.x];
+  uint8_t* stored = a.scratch + uint64_t{blockIdx.x} * a.layer_bytes;
+  const uint64_t elements = uint64_t{a.groups} * a.head_dim;
+  group.codes = stored + tensor * elements + g * a.head_dim;
+  group.scale = stored + 2 * elements + (tensor * uint64_t{a.groups} + g) * sizeof(float);
+  group.words = device_tensor(a, t.device_block, tensor) + g * a.head_dim * word_bytes(a.dtype);
+  return true;
+}
+
+__global__ void decode_groups(akv_stage_args a) {
+  Group group;
+  if (!locate_group(a, group)) return;
+  const float scale = load_scale(group.scale);
+  for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
+    const uint8_t code = group.codes[i];
+    const float decoded = a.mode == AKV_MODE_INT8
+                              ? static_cast<float>(static_cast<int8_t>(code))
+                              : fb::bits_to_float(fb::e4m3_to_f32_bits(code));
+    store_narrowed(a.dtype, __fmul_rn(decoded, scale), group.words, i);
+  }
+}
+
+__global__ void encode_groups(akv_stage_args a) {
+  Group group;
+  const bool active = locate_group(a, group);
+  // amax over the finite elements (0 if none): max is exact, so the lanes' order cannot matter.
+  float amax = 0.0f;
+  if (active) {
+    for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
+      const uint32_t bits = load_f32_bits(a.dtype, group.words, i);
+      if (fb::f32_is_finite(bits)) amax = fmaxf(amax, fb::bits_to_float(bits & fb::kF32AbsMask));
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  }
+  if (!active) return;
+  const float scale = __fdiv_rn(amax, a.mode == AKV_MODE_INT8 ? 127.0f : 448.0f);
+  if (threadIdx.x % 32 == 0) store_scale(group.scale, scale);
+  for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
+    const uint32_t bits = load_f32_bits(a.dtype, group.words, i);
+    uint8_t code = 0;  // every code is 0 when the scale is (NaN and ±inf included), and for NaN
+    if (scale != 0.0f && !fb::f32_is_nan(bits)) {
+      const float y = __fdiv_rn(fb::bits_to_float(bits), scale);
+      code = a.mode == AKV_MODE_INT8 ? static_cast<uint8_t>(fb::f32_to_int8_rne(y))
+                                     : fb::f32_bits_to_e4m3(fb::float_to_bits(y));
+    }
+    group.codes[i] = code;
+  }
+}
+
+// The widest unit (16, 8, 4 or 2 bytes) that divides every address and size in `mix`.
+unsigned widest_unit(uint64_t mix) {
+  for (unsigned unit = 16; unit > 2; unit /= 2) {
+    if (mix % unit == 0) return unit;
+  }
+  return 2;
+}
+
+// x: transfers, at most max_blocks; y: each transfer's share, so that few large transfers still
+// spread over max_blocks thread blocks.
+dim3 bus_grid(const akv_stage_args& a, uint64_t units) {
+  const uint32_t x = a.count < a.max_blocks ? a.count : a.max_blocks;
+  uint64_t y = (units + kThreads - 1) / kThreads;
+  const uint64_t share = a.max_blocks / x;
+  if (y > share) y = share;
+  return dim3(x, static_cast<unsigned>(y > 0 ? y : 1));
+}
+
+template <typename Unit>
+struct ExactKernel {
+  static void launch(dim3 grid, cudaStream_t stream, const akv_stage_args& a, bool in) {
+    stage_exact<Unit><<<grid, kThreads, 0, stream>>>(a, in);
+  }
+};
+
+template <typename Unit>
+struct MoveKernel {
+  static void launch(dim3 grid, cudaStream_t stream, const akv_stage_args& a, bool in) {
+    move_stored<Unit><<<grid, kThreads, 0, stream>>>(a, in);
+  }
+};
+
+template <template <typename> class Kernel>
+void launch_units(unsigned unit, dim3 grid, cudaStream_t stream, const akv_stage_args& a,
+                  bool in) {
+  switch (unit) {
+    case 16:
+      Kernel<uint4>::launch(grid, stream, a, in);
+      break;
+    case 8:
+      Kernel<uint2>::launch(grid, stream, a, in);
+      break;
+    case 4:
+      Kernel<uint32_t>::launch(grid, stream, a, in);
+      break;
+    default:
+      Kernel<uint16_t>::launch(grid, stream, a, in);
+      break;
+  }
+}
+
+int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
+  if (a.count == 0) return static_cast<int>(cudaSuccess);
+  const uint64_t bases = reinterpret_cast<uint64_t>(a.pool) | a.layer_offset;
+  if (a.mode == AKV_MODE_EXACT) {
+    // Slot offsets are multiples of the slot size, itself a multiple of the layer's 2 * tensor
+    // bytes, and device blocks are multiples of `tensor`.
+    const uint64_t tensor = tensor_bytes_host(a);
+    const unsigned unit = widest_unit(bases | reinterpret_cast<uint64_t>(a.kv) | tensor);
+    launch_units<ExactKernel>(unit, bus_grid(a, 2 * tensor / unit), stream, a, in);
+  } else {
+    const unsigned unit =
+        widest_unit(bases | reinterpret_cast<uint64_t>(a.scratch) | a.layer_bytes);
+    launch_units<MoveKernel>(unit, bus_grid(a, a.layer_bytes / unit), stream, a, in);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_codec(const akv_stage_args& a, cudaStream_t stream, bool in) {
+  if (a.count == 0 || a.mode == AKV_MODE_EXACT) return static_cast<int>(cudaSuccess);
+  const dim3 grid(a.count, (2 * a.groups + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (in) {
+    decode_groups<<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    encode_groups<<<grid, kThreads, 0, stream>>>(a);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace activekv_cuda_staging
+
+extern "C" int akv_stage_bus(const akv_stage_args* args, int in, void* stream) {
+  return activekv_cuda_staging::launch_bus(*args, static_cast<cudaStream_t>(stream), in != 0);
+}
+
+extern "C" int akv_stage_codec(const akv_stage_args* args, int in, void* stream) {
+  return activekv_cuda_staging::launch_codec(*args, static_cast<cudaStream_t>(stream), in != 0);
+}

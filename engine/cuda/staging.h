@@ -1,0 +1,56 @@
+// C interface of the CUDA route's staging kernels (engine/offload/SPEC.md §4, §5). The kernels
+// read and write the pinned host pool in place through its mapped device address (zero copy), so
+// one launch moves one layer of every block of a lease, however scattered the slots are.
+// No C++ standard library here or in the .cu host code: see probe.h.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// One block of a lease: where its slot starts in the pool, and its device block index.
+typedef struct akv_transfer {
+  uint64_t slot_offset;
+  uint64_t device_block;
+} akv_transfer;
+
+// Values of akv_stage_args.mode and .dtype (the engine's CompressionMode and KvDtype).
+enum { AKV_MODE_EXACT = 0, AKV_MODE_INT8 = 1, AKV_MODE_FP8_E4M3 = 2 };
+enum { AKV_DTYPE_FP16 = 0, AKV_DTYPE_BF16 = 1, AKV_DTYPE_FP32 = 2 };
+
+typedef struct akv_stage_args {
+  const akv_transfer* transfers;  // device-visible (mapped pinned memory)
+  uint32_t count;                 // transfers
+  uint8_t* pool;                  // device address of the mapped host pool
+  uint64_t layer_offset;          // this layer's offset inside a slot (stored layer bytes * layer)
+  uint8_t* kv;                    // the layer's device KV: [2, num_device_blocks, T, H, D] words
+  uint64_t num_device_blocks;
+  uint32_t groups;                // T * H: one scale per group, K and V each
+  uint32_t head_dim;              // D: elements per group
+  int mode;
+  int dtype;
+  // Compressed modes: the region's device staging buffer (count * stored layer bytes). The
+  // stored bytes cross PCIe as one wide bulk copy into it (or out of it), and the codes are
+  // decoded (encoded) in device memory, so the narrow per-group accesses never touch the bus.
+  uint8_t* scratch;
+  uint64_t layer_bytes;  // stored bytes of one layer of one block
+  // Upper bound on the thread blocks of a bus-crossing launch, so that a load and a store
+  // launched on two streams run side by side instead of one after the other.
+  uint32_t max_blocks;
+} akv_stage_args;
+
+// The bus-crossing half of one lease's layer, enqueued on `stream`: in (in != 0) slots -> device
+// KV (exact) or -> the staging buffer (compressed), out the reverse. Returns the cudaError_t of
+// the launch (0 is success).
+int akv_stage_bus(const akv_stage_args* args, int in, void* stream);
+// Compressed modes, the device half: decode the staging buffer into the device KV (in), or encode
+// the device KV into it (out). Nothing for exact mode. On its own stream, the codec of one layer
+// overlaps the bus transfer of the next.
+int akv_stage_codec(const akv_stage_args* args, int in, void* stream);
+
+#ifdef __cplusplus
+}
+#endif

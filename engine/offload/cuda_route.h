@@ -1,0 +1,60 @@
+// The CUDA route of the engine (SPEC.md §4 "CUDA route"): the host pool pinned and mapped at
+// construction (warm-up), one layer of a lease moved by one kernel launch on a stream the engine
+// owns (loads and stores on separate streams), and each region's fence a CUDA event.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "offload/compression.h"
+#include "offload/kv_layout.h"
+#include "offload/staging.h"
+
+namespace activekv::offload {
+
+// A CUDA call failed (no device, no driver, out of pinned memory...): the message names the call
+// and the runtime's error string. Python: RuntimeError.
+class CudaRouteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a fence query answered, as the engine reads it: cudaSuccess is signalled, cudaErrorNotReady
+// is still pending, and every other answer makes the outcome unknown (the region is quarantined).
+enum class FenceQuery : std::uint8_t { signalled, pending, unknown };
+FenceQuery classify_fence_query(int cuda_status);
+
+class CudaRoute {
+ public:
+  // Pins and maps `pool` (pool_bytes, page-aligned) and makes the streams, events and the
+  // regions' mapped transfer lists: everything the route will ever allocate.
+  CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
+            std::size_t pool_bytes, std::size_t num_regions, std::size_t region_blocks);
+  ~CudaRoute();
+  CudaRoute(const CudaRoute&) = delete;
+  CudaRoute& operator=(const CudaRoute&) = delete;
+
+  // Enqueues one layer of a lease on the load (Direction::load) or store stream and records the
+  // region's fence behind it. A store first waits for the work enqueued so far on
+  // `compute_stream` (a cudaStream_t; null is the legacy default stream): the layer's KV is
+  // final only once the forward has written it.
+  void issue(Direction direction, std::size_t region, std::uint32_t layer,
+             const std::vector<BlockTransfer>& transfers, void* device_kv,
+             std::size_t num_device_blocks, std::size_t slot_bytes, void* compute_stream);
+
+  // Waits for the region's fence: signalled, or unknown when the query answers anything but
+  // success or not-ready, or is still not ready after the timeout. `injected` (tests and traces)
+  // stands for a failed query (cudaErrorLaunchFailure) and goes through the same reading. After an
+  // unknown outcome the direction's stream is drained, so nothing of the lost lease can still
+  // write into memory the engine hands on.
+  FenceOutcome observe(Direction direction, std::size_t region, bool injected);
+
+ private:
+  struct Resources;
+  std::unique_ptr<Resources> resources_;
+};
+
+}  // namespace activekv::offload

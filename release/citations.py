@@ -1,0 +1,194 @@
+"""Citations of shims: each line of Python a wheel ships names the framework line that needs it.
+
+A shim is the only Python the payload allows (``[[payload.shims]]`` in the manifest). Every line of
+a shim that is not blank and not only a comment ends with a citation comment:
+
+    <code>  # cites: <distribution>==<version> <path>:<line> <hash>
+
+* ``<distribution>==<version>``: the framework, exactly as the shim's manifest entry pins it;
+* ``<path>:<line>``: a file inside that framework's wheel (as ``pip download --no-deps`` fetches
+  it) and a 1-based line number in that file;
+* ``<hash>``: the first 8 hex digits of the sha256 of that line's UTF-8 text with its leading and
+  trailing whitespace removed.
+
+For example, citing ``class KVConnectorBase_V1(ABC):`` at line 181 of
+``vllm/distributed/kv_transfer/kv_connector/v1/base.py`` (path shortened here)::
+
+    class ActiveKVConnector(KVConnectorBase_V1):  # cites: vllm==0.33.0 vllm/…/base.py:181 9433fb97
+
+The cited line is the framework source that requires the shim's line: the definition it
+overrides or imports, or the call site that calls it. A line counts as code when Python's
+tokenizer finds anything on it but a comment, so a string spanning lines (a docstring) makes lines
+that cannot carry a citation: shims document themselves in comments.
+
+``verify_shim`` checks a shim's citations against the framework's own files; every problem names
+the shim file and line: an uncited or malformed line, another framework or version than the pin,
+a path missing from the framework, a line number past its end, or a hash that does not match the
+cited line (a wrong line number or a line the framework changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import tokenize
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+_CITATION = re.compile(
+    r"#\s*cites:\s*(?P<distribution>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)"
+    r"\s+(?P<path>[^\s:]+):(?P<line>[1-9][0-9]*)\s+(?P<digest>[0-9a-f]{8})\s*"
+)
+_NOT_CODE = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENCODING,
+    tokenize.ENDMARKER,
+}
+FORMAT = "# cites: <distribution>==<version> <path>:<line> <8 hex digits of sha256 of that line>"
+
+
+@dataclass(frozen=True)
+class Citation:
+    """One citation: shim line ``shim_line`` cites ``path:line`` of ``distribution==version``."""
+
+    shim_line: int
+    distribution: str
+    version: str
+    path: str
+    line: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class CitationProblem:
+    """Why one shim line fails; ``str()`` reads ``<shim>:<line>: <message>``."""
+
+    shim: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.shim}:{self.line}: {self.message}"
+
+
+def line_digest(text: str) -> str:
+    """The citation hash of one framework line: 8 hex digits of sha256 of its stripped text."""
+    return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()[:8]
+
+
+def parse_shim(shim: str, source: bytes) -> tuple[list[Citation], list[CitationProblem]]:
+    """The citations of every code line of ``source`` and the lines that have none."""
+    problems: list[CitationProblem] = []
+    code_lines: set[int] = set()
+    comments: dict[int, str] = {}
+    try:
+        for token in tokenize.tokenize(io.BytesIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                comments[token.start[0]] = token.string
+            elif token.type not in _NOT_CODE:
+                code_lines.update(range(token.start[0], token.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError) as error:
+        line = getattr(error, "lineno", None) or (error.args[1][0] if len(error.args) > 1 else 1)
+        return [], [CitationProblem(shim, int(line), f"expected Python source; got {error}")]
+    citations: list[Citation] = []
+    for number in sorted(code_lines):
+        comment = comments.get(number)
+        if comment is None or "cites:" not in comment:
+            problems.append(CitationProblem(shim, number, f"uncited line: expected {FORMAT!r}"))
+            continue
+        match = _CITATION.fullmatch(comment)
+        if match is None:
+            problems.append(
+                CitationProblem(
+                    shim, number, f"malformed citation {comment!r}: expected {FORMAT!r}"
+                )
+            )
+            continue
+        citations.append(
+            Citation(
+                number,
+                match["distribution"],
+                match["version"],
+                match["path"],
+                int(match["line"]),
+                match["digest"],
+            )
+        )
+    return citations, problems
+
+
+def pin_problems(
+    shim: str, citations: list[Citation], framework: str, version: str
+) -> list[CitationProblem]:
+    """Citations of another framework or version than the shim's pin."""
+    return [
+        CitationProblem(
+            shim,
+            c.shim_line,
+            f"cites {c.distribution}=={c.version}, but the manifest pins this shim to "
+            f"{framework}=={version}",
+        )
+        for c in citations
+        if canonicalize_name(c.distribution) != canonicalize_name(framework) or c.version != version
+    ]
+
+
+def check_against_wheel(
+    shim: str, citations: list[Citation], framework_wheel: Path
+) -> list[CitationProblem]:
+    """Each citation checked against the line it names in ``framework_wheel``."""
+    problems: list[CitationProblem] = []
+    files: dict[str, list[str] | None] = {}
+    with zipfile.ZipFile(framework_wheel) as archive:
+        members = set(archive.namelist())
+        for c in citations:
+            if c.path not in files:
+                files[c.path] = (
+                    archive.read(c.path).decode("utf-8", errors="replace").splitlines()
+                    if c.path in members
+                    else None
+                )
+            lines = files[c.path]
+            where = f"{c.path}:{c.line}"
+            if lines is None:
+                message = f"cites {where}, but {framework_wheel.name} has no file {c.path}"
+            elif c.line > len(lines):
+                message = f"cites {where}, but {c.path} has only {len(lines)} lines"
+            else:
+                actual = line_digest(lines[c.line - 1])
+                if actual == c.digest:
+                    continue
+                message = (
+                    f"cites {where} with hash {c.digest}, but that line is "
+                    f"{lines[c.line - 1].strip()!r} (hash {actual})"
+                )
+                elsewhere = [i + 1 for i, text in enumerate(lines) if line_digest(text) == c.digest]
+                if elsewhere:
+                    message += f"; the cited text is at line {elsewhere[0]} (wrong line number)"
+                else:
+                    message += "; no line of the file has the cited hash (changed line)"
+            problems.append(CitationProblem(shim, c.shim_line, message))
+    return problems
+
+
+def verify_shim(
+    shim: str, source: bytes, framework: str, version: str, framework_wheel: Path | None
+) -> list[CitationProblem]:
+    """Every problem of one shim's citations; ``framework_wheel`` None skips the line checks
+    (when the pins already fail, fetching the framework would prove nothing)."""
+    citations, problems = parse_shim(shim, source)
+    mismatched = pin_problems(shim, citations, framework, version)
+    problems += mismatched
+    if framework_wheel is not None:
+        wrong_pin = {p.line for p in mismatched}
+        pinned = [c for c in citations if c.shim_line not in wrong_pin]
+        problems += check_against_wheel(shim, pinned, framework_wheel)
+    return sorted(problems, key=lambda p: p.line)

@@ -1,0 +1,217 @@
+"""The served-path gate (`python -m release served-path`): native code is what serves vLLM's hooks.
+
+It installs the wheel into a private folder for an interpreter that has vLLM (Python 3.12 or
+newer), and runs release/served_path_driver.py there: the real vLLM Scheduler and connector
+factory drive ActiveKV's connector (the shipped shim and its native core) and then the Python
+reference connector (tests/reference/vllm_connector.py) the same way, through multi-layer steps in
+vLLM's hook order, counting first-party Python frames and code objects per step with
+``sys.monitoring``.
+
+It fails when a hook executes more than one first-party frame in the shim (or a frame nests in
+another), when any first-party code other than the shim's hook methods runs (engine work in
+Python), when a hook never reaches the connector, when the steps loaded or committed nothing, or
+when the engine's plans and events differ from the reference's. It reports
+"dispatch sites: reference N → engine M": distinct first-party code objects the steps ran.
+Where no interpreter has vLLM, the verdict is "not-run" ("not run: vLLM not installed").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import parse_wheel_filename
+
+from release.digests import sha256_file
+from release.errors import GateError
+from release.evidence import Evidence, write_evidence
+from release.verify import clean_pip_env
+
+DRIVER = Path(__file__).resolve().parent / "served_path_driver.py"
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+SHIM = "vllm_connector.py"
+HOOKS = frozenset(
+    (
+        "get_num_new_matched_tokens",
+        "update_state_after_alloc",
+        "build_connector_meta",
+        "register_kv_caches",
+        "start_load_kv",
+        "wait_for_layer_load",
+        "save_kv_layer",
+        "wait_for_save",
+        "get_block_ids_with_load_errors",
+    )
+)
+_PROBE = (
+    "import sys, importlib.util, json; from packaging.tags import sys_tags\n"
+    "ok = sys.version_info >= (3, 12) and importlib.util.find_spec('vllm') is not None\n"
+    "print(json.dumps({'ok': ok, 'tags': [str(t) for t in sys_tags()] if ok else []}))"
+)
+
+
+def vllm_interpreter(explicit: Path | None = None) -> tuple[Path, list[str]] | None:
+    """An interpreter (3.12+) that imports vLLM, with its wheel tags: `explicit`, else
+    $ACTIVEKV_VLLM_PYTHON, else this one. None when none of them has vLLM."""
+    env_python = os.environ.get("ACTIVEKV_VLLM_PYTHON")
+    candidates = [explicit] if explicit else [Path(env_python)] if env_python else []
+    candidates.append(Path(sys.executable))
+    for python in candidates:
+        try:
+            result = subprocess.run(
+                [str(python), "-c", _PROBE], capture_output=True, text=True, timeout=120
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if result.returncode == 0:
+            probe = json.loads(result.stdout)
+            if probe["ok"]:
+                return python, probe["tags"]
+        if explicit is not None:
+            detail = result.stderr.strip()[-300:] or "no vllm, or Python older than 3.12"
+            raise GateError(
+                f"--vllm-python {explicit}: expected Python 3.12+ that imports vllm (and "
+                f"packaging); got {detail}"
+            )
+    return None
+
+
+def wheel_for(wheels: Sequence[Path], tags: list[str]) -> Path:
+    """The wheel that installs on the interpreter with these tags (its most preferred)."""
+    ranked = [
+        (min(tags.index(str(t)) for t in parse_wheel_filename(w.name)[3] if str(t) in tags), w)
+        for w in wheels
+        if any(str(t) in tags for t in parse_wheel_filename(w.name)[3])
+    ]
+    if not ranked:
+        first = tags[0] if tags else "no tags"
+        names = [w.name for w in wheels]
+        raise GateError(f"no wheel installs on the vLLM interpreter ({first}): {names}")
+    return min(ranked)[1]
+
+
+def judge(result: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The problems of a driver result and the figures of the evidence."""
+    problems: list[str] = []
+    engine, reference = result["engine"], result["reference"]
+    for step in engine["steps"]:
+        where = f"engine step {step['step']}"
+        hooks = sum(step["hooks"].values())
+        if step["frames"] > hooks:
+            problems.append(
+                f"{where}: {step['frames']} first-party Python frames for {hooks} hook calls "
+                f"(the shim may run one frame per hook): {step['codes']}"
+            )
+        elif step["frames"] < hooks:
+            problems.append(f"{where}: {hooks - step['frames']} hook calls never reached the shim")
+        if step["max_depth"] > 1:
+            problems.append(f"{where}: first-party Python frames nest {step['max_depth']} deep")
+        for code in step["codes"]:
+            file, _, qualname = code.split(":", 2)
+            if file != SHIM or qualname.rsplit(".", 1)[-1] not in HOOKS:
+                problems.append(f"{where}: engine work in Python: {code} ran")
+    verified = sum(step["loads_verified"] for step in engine["steps"])
+    mismatched = [step["step"] for step in engine["steps"] if step["load_mismatches"]]
+    if mismatched:
+        problems.append(f"engine steps {mismatched}: loaded blocks differ from the stored bytes")
+    if not verified:
+        problems.append("the steps loaded no block whose bytes could be checked")
+    for name, expected in (("loaded", "loads"), ("commit", "stores")):
+        if not engine["events"].get(name):
+            problems.append(f"the steps made no {expected} (engine events {engine['events']})")
+    for ours, theirs in zip(engine["steps"], reference["steps"], strict=True):
+        for key in ("loads", "stores", "load_errors"):
+            if ours[key] != theirs[key]:
+                problems.append(
+                    f"step {ours['step']}: the engine planned {key} {ours[key]}, the reference "
+                    f"{theirs[key]}"
+                )
+    if engine["events"] != reference["events"]:
+        problems.append(f"events: engine {engine['events']}, reference {reference['events']}")
+    sites = {
+        side: len({code for step in result[side]["steps"] for code in step["codes"]})
+        for side in ("reference", "engine")
+    }
+    figures = {
+        "dispatch_sites": sites,
+        "frames_per_step": {
+            side: [step["frames"] for step in result[side]["steps"]]
+            for side in ("reference", "engine")
+        },
+        "code_objects_per_step": {
+            side: [len(step["codes"]) for step in result[side]["steps"]]
+            for side in ("reference", "engine")
+        },
+        "hooks_per_step": [sum(step["hooks"].values()) for step in engine["steps"]],
+        "events": engine["events"],
+        "loads_verified": verified,
+        "layers": result.get("layers"),
+    }
+    return problems, figures
+
+
+def run_served_path_gate(
+    wheels: Sequence[Path],
+    out_dir: Path,
+    *,
+    vllm_python: Path | None = None,
+    layers: int = 4,
+    steps: int = 6,
+) -> Evidence:
+    """Runs the driver on the wheel for vLLM's interpreter; writes and returns the evidence."""
+    found = vllm_interpreter(vllm_python)
+    if found is None:
+        evidence = Evidence(
+            gate="served-path",
+            verdict="not-run",
+            artefacts={wheel.name: sha256_file(wheel) for wheel in wheels},
+            reason="not run: vLLM not installed (no Python 3.12+ with vllm: set "
+            "ACTIVEKV_VLLM_PYTHON or pass --vllm-python)",
+        )
+        write_evidence(out_dir, evidence)
+        return evidence
+    python, tags = found
+    wheel = wheel_for(wheels, tags)
+    env = clean_pip_env()
+    with tempfile.TemporaryDirectory(prefix="activekv-served-path-") as work:
+        site = Path(work) / "site"
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+             "--no-compile", "--target", str(site), str(wheel)],
+            check=True, env=env, capture_output=True,
+        )  # fmt: skip
+        run = subprocess.run(
+            [str(python), "-I", str(DRIVER), "--site", str(site), "--tests", str(TESTS),
+             "--layers", str(layers), "--steps", str(steps)],
+            env={**env, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
+        )  # fmt: skip
+    if run.returncode != 0:
+        tail = "\n".join(run.stderr.strip().splitlines()[-15:])
+        problems, figures = [f"the driver failed (exit {run.returncode}):\n{tail}"], {}
+    else:
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        result["layers"] = layers
+        problems, figures = judge(result)
+    evidence = Evidence(
+        gate="served-path",
+        verdict="fail" if problems else "pass",
+        artefacts={wheel.name: sha256_file(wheel)},
+        figures={**figures, "failures": problems},
+        reason="; ".join(problems),
+        tools={"python": str(python)},
+    )
+    write_evidence(out_dir, evidence)
+    return evidence
+
+
+def dispatch_line(evidence: Evidence) -> str:
+    sites = evidence.figures.get("dispatch_sites") or {}
+    if not sites:
+        return ""
+    return f"dispatch sites: reference {sites['reference']} → engine {sites['engine']}"

@@ -1,0 +1,136 @@
+"""The consumer's side of the index's TUF repository, with python-tuf's ``ngclient.Updater``.
+
+A consumer trusts one root metadata file, given out of band (the publisher's
+``<state_dir>/index/tuf/metadata/1.root.json``). Everything else is downloaded and checked
+against it: newer roots, timestamp, snapshot, targets. The metadata the consumer has seen is kept
+in a cache directory, so an index that later serves an older timestamp (a rollback) is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from tuf.api.exceptions import (
+    BadVersionNumberError,
+    DownloadError,
+    ExpiredMetadataError,
+    LengthOrHashMismatchError,
+    RepositoryError,
+    UnsignedMetadataError,
+)
+from tuf.api.metadata import TargetFile
+from tuf.ngclient import Updater, UpdaterConfig
+
+from release.errors import VerifyError
+
+
+def default_cache_dir(metadata_url: str, trusted_root: bytes) -> Path:
+    """Where the metadata seen from ``metadata_url`` under this root is remembered."""
+    key = hashlib.sha256(metadata_url.encode() + b"\0" + trusted_root).hexdigest()[:16]
+    return Path.home() / ".cache" / "activekv" / "tuf" / key
+
+
+class TrustedIndex:
+    """The TUF targets of an index, checked from a trusted root; ``refresh`` before use."""
+
+    def __init__(self, tuf_url: str, trusted_root: Path, cache_dir: Path | None = None) -> None:
+        self._tuf_url = tuf_url.rstrip("/") + "/"
+        self.metadata_url = self._tuf_url + "metadata/"
+        self.targets_url = self._tuf_url + "targets/"
+        try:
+            root = trusted_root.read_bytes()
+        except OSError as exc:
+            raise VerifyError(
+                f"--root {trusted_root}: the trusted TUF root cannot be read ({exc.strerror})"
+            ) from None
+        self._root_path = trusted_root
+        self.cache_dir = cache_dir or default_cache_dir(self.metadata_url, root)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._updater = Updater(
+                metadata_dir=str(self.cache_dir),
+                metadata_base_url=self.metadata_url,
+                target_base_url=self.targets_url,
+                # Wheels are downloaded by pip under their plain names, not hash-prefixed ones.
+                config=UpdaterConfig(prefix_targets_with_hash=False),
+                bootstrap=root,
+            )
+        except (RepositoryError, ValueError) as exc:
+            raise VerifyError(
+                f"--root {trusted_root}: not a valid, self-signed TUF root "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+
+    def refresh(self) -> None:
+        """Download and check root, timestamp, snapshot and targets; VerifyError on any attack."""
+        try:
+            self._updater.refresh()
+        except ExpiredMetadataError as exc:
+            raise VerifyError(
+                f"TUF metadata from {self.metadata_url} has expired ({exc}); the index is stale "
+                "or frozen: the publisher must re-sign it"
+            ) from None
+        except BadVersionNumberError as exc:
+            raise VerifyError(
+                f"TUF metadata from {self.metadata_url} is older than what this consumer has "
+                f"already seen (rollback refused: {exc}); cache {self.cache_dir}"
+            ) from None
+        except UnsignedMetadataError as exc:
+            raise VerifyError(
+                f"TUF metadata from {self.metadata_url} is not signed by the keys of the trusted "
+                f"root {self._root_path} ({exc}): wrong key, or another repository's root"
+            ) from None
+        except LengthOrHashMismatchError as exc:
+            raise VerifyError(
+                f"TUF metadata from {self.metadata_url} does not match its length or hash as "
+                f"signed ({exc}): tampered metadata"
+            ) from None
+        except RepositoryError as exc:
+            raise VerifyError(
+                f"TUF metadata from {self.metadata_url} is refused ({type(exc).__name__}: {exc})"
+            ) from None
+        except DownloadError as exc:
+            raise VerifyError(
+                f"TUF metadata cannot be downloaded from {self.metadata_url} "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+
+    def target(self, target_path: str) -> TargetFile:
+        """The signed length and hashes of ``target_path``; VerifyError when it is unknown."""
+        info = self._updater.get_targetinfo(target_path)
+        if info is None:
+            raise VerifyError(
+                f"{target_path} is not a TUF target of {self.metadata_url}: the index serves a "
+                "file its publisher never signed (unknown file)"
+            )
+        return info
+
+    def check_file(self, path: Path) -> None:
+        """``path`` (e.g. what pip downloaded) is the TUF target of its file name, byte for byte."""
+        info = self.target(path.name)
+        try:
+            with path.open("rb") as stream:
+                info.verify_length_and_hashes(stream)
+        except LengthOrHashMismatchError as exc:
+            raise VerifyError(
+                f"{path.name} as served does not match its TUF target (signed sha256 "
+                f"{info.hashes.get('sha256')}, length {info.length}; {exc}): tampered file"
+            ) from None
+
+    def download(self, target_path: str, destination: Path) -> Path:
+        """Download ``target_path`` from ``<tuf_url>/targets/`` into ``destination``, checked."""
+        info = self.target(target_path)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return Path(self._updater.download_target(info, str(destination)))
+        except LengthOrHashMismatchError as exc:
+            raise VerifyError(
+                f"{target_path} from {self.targets_url} does not match its TUF target ({exc}): "
+                "tampered file"
+            ) from None
+        except DownloadError as exc:
+            raise VerifyError(
+                f"{target_path} cannot be downloaded from {self.targets_url} "
+                f"({type(exc).__name__}: {exc})"
+            ) from None

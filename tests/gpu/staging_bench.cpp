@@ -1,0 +1,389 @@
+// GPU staging benchmark (issue 4): the engine's CUDA route against its baselines, all measured in
+// this one process on the same GPU, the same pinned 4 GiB-class pool and the same scattered blocks:
+//   ceiling   one contiguous 1 GiB pinned copy each way;
+//   memcpy    one cudaMemcpyAsync per block;
+//   batch     one cudaMemcpyBatchAsync for all blocks;
+//   engine    whole engine steps (plans, hooks, kernels, fences) moving the same bytes.
+// A "block" is one layer of one KV block (K and V): the unit a lease scatters. Prints one JSON
+// object (the shape release/report.py reads as gpu-staging.json) on stdout; progress on stderr.
+//
+// Usage: activekv_staging_bench [pool_gib=4] [moved_gib=1] [repeats=5]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/staging.h"
+#include "offload/engine.h"
+
+namespace {
+
+using activekv::offload::CompressionMode;
+using activekv::offload::DeviceKvLayer;
+using activekv::offload::Engine;
+using activekv::offload::KvBlockLayout;
+using activekv::offload::KvDtype;
+using activekv::offload::Route;
+using activekv::offload::stored_block_bytes;
+using activekv::offload::stored_layer_bytes;
+
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+constexpr std::size_t kKiB = 1024;
+constexpr std::uint32_t kLayers = 32;
+constexpr std::uint32_t kHeads = 8;
+constexpr std::uint32_t kHeadDim = 128;  // fp16: 2 KiB of K (and of V) per token
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  }
+}
+
+double median(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+template <typename Body>
+double median_seconds(int repeats, Body&& body) {
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(times);
+}
+
+double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+
+struct DeviceBuffer {
+  void* data = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { check(cudaMalloc(&data, bytes), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(data); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct PinnedBuffer {
+  void* data = nullptr;
+  explicit PinnedBuffer(std::size_t bytes) { check(cudaHostAlloc(&data, bytes, 0), "cudaHostAlloc"); }
+  ~PinnedBuffer() { cudaFreeHost(data); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+};
+
+struct Ways {
+  double h2d;
+  double d2h;
+};
+
+// ---- baselines: the same scattered blocks from a pinned pool of the same size ----
+
+struct Scatter {
+  std::vector<void*> host;
+  std::vector<void*> device;
+  std::size_t block;
+};
+
+Scatter scatter(void* pool, std::size_t pool_bytes, void* device, std::size_t moved,
+                std::size_t block, std::mt19937_64& random) {
+  const std::size_t slots = pool_bytes / block;
+  const std::size_t count = moved / block;
+  std::vector<std::size_t> order(slots);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::shuffle(order.begin(), order.end(), random);
+  Scatter result{{}, {}, block};
+  for (std::size_t i = 0; i < count; ++i) {
+    result.host.push_back(static_cast<std::uint8_t*>(pool) + order[i] * block);
+    result.device.push_back(static_cast<std::uint8_t*>(device) + i * block);
+  }
+  return result;
+}
+
+Ways per_block_memcpy(const Scatter& s, cudaStream_t stream, int repeats) {
+  const std::size_t bytes = s.host.size() * s.block;
+  const double h2d = median_seconds(repeats, [&] {
+    for (std::size_t i = 0; i < s.host.size(); ++i) {
+      check(cudaMemcpyAsync(s.device[i], s.host[i], s.block, cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync");
+    }
+    check(cudaStreamSynchronize(stream), "sync");
+  });
+  const double d2h = median_seconds(repeats, [&] {
+    for (std::size_t i = 0; i < s.host.size(); ++i) {
+      check(cudaMemcpyAsync(s.host[i], s.device[i], s.block, cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync");
+    }
+    check(cudaStreamSynchronize(stream), "sync");
+  });
+  return {gbps(bytes, h2d), gbps(bytes, d2h)};
+}
+
+Ways batch_memcpy(const Scatter& s, cudaStream_t stream, int repeats) {
+  const std::size_t bytes = s.host.size() * s.block;
+  std::vector<std::size_t> sizes(s.host.size(), s.block);
+  cudaMemcpyAttributes attributes{};
+  attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  std::size_t first = 0;
+  const auto run = [&](const std::vector<void*>& to, const std::vector<void*>& from) {
+    check(cudaMemcpyBatchAsync(to.data(), from.data(), sizes.data(), sizes.size(), &attributes,
+                               &first, 1, stream),
+          "cudaMemcpyBatchAsync");
+    check(cudaStreamSynchronize(stream), "sync");
+  };
+  const double h2d = median_seconds(repeats, [&] { run(s.device, s.host); });
+  const double d2h = median_seconds(repeats, [&] { run(s.host, s.device); });
+  return {gbps(bytes, h2d), gbps(bytes, d2h)};
+}
+
+// ---- the staging kernels alone, both directions at once, by launch width ----
+
+// GB/s of `layers` exact-mode loads and as many stores running on two streams at once, each
+// launch at most `max_blocks` thread blocks wide: how wide a launch may be before the two
+// directions stop overlapping.
+double raw_overlap(void* pool, void* device, std::size_t moved, std::size_t block,
+                   std::uint32_t max_blocks, cudaStream_t in, cudaStream_t out, int repeats) {
+  const std::size_t per_layer = moved / kLayers / block;  // blocks per launch
+  akv_transfer* list = nullptr;
+  check(cudaHostAlloc(reinterpret_cast<void**>(&list), per_layer * sizeof(akv_transfer),
+                      cudaHostAllocMapped),
+        "cudaHostAlloc");
+  for (std::size_t i = 0; i < per_layer; ++i) list[i] = {i * block * 2, i};
+  void* pool_device = nullptr;
+  check(cudaHostGetDevicePointer(&pool_device, pool, 0), "cudaHostGetDevicePointer");
+  void* list_device = nullptr;
+  check(cudaHostGetDevicePointer(&list_device, list, 0), "cudaHostGetDevicePointer");
+  const auto args = [&](std::uint32_t layer, std::size_t half) {
+    return akv_stage_args{static_cast<const akv_transfer*>(list_device),
+                          static_cast<std::uint32_t>(per_layer),
+                          static_cast<std::uint8_t*>(pool_device) + half,
+                          layer * block,
+                          static_cast<std::uint8_t*>(device) + half,
+                          per_layer,
+                          static_cast<std::uint32_t>(block / 2 / (kHeadDim * 2)),
+                          kHeadDim,
+                          AKV_MODE_EXACT,
+                          AKV_DTYPE_FP16,
+                          nullptr,
+                          block,
+                          max_blocks};
+  };
+  const double seconds = median_seconds(repeats, [&] {
+    for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+      const akv_stage_args load = args(layer, 0);
+      const akv_stage_args store = args(layer, moved);  // other slots, other device blocks
+      check(static_cast<cudaError_t>(akv_stage_bus(&load, 1, in)), "load");
+      check(static_cast<cudaError_t>(akv_stage_bus(&store, 0, out)), "store");
+    }
+    check(cudaStreamSynchronize(in), "sync");
+    check(cudaStreamSynchronize(out), "sync");
+  });
+  cudaFreeHost(list);
+  return gbps(2 * moved, seconds);
+}
+
+// ---- the engine ----
+
+struct EngineRig {
+  KvBlockLayout layout;
+  std::size_t blocks;  // per step, per direction
+  std::unique_ptr<Engine> engine;
+  std::vector<std::unique_ptr<DeviceBuffer>> kv;
+  std::uint64_t next_hash = 1;
+  std::vector<std::uint64_t> stored;  // committed hashes
+  std::unordered_map<std::uint64_t, std::size_t> position;  // hash -> index in `stored`
+  std::mt19937_64 random{7};
+
+  EngineRig(std::uint32_t tokens, CompressionMode mode, std::size_t pool_bytes, std::size_t blocks_per_step)
+      : layout(kLayers, tokens, kHeads, kHeadDim, KvDtype::fp16), blocks(blocks_per_step) {
+    // Room for a load step and a store step side by side in the device KV.
+    engine = std::make_unique<Engine>(layout, mode, pool_bytes, 4, blocks, 2 * blocks, Route::cuda);
+    std::vector<DeviceKvLayer> views;
+    for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+      kv.push_back(std::make_unique<DeviceBuffer>(2 * 2 * blocks * layout.bytes_per_tensor()));
+      check(cudaMemset(kv.back()->data, 0x3C, 2 * 2 * blocks * layout.bytes_per_tensor()),
+            "cudaMemset");
+      views.push_back({kv.back()->data, 2 * blocks});
+    }
+    engine->register_kv_caches(views);
+    // Fill the pool, so that loads come from slots scattered over all of it.
+    while (stored.size() < engine->num_slots()) step(false, true);
+  }
+
+  // One step: `load` loads `blocks` random committed blocks, `store` stores as many new ones.
+  // Returns the seconds of the engine's calls alone (plans through wait_for_save).
+  double step(bool load, bool store) {
+    std::vector<std::uint64_t> loads;
+    std::sample(stored.begin(), stored.end(), std::back_inserter(loads), load ? blocks : 0,
+                random);
+    std::vector<std::uint64_t> stores(store ? blocks : 0);
+    std::iota(stores.begin(), stores.end(), next_hash);
+    next_hash += stores.size();
+    std::vector<std::int64_t> load_blocks(loads.size());
+    std::iota(load_blocks.begin(), load_blocks.end(), std::int64_t{0});
+    std::vector<std::int64_t> store_blocks(stores.size());
+    std::iota(store_blocks.begin(), store_blocks.end(), static_cast<std::int64_t>(blocks));
+    const auto start = std::chrono::steady_clock::now();
+    if (!loads.empty()) engine->plan_load(loads, load_blocks);
+    if (!stores.empty()) engine->plan_store(stores, store_blocks);
+    engine->build_step();
+    engine->start_load();
+    for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+      engine->wait_for_layer_load(layer);
+      engine->save_kv_layer(layer);
+    }
+    engine->wait_for_save();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Track what is committed, so that later loads pick committed blocks only.
+    for (const auto& event : engine->take_events()) {
+      if (event.kind == activekv::offload::EventKind::commit) {
+        position[event.value] = stored.size();
+        stored.push_back(event.value);
+      } else if (event.kind == activekv::offload::EventKind::evict) {
+        const std::size_t at = position.at(event.value);
+        position[stored.back()] = at;
+        stored[at] = stored.back();
+        stored.pop_back();
+        position.erase(event.value);
+      }
+    }
+    return seconds;
+  }
+
+  double median_step(int repeats, bool load, bool store) {
+    std::vector<double> times;
+    for (int i = 0; i < repeats; ++i) times.push_back(step(load, store));
+    return median(times);
+  }
+
+  std::size_t stored_bytes_per_step() const {
+    return blocks * kLayers * stored_layer_bytes(layout, engine->mode());
+  }
+  std::size_t tokens_per_step() const { return blocks * kLayers * layout.block_size(); }
+};
+
+std::string number(double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f", value);
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::size_t pool_bytes = (argc > 1 ? std::stoul(argv[1]) : 4) * kGiB;
+    const std::size_t moved = (argc > 2 ? std::stoul(argv[2]) : 1) * kGiB;
+    const int repeats = argc > 3 ? std::stoi(argv[3]) : 5;
+
+    cudaDeviceProp properties{};
+    check(cudaGetDeviceProperties(&properties, 0), "cudaGetDeviceProperties");
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    std::mt19937_64 random(1);
+
+    std::string rows;
+    const auto row = [&](std::size_t block, const char* method, Ways ways) {
+      rows += std::string(rows.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
+              std::to_string(block) + ", \"method\": \"" + method + "\", \"h2d_gbps\": " +
+              number(ways.h2d) + ", \"d2h_gbps\": " + number(ways.d2h) + "}";
+      std::fprintf(stderr, "%8zu KiB  %-28s H2D %7.2f GB/s  D2H %7.2f GB/s\n", block / kKiB,
+                   method, ways.h2d, ways.d2h);
+    };
+
+    Ways ceiling{};
+    {
+      PinnedBuffer pool(pool_bytes);
+      DeviceBuffer device(moved);
+      std::memset(pool.data, 0x5A, pool_bytes);  // touch every page before timing
+      ceiling.h2d = gbps(moved, median_seconds(repeats, [&] {
+        check(cudaMemcpyAsync(device.data, pool.data, moved, cudaMemcpyHostToDevice, stream), "copy");
+        check(cudaStreamSynchronize(stream), "sync");
+      }));
+      ceiling.d2h = gbps(moved, median_seconds(repeats, [&] {
+        check(cudaMemcpyAsync(pool.data, device.data, moved, cudaMemcpyDeviceToHost, stream), "copy");
+        check(cudaStreamSynchronize(stream), "sync");
+      }));
+      std::fprintf(stderr, "ceiling (contiguous %zu GiB): H2D %.2f GB/s  D2H %.2f GB/s\n",
+                   moved / kGiB, ceiling.h2d, ceiling.d2h);
+      for (const std::size_t block : {16 * kKiB, 64 * kKiB, 256 * kKiB, 1024 * kKiB}) {
+        const Scatter s = scatter(pool.data, pool_bytes, device.data, moved, block, random);
+        row(block, "per-block cudaMemcpyAsync", per_block_memcpy(s, stream, repeats));
+        row(block, "cudaMemcpyBatchAsync", batch_memcpy(s, stream, repeats));
+      }
+      if (std::getenv("ACTIVEKV_BENCH_LAUNCH_WIDTHS") != nullptr) {
+        cudaStream_t other = nullptr;
+        check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
+        DeviceBuffer both_ways(2 * moved);
+        for (const std::uint32_t width : {66u, 132u, 264u, 528u, 1056u, 4096u}) {
+          std::fprintf(stderr, "raw kernels, 64 KiB blocks, launches <= %4u blocks: both ways %.2f GB/s\n",
+                       width, raw_overlap(pool.data, both_ways.data, moved / 2, 64 * kKiB, width,
+                                          stream, other, repeats));
+        }
+        cudaStreamDestroy(other);
+      }
+    }
+
+    std::string overlapped;
+    std::string compressed;
+    for (const std::size_t block : {16 * kKiB, 64 * kKiB, 256 * kKiB, 1024 * kKiB}) {
+      // block = K + V of one layer: tokens * 2 * (heads * head_dim * 2 bytes).
+      const auto tokens = static_cast<std::uint32_t>(block / (2 * kHeads * kHeadDim * 2));
+      const std::size_t blocks = moved / (block * kLayers);
+      EngineRig exact(tokens, CompressionMode::exact, pool_bytes, blocks);
+      const std::size_t bytes = exact.stored_bytes_per_step();
+      const double load = exact.median_step(repeats, true, false);
+      const double store = exact.median_step(repeats, false, true);
+      const double both = exact.median_step(repeats, true, true);
+      row(block, "engine", {gbps(bytes, load), gbps(bytes, store)});
+      overlapped += std::string(overlapped.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
+                    std::to_string(block) + ", \"engine_both_ways_gbps\": " +
+                    number(gbps(2 * bytes, both)) + "}";
+      std::fprintf(stderr, "%8zu KiB  engine, loads and stores overlapped: %.2f GB/s\n",
+                   block / kKiB, gbps(2 * bytes, both));
+
+      EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks);
+      const double int8_load = int8.median_step(repeats, true, false);
+      const double int8_store = int8.median_step(repeats, false, true);
+      const double tokens_exact = static_cast<double>(exact.tokens_per_step()) / load;
+      const double tokens_int8 = static_cast<double>(int8.tokens_per_step()) / int8_load;
+      const double store_ratio = (static_cast<double>(int8.tokens_per_step()) / int8_store) /
+                                 (static_cast<double>(exact.tokens_per_step()) / store);
+      compressed += std::string(compressed.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
+                    std::to_string(block) + ", \"exact_load_tokens_per_s\": " +
+                    number(tokens_exact) + ", \"int8_load_tokens_per_s\": " +
+                    number(tokens_int8) + ", \"int8_over_exact_load\": " +
+                    number(tokens_int8 / tokens_exact) + ", \"int8_over_exact_store\": " +
+                    number(store_ratio) + "}";
+      std::fprintf(stderr, "%8zu KiB  int8 / exact tokens/s: load %.2fx  store %.2fx\n",
+                   block / kKiB, tokens_int8 / tokens_exact, store_ratio);
+    }
+    cudaStreamDestroy(stream);
+
+    std::printf(
+        "{\n  \"gpu\": \"%s\",\n  \"pool_bytes\": %zu,\n  \"moved_bytes\": %zu,\n"
+        "  \"layers\": %u,\n  \"repeats\": %d,\n"
+        "  \"ceiling_gbps\": {\"h2d\": %s, \"d2h\": %s},\n  \"rows\": [\n    %s\n  ],\n"
+        "  \"overlapped\": [\n    %s\n  ],\n  \"int8_vs_exact\": [\n    %s\n  ]\n}\n",
+        properties.name, pool_bytes, moved, kLayers, repeats, number(ceiling.h2d).c_str(),
+        number(ceiling.d2h).c_str(), rows.c_str(), overlapped.c_str(), compressed.c_str());
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "staging bench: %s\n", error.what());
+    return 1;
+  }
+}

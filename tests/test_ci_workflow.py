@@ -1,0 +1,355 @@
+"""The GitHub Actions workflow (release/ci_workflow.py, `.github/workflows/release.yml`): the
+committed file is what the manifest generates, it conforms to SchemaStore's GitHub workflow
+schema (vendored by the pinned check-jsonschema), and its jobs build, gate and release what the
+manifest and pyproject's [tool.cibuildwheel] declare. Each check has a negative control."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from release import ci_workflow, cli
+from release.errors import ManifestError, ReleaseError
+from release.manifest import Manifest, load_manifest
+from release.pins import dependency_group, pyproject
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "manifests" / "activekv.toml"
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    return load_manifest(REAL)
+
+
+@pytest.fixture(scope="module")
+def committed(manifest: Manifest) -> dict[str, Any]:
+    assert manifest.ci is not None
+    path = ROOT / manifest.ci.workflow
+    return ci_workflow.parse(path.read_text(), str(path))
+
+
+def variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> Manifest:
+    """The real manifest with one text replaced, loaded from a copy."""
+    text = REAL.read_text()
+    assert text.count(old) == 1, old
+    path = tmp_path / "manifests" / "activekv.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.replace(old, new))
+    monkeypatch.chdir(tmp_path)
+    return load_manifest(path)
+
+
+# --- the committed file ---
+
+
+def test_committed_workflow_matches_the_manifest(manifest: Manifest) -> None:
+    assert manifest.ci is not None
+    path = ROOT / manifest.ci.workflow
+    assert ci_workflow.drift(manifest, path.read_text(), str(path)) == []
+
+
+def test_committed_workflow_conforms_to_the_github_workflow_schema(
+    committed: dict[str, Any],
+) -> None:
+    assert ci_workflow.schema_problems(committed) == []
+
+
+def test_the_schema_is_schemastores_github_workflow_schema() -> None:
+    from check_jsonschema.builtin_schemas import get_builtin_schema
+
+    schema = get_builtin_schema(ci_workflow.SCHEMA_NAME)
+    assert schema["$id"] == "https://json.schemastore.org/github-workflow.json"
+    assert {"on", "jobs"} <= set(schema["required"])
+
+
+def check_jsonschema_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    """check-jsonschema's own command line on `path` (its YAML reader, its regex engine)."""
+    command = [sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+               ci_workflow.SCHEMA_NAME, str(path)]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_check_jsonschema_accepts_the_committed_file(
+    manifest: Manifest, tmp_path: Path, committed: dict[str, Any]
+) -> None:
+    assert manifest.ci is not None
+    result = check_jsonschema_cli(ROOT / manifest.ci.workflow)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Negative control: the same file without a job's runs-on is refused by the tool too.
+    broken = tmp_path / "broken.yml"
+    ci_workflow._yaml().dump(_broken(committed, "no runs-on"), broken)
+    result = check_jsonschema_cli(broken)
+    assert result.returncode == 1 and "jobs" in result.stdout + result.stderr
+
+
+def test_check_command_agrees(manifest: Manifest) -> None:
+    assert cli.main(["ci", "--check"]) == 0
+
+
+# --- negative controls: drift ---
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "job"),
+    [
+        ('gpu_runner_labels = ["linux", "x64", "gpu", "h200"]',
+         'gpu_runner_labels = ["linux", "x64", "gpu", "b200"]', "gpu-gates"),
+        ('python = ["3.10", "3.11", "3.12", "3.13"]', 'python = ["3.11", "3.12", "3.13"]',
+         "wheels"),
+        ('python = ["3.10", "3.11", "3.12", "3.13"]', 'python = ["3.10", "3.11", "3.12"]',
+         "release"),
+        ('build_runner = "ubuntu-24.04"', 'build_runner = "ubuntu-22.04"', "wheels"),
+        ('tag_channel = "stable"', 'tag_channel = "dev"', "release"),
+    ],
+)  # fmt: skip
+def test_a_changed_manifest_shows_drift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, manifest: Manifest,
+    old: str, new: str, job: str,
+) -> None:  # fmt: skip
+    assert manifest.ci is not None
+    committed_text = (ROOT / manifest.ci.workflow).read_text()
+    changed = variant(tmp_path, monkeypatch, old, new)
+    problems = ci_workflow.drift(changed, committed_text, "release.yml")
+    assert f"release.yml: jobs.{job} differs from the manifest's" in problems
+
+
+def test_a_hand_edit_shows_drift(manifest: Manifest) -> None:
+    assert manifest.ci is not None
+    text = (ROOT / manifest.ci.workflow).read_text()
+    edited = text.replace("- h200", "- h100")
+    assert edited != text
+    assert ci_workflow.drift(manifest, edited, "release.yml") == [
+        "release.yml: jobs.gpu-gates differs from the manifest's"
+    ]
+    assert ci_workflow.drift(manifest, "- a list", "release.yml") == [
+        "release.yml: expected a mapping; got list"
+    ]
+
+
+def test_check_command_fails_on_drift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    changed = variant(tmp_path, monkeypatch, 'build_runner = "ubuntu-24.04"',
+                      'build_runner = "ubuntu-22.04"')  # fmt: skip
+    assert cli.main(["ci", "--check", "--manifest", str(changed.path)]) == 1
+
+
+# --- negative controls: the schema ---
+
+
+def _broken(workflow: dict[str, Any], change: str) -> dict[str, Any]:
+    broken = copy.deepcopy(workflow)
+    jobs = broken["jobs"]
+    if change == "no runs-on":
+        del jobs["release"]["runs-on"]
+    elif change == "needs a number":
+        jobs["gpu-gates"]["needs"] = 5
+    elif change == "unknown trigger filter":
+        broken["on"]["push"]["tagz"] = ["v*"]
+    elif change == "a step with run and uses":
+        jobs["wheels"]["steps"][1]["uses"] = "actions/checkout@v7"
+    elif change == "no jobs":
+        del broken["jobs"]
+    return broken
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ("no runs-on", "jobs.release: 'runs-on' is a required property"),
+        ("needs a number", "jobs.gpu-gates.needs: 5 is not of type 'array'"),
+        ("unknown trigger filter", "on.push: Additional properties are not allowed ('tagz'"),
+        ("a step with run and uses", "jobs.wheels.steps.1:"),
+        ("no jobs", "<top level>: 'jobs' is a required property"),
+    ],
+)
+def test_an_invalid_workflow_fails_the_schema(
+    committed: dict[str, Any], change: str, where: str
+) -> None:
+    problems = ci_workflow.schema_problems(_broken(committed, change))
+    assert any(problem.startswith(where) for problem in problems), problems
+
+
+def test_an_invalid_workflow_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, manifest: Manifest
+) -> None:
+    valid = ci_workflow.generate(manifest)
+    monkeypatch.setattr(ci_workflow, "generate", lambda m: _broken(valid, "no runs-on"))
+    with pytest.raises(ReleaseError, match=r"jobs\.release: 'runs-on' is a required property"):
+        ci_workflow.write_workflow(manifest, tmp_path)
+    assert not (tmp_path / ".github").exists() or not any((tmp_path / ".github").rglob("*"))
+
+
+def test_write_workflow_writes_what_generate_says(tmp_path: Path, manifest: Manifest) -> None:
+    path = ci_workflow.write_workflow(manifest, tmp_path)
+    assert path == tmp_path / ".github" / "workflows" / "release.yml"
+    text = path.read_text()
+    assert text.startswith("# Generated by `python -m release ci`")
+    assert ci_workflow.parse(text, str(path)) == ci_workflow.parse(
+        ci_workflow.render(manifest), "generated"
+    )
+    assert [p.name for p in path.parent.iterdir()] == ["release.yml"]
+
+
+# --- what the jobs do ---
+
+
+def _steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(job["steps"])
+
+
+def _run_lines(job: dict[str, Any]) -> list[str]:
+    return [line for s in _steps(job) if "run" in s for line in s["run"].splitlines()]
+
+
+def test_the_matrix_builds_what_cibuildwheel_is_configured_to_build(
+    committed: dict[str, Any],
+) -> None:
+    job = committed["jobs"]["wheels"]
+    matrix = job["strategy"]["matrix"]
+    extra = {entry["python"]: entry for entry in matrix["include"]}
+    step = next(s for s in _steps(job) if s.get("uses", "").startswith("pypa/cibuildwheel@"))
+    template = step["env"]["CIBW_BUILD"]
+    selectors = []
+    for python in matrix["python"]:
+        for arch in matrix["arch"]:
+            values = {"python": python, "arch": arch, **extra[python]}
+            selector = template
+            for key, value in values.items():
+                selector = selector.replace(f"${{{{ matrix.{key} }}}}", value)
+            selectors.append(selector)
+    assert selectors == pyproject()["tool"]["cibuildwheel"]["build"]
+    assert step["env"]["CIBW_ENVIRONMENT_PASS_LINUX"] == "SOURCE_DATE_EPOCH"
+    # No other cibuildwheel option is set here: the rest comes from pyproject.toml.
+    assert set(step["env"]) == {"CIBW_BUILD", "CIBW_ARCHS_LINUX", "CIBW_ENVIRONMENT_PASS_LINUX"}
+
+
+def test_the_cibuildwheel_action_is_the_pinned_cibuildwheel(committed: dict[str, Any]) -> None:
+    pins = [r for r in dependency_group("build") if r.startswith("cibuildwheel==")]
+    step = next(
+        s for s in _steps(committed["jobs"]["wheels"]) if "pypa/cibuildwheel" in s.get("uses", "")
+    )
+    assert step["uses"] == "pypa/cibuildwheel@v" + pins[0].split("==")[1]
+
+
+def test_every_other_action_is_pinned_by_commit(committed: dict[str, Any]) -> None:
+    for job in committed["jobs"].values():
+        for step in _steps(job):
+            uses = step.get("uses")
+            if uses and not uses.startswith("pypa/cibuildwheel@"):
+                assert re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", uses), uses
+
+
+def test_source_date_epoch_comes_from_the_same_paths_as_the_hermetic_build(
+    committed: dict[str, Any],
+) -> None:
+    from release.build import _SOURCE_ROOTS
+
+    lines = _run_lines(committed["jobs"]["wheels"])
+    line = next(text for text in lines if "SOURCE_DATE_EPOCH" in text)
+    assert line.split(" -- ", 1)[1].split(")")[0].split() == list(_SOURCE_ROOTS)
+
+
+def test_the_gpu_job_runs_on_the_self_hosted_labels_with_the_built_wheels(
+    committed: dict[str, Any], manifest: Manifest
+) -> None:
+    assert manifest.ci is not None
+    job = committed["jobs"]["gpu-gates"]
+    assert job["runs-on"] == ["self-hosted", *manifest.ci.gpu_runner_labels]
+    assert job["needs"] == "wheels"
+    assert "pull_request.head.repo.full_name == github.repository" in job["if"]
+    downloads = [s for s in _steps(job) if "download-artifact" in s.get("uses", "")]
+    assert downloads[0]["with"] == {"pattern": "wheel-*", "merge-multiple": True,
+                                    "path": "out/wheels"}  # fmt: skip
+    assert "python -m release gpu-gates" in "\n".join(_run_lines(job))
+    upload = next(s for s in _steps(job) if "upload-artifact" in s.get("uses", ""))
+    assert upload["if"] == ci_workflow.ALWAYS
+    assert upload["with"]["name"] == ci_workflow.GPU_RECORDS
+    assert not any("build" in line.split() for line in _run_lines(job))  # never rebuilds
+
+
+def test_the_release_job_runs_on_evidence_only(
+    committed: dict[str, Any], manifest: Manifest
+) -> None:
+    job = committed["jobs"]["release"]
+    assert job["needs"] == ["wheels", "gpu-gates"]
+    assert "github.event_name != 'pull_request'" in job["if"]
+    assert "needs.wheels.result == 'success'" in job["if"]
+    steps = {s["name"]: s for s in _steps(job) if "name" in s}
+    commands = [shlex.split(line)[3] for line in _run_lines(job) if "-m release" in line]
+    cpu_gates = sorted(n for n, g in manifest.gates.items() if g.runner == "cpu")
+    assert commands == [*cpu_gates, "sign", "publish", "verify", "report"]
+    # A gate's exit status does not stop the job: the evidence decides, in publish.
+    for gate in cpu_gates:
+        assert steps[f"{gate} gate on these wheels"]["continue-on-error"] is True
+    for step in ("sign", "publish (refuses unless the channel's gates passed on these digests)"):
+        assert "continue-on-error" not in steps[step]
+    records = steps["the GPU records"]
+    assert records["with"]["name"] == ci_workflow.GPU_RECORDS
+    assert records["continue-on-error"] is True
+
+
+def test_every_command_the_workflow_calls_exists(committed: dict[str, Any]) -> None:
+    parser = cli._parser()
+    known = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    called = {
+        shlex.split(line)[3]
+        for job in committed["jobs"].values()
+        for line in _run_lines(job)
+        if line.startswith("python -m release ")
+    }
+    assert called - known == set()
+    assert {"gpu-gates", "sign", "publish", "verify", "report"} <= called
+
+
+# --- the manifest's [ci] table ---
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('gpu_runner_labels = ["linux", "x64", "gpu", "h200"]',
+         'gpu_runner_labels = ["self-hosted", "gpu"]',
+         'ci.gpu_runner_labels: expected labels without "self-hosted"'),
+        ('gpu_runner_labels = ["linux", "x64", "gpu", "h200"]', "gpu_runner_labels = []",
+         "ci.gpu_runner_labels: expected a non-empty array"),
+        ('gpu_runner_labels = ["linux", "x64", "gpu", "h200"]',
+         'gpu_runner_labels = ["gpu", "gpu"]', "ci.gpu_runner_labels: expected runner labels "
+         "without duplicates"),
+        ('gpu_runner_labels = ["linux", "x64", "gpu", "h200"]', 'gpu_runner_labels = ["a b"]',
+         "ci.gpu_runner_labels[0]: expected a runner label"),
+        ('gpu_python = "3.12"', 'gpu_python = "3.9"',
+         'ci.gpu_python: expected one of build.python, "3.10", "3.11", "3.12" or "3.13"; '
+         'got "3.9"'),
+        ('tag_channel = "stable"', 'tag_channel = "nightly"',
+         'ci.tag_channel: expected a declared channel "dev" or "stable"; got "nightly"'),
+        ('workflow = ".github/workflows/release.yml"', 'workflow = "release.yml"',
+         'ci.workflow: expected a path ".github/workflows/<name>.yml"'),
+        ('build_runner = "ubuntu-24.04"', 'build_runner = "ubuntu-24.04"\nrunner = "x"',
+         "ci.runner: expected one of the keys workflow, build_runner, gpu_runner_labels, "
+         "gpu_python, tag_channel; got an unknown key"),
+    ],
+)  # fmt: skip
+def test_a_bad_ci_table_names_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str, message: str
+) -> None:
+    with pytest.raises(ManifestError) as raised:
+        variant(tmp_path, monkeypatch, old, new)
+    assert message in str(raised.value)
+    assert str(raised.value).startswith(str(tmp_path / "manifests" / "activekv.toml"))
+
+
+def test_ci_without_a_ci_table_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = REAL.read_text()
+    without = variant(tmp_path, monkeypatch, text[text.index("\n[ci]") :], "\n")
+    assert without.ci is None
+    with pytest.raises(ManifestError, match=r"activekv.toml: ci: expected a \[ci\] table"):
+        ci_workflow.generate(without)

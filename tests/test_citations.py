@@ -1,0 +1,214 @@
+"""Shim citations (release/citations.py) and the framework cache (release/framework_cache.py).
+
+The framework here is a tiny fixture wheel, ``fakefw==1.0``, built locally: the checks are the
+same as against vLLM's wheel (tests/with_vllm/ checks the real shim against vllm==0.33.0), without
+fetching 340 MB. Each negative control plants one violation and must name the shim line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures_wheels import build_files_wheel
+
+from release.citations import line_digest, parse_shim, verify_shim
+from release.errors import GateError
+from release.framework_cache import cached_wheel, framework_wheel
+from release.manifest import load_manifest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_SHIM = REPO / "shims" / "activekv" / "vllm_connector.py"
+
+FRAMEWORK_FILES = {
+    "fakefw/base.py": (
+        b"import abc\n"
+        b"\n"
+        b"class Base(abc.ABC):\n"
+        b"    @abc.abstractmethod\n"
+        b"    def hook(self, x):\n"
+        b"        pass\n"
+    ),
+    "fakefw/caller.py": b"def run(connector, x):\n    return connector.hook(x)\n",
+}
+
+
+def cite(path: str, line: int, version: str = "1.0", digest: str | None = None) -> str:
+    text = FRAMEWORK_FILES[path].decode().splitlines()[line - 1]
+    return f"# cites: fakefw=={version} {path}:{line} {digest or line_digest(text)}"
+
+
+def shim_source(**override: str) -> bytes:
+    """A clean shim of fakefw; ``override`` replaces whole lines by their key (l1..l4)."""
+    lines = {
+        "l1": f"from fakefw.base import Base  {cite('fakefw/base.py', 3)}",
+        "l2": f"class Shim(Base):  {cite('fakefw/base.py', 3)}",
+        "l3": f"    def hook(self, x):  {cite('fakefw/base.py', 5)}",
+        "l4": f"        return x  {cite('fakefw/caller.py', 2)}",
+    }
+    lines.update(override)
+    body = "\n".join(lines.values())
+    return f"# A shim of fakefw: comments and blank lines need no citation.\n\n{body}\n".encode()
+
+
+@pytest.fixture(scope="module")
+def framework(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_files_wheel(tmp_path_factory.mktemp("fw"), FRAMEWORK_FILES)
+
+
+def problems_of(source: bytes, framework: Path, version: str = "1.0") -> list[str]:
+    return [str(p) for p in verify_shim("activekv/shim.py", source, "fakefw", version, framework)]
+
+
+def test_line_digest_is_sha256_of_the_stripped_line() -> None:
+    expected = hashlib.sha256(b"class Base(abc.ABC):").hexdigest()[:8]
+    assert line_digest("  class Base(abc.ABC):  \n") == expected
+
+
+def test_a_clean_shim_verifies(framework: Path) -> None:
+    citations, problems = parse_shim("activekv/shim.py", shim_source())
+    assert problems == []
+    assert [(c.shim_line, c.path, c.line) for c in citations] == [
+        (3, "fakefw/base.py", 3),
+        (4, "fakefw/base.py", 3),
+        (5, "fakefw/base.py", 5),
+        (6, "fakefw/caller.py", 2),
+    ]
+    assert problems_of(shim_source(), framework) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        pytest.param(
+            {"l4": "        return x"},
+            "activekv/shim.py:6: uncited line: expected '# cites: ",
+            id="uncited",
+        ),
+        pytest.param(
+            {"l4": "        return x  # a comment, not a citation"},
+            "activekv/shim.py:6: uncited line",
+            id="comment-not-citation",
+        ),
+        pytest.param(
+            {"l4": "        return x  # cites: fakefw==1.0 fakefw/caller.py two abcdefab"},
+            "activekv/shim.py:6: malformed citation",
+            id="malformed",
+        ),
+        pytest.param(
+            {"l3": f"    def hook(self, x):  {cite('fakefw/base.py', 5).replace(':5 ', ':4 ')}"},
+            "activekv/shim.py:5: cites fakefw/base.py:4 with hash",
+            id="wrong-line-number",
+        ),
+        pytest.param(
+            {"l2": f"class Shim(Base):  {cite('fakefw/base.py', 3, digest='0badc0de')}"},
+            "no line of the file has the cited hash (changed line)",
+            id="changed-line",
+        ),
+        pytest.param(
+            {"l2": f"class Shim(Base):  {cite('fakefw/base.py', 3, version='2.0')}"},
+            "activekv/shim.py:4: cites fakefw==2.0, but the manifest pins this shim to fakefw==1.0",
+            id="other-version",
+        ),
+        pytest.param(
+            {"l4": "        return x  # cites: fakefw==1.0 fakefw/gone.py:1 abcdefab"},
+            "activekv/shim.py:6: cites fakefw/gone.py:1, but fakefw-1.0-py3-none-any.whl has no "
+            "file fakefw/gone.py",
+            id="missing-file",
+        ),
+        pytest.param(
+            {"l4": "        return x  # cites: fakefw==1.0 fakefw/caller.py:9 abcdefab"},
+            "activekv/shim.py:6: cites fakefw/caller.py:9, but fakefw/caller.py has only 2 lines",
+            id="past-the-end",
+        ),
+        pytest.param(
+            {"l4": f'        return """x\n"""  {cite("fakefw/caller.py", 2)}'},
+            "activekv/shim.py:6: uncited line",
+            id="multi-line-string",
+        ),
+    ],
+)
+def test_each_violation_names_the_shim_line(
+    framework: Path, override: dict[str, str], expected: str
+) -> None:
+    problems = problems_of(shim_source(**override), framework)
+    assert len(problems) == 1, problems
+    assert expected in problems[0]
+
+
+def test_wrong_line_number_points_at_the_cited_text(framework: Path) -> None:
+    citation = cite("fakefw/base.py", 5).replace(":5 ", ":6 ")
+    source = shim_source(l3=f"    def hook(self, x):  {citation}")
+    (problem,) = problems_of(source, framework)
+    assert "that line is 'pass'" in problem
+    assert "the cited text is at line 5 (wrong line number)" in problem
+
+
+def test_a_framework_that_changed_the_cited_line_fails(tmp_path: Path) -> None:
+    changed = dict(FRAMEWORK_FILES)
+    changed["fakefw/base.py"] = FRAMEWORK_FILES["fakefw/base.py"].replace(b"x):", b"x, y):")
+    wheel = build_files_wheel(tmp_path, changed)
+    (problem,) = problems_of(shim_source(), wheel)
+    assert problem.startswith("activekv/shim.py:5: cites fakefw/base.py:5 with hash")
+    assert "'def hook(self, x, y):'" in problem
+    assert "(changed line)" in problem
+
+
+def test_a_shim_that_is_not_python_fails_naming_the_line(framework: Path) -> None:
+    (problem,) = problems_of(b"def f(:\n    pass\n", framework)
+    assert problem.startswith("activekv/shim.py:")
+    assert "expected Python source" in problem or "uncited" in problem
+
+
+def test_framework_cache_downloads_once_with_pip(
+    framework: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # this machine's pip config adds sources
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    cache = tmp_path / "cache"
+    index = ["--no-index", "--find-links", str(framework.parent)]
+    fetched = framework_wheel("fakefw", "1.0", cache, pip_args=index)
+    assert fetched == cache / "frameworks" / framework.name
+    assert fetched.read_bytes() == framework.read_bytes()
+    assert cached_wheel(cache / "frameworks", "FakeFW", "1.0") == fetched
+    # Cached: found again without pip (an index with nothing in it would fail).
+    empty = ["--no-index", "--find-links", str(tmp_path / "nothing")]
+    assert framework_wheel("fakefw", "1.0", cache, pip_args=empty) == fetched
+
+
+def test_framework_cache_failure_names_the_framework_and_leaves_nothing(
+    framework: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    cache = tmp_path / "cache"
+    index = ["--no-index", "--find-links", str(framework.parent)]
+    with pytest.raises(GateError, match=r"fakefw==9\.9: expected `pip download --no-deps`"):
+        framework_wheel("fakefw", "9.9", cache, pip_args=index)
+    assert list((cache / "frameworks").iterdir()) == []
+
+
+def test_the_real_shim_cites_every_line_of_the_pinned_framework() -> None:
+    manifest = load_manifest(REPO / "manifests" / "activekv.toml")
+    (shim,) = manifest.payload.shims
+    assert shim.path == "activekv/vllm_connector.py"
+    source = REAL_SHIM.read_bytes()
+    assert hashlib.sha256(source).hexdigest() == shim.sha256, "update payload.shims[0].sha256"
+    citations, problems = parse_shim(shim.path, source)
+    assert problems == []
+    assert len(citations) >= 20
+    assert {(c.distribution, c.version) for c in citations} == {(shim.framework, shim.version)}
+
+
+def test_the_shim_pin_matches_the_vllm_pin_of_pyproject() -> None:
+    manifest = load_manifest(REPO / "manifests" / "activekv.toml")
+    (shim,) = manifest.payload.shims
+    groups = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]
+    assert f"{shim.framework}=={shim.version}" in groups["vllm"]

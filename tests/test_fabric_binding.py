@@ -1,0 +1,101 @@
+"""activekv._fabric as the built wheel ships it, on a machine without a GPU (CI).
+
+Each route that needs a GPU, libcublas or libcupti must fail with an error naming what is
+missing, never crash; the GPU behaviour itself is proven by the warm-up gate on the GPU machine
+(tests/gpu/evidence/) and by the C++ tests there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from release.gpu import detect_gpu
+from release.gpu_gates import library_candidates
+
+no_gpu = pytest.mark.skipif(detect_gpu() is not None, reason="this machine has a GPU")
+
+
+@pytest.fixture(scope="module")
+def fabric(engine_site: Path) -> ModuleType:
+    if str(engine_site) not in sys.path:
+        sys.path.insert(0, str(engine_site))
+    module = importlib.import_module("activekv._fabric")
+    assert engine_site.resolve() in Path(module.__file__).resolve().parents
+    return module
+
+
+def test_the_callback_classifier_is_the_native_one(fabric: ModuleType) -> None:
+    assert fabric.classify_api("cudaMallocAsync_ptsz_v11020") == "async_allocation"
+    assert fabric.classify_api("cuMemCreate") == "vmm_allocation"
+    assert fabric.classify_api("cudaStreamBeginCaptureToGraph_v12030") == "stream_capture"
+    assert fabric.classify_api("cudaMemcpyAsync_v3020") is None
+    assert fabric.base_api_name("cuStreamSynchronize_ptsz") == "cuStreamSynchronize"
+
+
+def test_error_types_are_runtime_errors(fabric: ModuleType) -> None:
+    for name in (
+        "ArenaSealedError",
+        "ArenaExhaustedError",
+        "StreamRuleError",
+        "ConventionProbeError",
+        "CudaError",
+        "LibraryLoadError",
+        "LibraryCallError",
+    ):
+        assert issubclass(getattr(fabric, name), RuntimeError), name  # fmt: skip
+    assert fabric.has_tensorrt_executor is False  # no TensorRT SDK on this workplace
+
+
+def test_missing_libcupti_is_named(fabric: ModuleType) -> None:
+    with pytest.raises(fabric.LibraryLoadError) as raised:
+        fabric.CuptiMonitor(["/nonexistent/libcupti.so.13", "libno-such-cupti.so"])
+    message = str(raised.value)
+    assert "libcupti could not be loaded; tried 2 candidate(s)" in message
+    assert "/nonexistent/libcupti.so.13" in message
+
+
+def test_missing_libcublas_is_named_before_any_cuda_call(fabric: ModuleType) -> None:
+    with pytest.raises(fabric.LibraryLoadError, match="libcublas could not be loaded"):
+        fabric.DecodeWorker(["/nonexistent/libcublas.so.13"])
+    with pytest.raises(fabric.LibraryLoadError, match="lacks the symbol cublasCreate_v2"):
+        fabric.DecodeWorker(["libc.so.6"])
+
+
+def test_bad_worker_arguments_are_named(fabric: ModuleType) -> None:
+    with pytest.raises(ValueError, match='executor_mixing: expected "causal" or "none"'):
+        fabric.DecodeWorker(["libc.so.6"], executor_mixing="sideways")
+    with pytest.raises(ValueError, match="hidden: expected at least 1; got 0"):
+        fabric.DecodeWorker(["libc.so.6"], hidden=0)
+
+
+@no_gpu
+def test_without_a_gpu_the_worker_names_the_cuda_error(fabric: ModuleType) -> None:
+    cublas = [c for c in library_candidates("cublas") if Path(c).is_file()]
+    if not cublas:
+        pytest.skip("no libcublas on this machine: the worker stops at loading it (tested above)")
+    with pytest.raises(fabric.CudaError, match="cudaGetDeviceCount"):
+        fabric.DecodeWorker(cublas)
+
+
+@no_gpu
+def test_without_a_gpu_cupti_refuses_to_subscribe_cleanly(fabric: ModuleType) -> None:
+    cupti = [c for c in library_candidates("cupti") if Path(c).is_file()]
+    if not cupti:
+        pytest.skip("no libcupti on this machine: loading it is refused (tested above)")
+    # libcupti loads and its callback names classify; subscribing needs a driver.
+    with pytest.raises(fabric.LibraryCallError, match="cuptiSubscribe failed"):
+        fabric.CuptiMonitor(cupti)
+
+
+def test_the_arena_plan_still_seals(fabric: ModuleType) -> None:
+    plan = fabric.ArenaPlan()
+    assert plan.reserve("kv", 100) == 0
+    plan.seal()
+    with pytest.raises(fabric.ArenaSealedError, match="refused after warm-up"):
+        plan.reserve("late", 1)
+    assert plan.refused_after_seal == 1

@@ -1,0 +1,176 @@
+"""Kill a real `python -m release publish` between two uploads and run it again: the index ends with
+every file exactly once, identical digests, nothing overwritten, and the TUF metadata complete."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    load_pem_private_key,
+)
+from fixtures_wheels import build_wheel
+
+from release.cli import DEFAULT_MANIFEST
+from release.evidence import Evidence, write_evidence
+from release.index import EmbeddedIndex
+from release.manifest import load_manifest
+from release.pins import project_version
+from release.publish import PAUSE_ENV
+from release.records import write_record
+from release.tuf_metadata import PROVENANCE_PREFIX, TufRepository
+
+REPO = Path(__file__).resolve().parent.parent
+TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",
+        "cp312-abi3-manylinux_2_28_x86_64")  # fmt: skip
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _release(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "release", *map(str, args)]
+
+
+@pytest.fixture
+def signed_out(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
+    """An output directory as the gates and the sign step leave it, for three fixture wheels."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    wheels = [build_wheel(out / "wheels", version=project_version(), tag=tag) for tag in TAGS]
+    digests = {wheel.name: _sha256(wheel) for wheel in wheels}
+    for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
+        write_evidence(out, Evidence(gate=gate, verdict="pass", artefacts=digests))
+    started = datetime.now(timezone.utc)
+    write_record(out, "build", {
+        "started": started.isoformat(), "finished": (started + timedelta(seconds=1)).isoformat(),
+        "source_date_epoch": 1_700_000_000, "toolchain": {"zig": "test"},
+    })  # fmt: skip
+    signed = subprocess.run(_release("sign", "--out", out, "--state-dir", state), cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    (out / "sign-output.txt").write_text(signed.stdout + signed.stderr)  # scanned for key bytes
+    return out, state, wheels
+
+
+def _wait_for_first_upload(packages: Path, log: Path, process: subprocess.Popen[bytes]) -> str:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "publish ended before it could be interrupted"
+        # the server logs a request once it has answered it: the file is complete by then
+        accepted = log.exists() and log.read_text(errors="replace").count('"POST / HTTP') >= 1
+        stored = sorted(packages.glob("*.whl")) if packages.exists() else []
+        if accepted and stored:
+            assert len(stored) == 1
+            return stored[0].name
+        time.sleep(0.1)
+    raise AssertionError("the first upload never reached the index")
+
+
+def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites(
+    signed_out: tuple[Path, Path, list[Path]],
+) -> None:
+    out, state, wheels = signed_out
+    packages, log = state / "index" / "packages", state / "index" / "server.log"
+    command = _release("publish", "--out", out, "--state-dir", state)
+    env = dict(os.environ, **{PAUSE_ENV: "60"})
+    # a session of its own: the kill takes the publisher, twine and its pypiserver together
+    first = subprocess.Popen(
+        command, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    try:
+        uploaded_first = _wait_for_first_upload(packages, log, first)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL
+    before = (packages / uploaded_first).stat()
+    assert TufRepository(state / "index" / "tuf").targets() == {}  # nothing committed yet
+
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+
+    stored = sorted(packages.iterdir())
+    assert [p.name for p in stored] == sorted(w.name for w in wheels)  # each file once
+    assert {p.name: _sha256(p) for p in stored} == {w.name: _sha256(w) for w in wheels}
+    after = (packages / uploaded_first).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+    record = json.loads((out / "publish.json").read_text())
+    outcomes = {f["file"]: f["outcome"] for f in record["files"]}
+    assert outcomes.pop(uploaded_first) == "already present, identical"
+    assert set(outcomes.values()) == {"uploaded"}
+    targets = TufRepository(state / "index" / "tuf").targets()
+    statement = f"{PROVENANCE_PREFIX}activekv-{project_version()}.intoto.json"
+    assert set(targets) == {w.name for w in wheels} | {statement}
+    for wheel in wheels:
+        assert targets[wheel.name].hashes["sha256"] == _sha256(wheel)
+
+    # a third run changes nothing at all
+    third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "already exists on the index; nothing uploaded" in third.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in sorted(packages.iterdir())} == {
+        p.name: p.stat().st_mtime_ns for p in stored
+    }
+
+
+def _private_key_secrets(pem_path: Path) -> set[str]:
+    """The forms a leaked private key would take: PEM body, raw seed as hex and base64."""
+    pem = pem_path.read_bytes()
+    private = load_pem_private_key(pem, password=None)
+    seed = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    body = "".join(line for line in pem.decode().splitlines() if not line.startswith("-----"))
+    return {body, seed.hex(), base64.b64encode(seed).decode(), base64.b64encode(pem).decode()}
+
+
+def test_no_private_key_material_in_any_output_or_log_of_a_release(
+    signed_out: tuple[Path, Path, list[Path]], tmp_path: Path
+) -> None:
+    """sign, publish (with TUF) and the consumer's verify, run as commands; then every file they
+    wrote and everything they printed is scanned for the bytes of every private key."""
+    out, state, _ = signed_out
+    published = subprocess.run(_release("publish", "--out", out, "--state-dir", state), cwd=REPO,
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert published.returncode == 0, published.stdout + published.stderr
+    record = json.loads((out / "publish.json").read_text())
+    with EmbeddedIndex(state, "activekv-publisher") as index:
+        verified = subprocess.run(
+            _release("verify", "--index", index.simple_url, f"activekv=={project_version()}",
+                     "--root", record["tuf"]["trusted_root"], "--provenance-key",
+                     out / "provenance" / "dev-signing-key.pub.json", "--tuf-cache",
+                     tmp_path / "cache", "--python", sys.executable, "--import", "activekv._probe",
+                     "--out", out),
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    private_files = sorted(state.glob("keys/*.pem")) + sorted(state.glob("index/tuf/keys/*.pem"))
+    assert len(private_files) == 5  # the dev signing key and one key per TUF role
+    secrets = set().union(*(_private_key_secrets(p) for p in private_files))
+    assert (out / "sign-output.txt").read_text().startswith("signed 3 wheel(s)")
+    texts = {"publish output": published.stdout + published.stderr,
+             "verify output": verified.stdout + verified.stderr}  # fmt: skip
+    scanned = [p for p in sorted(out.rglob("*")) + sorted(state.rglob("*"))
+               + sorted((tmp_path / "cache").rglob("*"))
+               if p.is_file() and p not in private_files]  # fmt: skip
+    assert any(p.name == "server.log" for p in scanned)
+    assert any(p.name == "timestamp.json" for p in scanned)
+    for path in scanned:
+        texts[str(path)] = path.read_bytes().decode("latin-1")
+    for where, text in texts.items():
+        assert "PRIVATE KEY" not in text, where
+        for secret in secrets:
+            assert secret not in text, f"private key material in {where}"

@@ -1,0 +1,407 @@
+"""The release report (release/report.py): report.md and report.html from the records under
+`<out>/`, with and without the records other gates add (GPU staging, served path), and a look at
+the HTML in a real headless browser (Debian's chromium)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from release import cli
+from release.evidence import Evidence, write_evidence
+from release.gpu import NO_GPU_RUNNER
+from release.manifest import Manifest, load_manifest
+from release.records import write_record
+from release.report import (
+    REPORT_HTML,
+    REPORT_MD,
+    STAGING_PLOT,
+    describe,
+    write_report,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "manifests" / "activekv.toml"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "report"
+WHEELS = {
+    "3.10": "activekv-0.1.0-cp310-cp310-manylinux_2_28_x86_64.whl",
+    "3.11": "activekv-0.1.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+    "3.12": "activekv-0.1.0-cp312-abi3-manylinux_2_28_x86_64.whl",
+}
+FAILING_CELL = "int8-bf16-t8-h2d32-l6-pressure"
+SKIPPED_CELL = "fp8-fp32-t32-h2d64-l3"
+GPU_RUNNER = {"kind": "gpu", "gpu": "fixture GPU", "driver": "0.0-fixture", "host": "fixture"}
+
+
+def digest(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+ARTEFACTS = {name: digest(name) for name in WHEELS.values()}
+STAGED_WHEEL = WHEELS["3.12"]  # the wheel tests/fixtures/report/gpu-staging.json names
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    return load_manifest(REAL)
+
+
+def write_records(
+    out: Path, manifest: Manifest, *, staging: bool, served_path: bool, published: bool
+) -> Path:
+    """The records of a dev run, written with the pipeline's own writers."""
+    write_record(out, "build", {
+        "started": "2026-12-03T02:00:00+00:00", "finished": "2026-12-03T02:01:00+00:00",
+        "source_date_epoch": 1796237208,
+        "toolchain": {"zig": "0.17.1", "nvcc": "13.0"},
+        "wheels": [
+            {"file": name, "python": python, "serves": ["3.12", "3.13"] if python == "3.12"
+             else [python], "seconds": 20.5, "cached": python == "3.11",
+             "size": 716_733 + index, "sha256": ARTEFACTS[name]}
+            for index, (python, name) in enumerate(WHEELS.items())
+        ],
+        "skipped": [{"python": "3.13", "reason": "served by the stable-ABI wheel built with 3.12"}],
+    })  # fmt: skip
+    write_evidence(out, Evidence("policy", "pass", ARTEFACTS, figures={
+        "declared": "manylinux_2_28_x86_64", "failures": [],
+        "wheels": {n: {"auditwheel_show": "manylinux_2_17_x86_64"} for n in ARTEFACTS},
+    }))  # fmt: skip
+    write_evidence(out, Evidence("payload", "pass", ARTEFACTS, figures={
+        "files": [{"kind": "extension"}] * 6 + [{"kind": "stub"}] * 6,
+    }))  # fmt: skip
+    cells = [
+        {"cell": c.name, "mode": c.mode, "operations": 30, "events": 120, "seconds": 0.5,
+         "verdict": "differs" if c.name == FAILING_CELL else "bit-identical",
+         "first_difference": "operation 7: layer 2: device block 3: byte offset 96"
+         if c.name == FAILING_CELL else None}
+        for c in manifest.gates["parity"].cells if c.name != SKIPPED_CELL
+    ]  # fmt: skip
+    abi3 = WHEELS["3.12"]
+    write_evidence(out, Evidence("parity", "fail", {abi3: ARTEFACTS[abi3]}, figures={
+        "cells": cells, "exact": "13 of 13 bit-identical", "compressed": "10 of 11 bit-identical",
+    }, reason=f"{FAILING_CELL}: operation 7: layer 2: device block 3: byte offset 96"))  # fmt: skip
+    write_evidence(out, Evidence("warmup", "not-run", ARTEFACTS, reason=NO_GPU_RUNNER))
+    if served_path:
+        write_evidence(out, Evidence("served-path", "pass", ARTEFACTS, figures={
+            "dispatch_sites": {"reference": 412, "engine": 3}, "steps": 8,
+        }))  # fmt: skip
+    if staging:
+        shutil.copy(FIXTURES / "gpu-staging.json", out / "gpu-staging.json")
+        write_evidence(out, Evidence("gpu-staging", "pass", ARTEFACTS, runner=GPU_RUNNER,
+                                     figures={"rows": 12}))  # fmt: skip
+    if published:
+        write_record(out, "sign", {
+            "channel": "dev", "envelope": str(out / "provenance" / "activekv-0.1.0.intoto.json"),
+            "envelope_sha256": digest("envelope"), "keyid": digest("key"),
+            "subjects": ARTEFACTS,
+        })  # fmt: skip
+        write_record(out, "publish", {
+            "channel": "dev", "index": "http://127.0.0.1:8080/simple/",
+            "message": "uploaded 3 file(s) of activekv 0.1.0",
+            "files": [{"file": n, "sha256": d, "outcome": "uploaded"}
+                      for n, d in ARTEFACTS.items()],
+        })  # fmt: skip
+    return out
+
+
+class Tables(HTMLParser):
+    """The tables of an HTML page: for each, its class and rows of (cell class, text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[tuple[str, list[list[tuple[str, str]]]]] = []
+        self._cell: list[str] | None = None
+        self._class = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        css = dict(attrs).get("class") or ""
+        if tag == "table":
+            self.tables.append((css, []))
+        elif tag == "tr" and self.tables:
+            self.tables[-1][1].append([])
+        elif tag in ("td", "th"):
+            self._cell, self._class = [], css
+        elif tag == "li" and self._cell is not None:
+            self._cell.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][1][-1].append((self._class, "".join(self._cell).strip()))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def tables_of(html_text: str) -> list[tuple[str, list[list[tuple[str, str]]]]]:
+    parser = Tables()
+    parser.feed(html_text)
+    return parser.tables
+
+
+def table_with(html_text: str, header: str) -> list[list[tuple[str, str]]]:
+    for _, rows in tables_of(html_text):
+        if rows and rows[0] and rows[0][0][1] == header:
+            return rows
+    raise AssertionError(f"no table whose first header is {header!r}")
+
+
+@pytest.fixture
+def full(tmp_path: Path, manifest: Manifest) -> tuple[str, str, Path]:
+    out = write_records(tmp_path, manifest, staging=True, served_path=True, published=True)
+    write_report(out, manifest, "dev")
+    return (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text(), out
+
+
+@pytest.fixture
+def bare(tmp_path: Path, manifest: Manifest) -> tuple[str, str, Path]:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    write_report(out, manifest, "dev")
+    return (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text(), out
+
+
+def test_artefacts_have_sizes_and_full_digests(full: tuple[str, str, Path]) -> None:
+    md, html_text, _ = full
+    rows = table_with(html_text, "wheel")[1:]
+    assert [row[0][1] for row in rows] == list(WHEELS.values())
+    for row in rows:
+        assert row[4][1] == ARTEFACTS[row[0][1]]
+        assert "716,73" in row[2][1] and "MB" in row[2][1]
+    for name, sha in ARTEFACTS.items():
+        assert f"`{sha}`" in md and name in md
+    assert rows[1][3][1] == "from the cache"
+
+
+def test_every_gate_has_its_verdict_figures_and_judged_digests(
+    full: tuple[str, str, Path], manifest: Manifest
+) -> None:
+    _, html_text, _ = full
+    rows = {row[0][1]: row for row in table_with(html_text, "gate")[1:]}
+    # Every declared gate, and gates with evidence that the manifest does not declare, once.
+    assert set(rows) == {*manifest.gates, "served-path", "gpu-staging"}
+    assert len(table_with(html_text, "gate")) == len(rows) + 1
+    verdicts = {name: (row[3][0].split()[0], row[3][1]) for name, row in rows.items()}
+    assert verdicts["policy"] == ("pass", "✓ pass")
+    assert verdicts["parity"] == ("fail", "✗ fail")
+    assert verdicts["warmup"] == ("not-run", "○ not-run")
+    assert "files: 6 extension, 6 stub" in rows["payload"][4][1]
+    assert "each of 3: auditwheel_show manylinux_2_17_x86_64" in rows["policy"][4][1]
+    assert "dispatch_sites: engine 3, reference 412" in rows["served-path"][4][1]
+    assert NO_GPU_RUNNER in rows["warmup"][4][1]
+    assert rows["gpu-staging"][6][1] == "fixture GPU, driver 0.0-fixture"
+    assert rows["policy"][5][1] == "all 3 built wheels (sha256 of each matches)"
+    abi3 = WHEELS["3.12"]
+    assert rows["parity"][5][1] == f"activekv-0.1.0-cp312-abi3: {ARTEFACTS[abi3][:16]}… = built"
+    assert rows["policy"][2][1] == "yes" and rows["parity"][2][1] == "no"
+
+
+def test_evidence_of_another_wheel_is_called_out(tmp_path: Path, manifest: Manifest) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    planted = dict(ARTEFACTS, **{WHEELS["3.10"]: digest("a different build")})
+    write_evidence(out, Evidence("payload", "pass", planted))
+    write_report(out, manifest, "dev")
+    rows = {r[0][1]: r for r in table_with((out / REPORT_HTML).read_text(), "gate")[1:]}
+    assert "≠ built wheel" in rows["payload"][5][1]
+    assert "≠ built wheel" not in rows["policy"][5][1]
+
+
+def test_parity_matrix_is_a_grid_of_modes_by_dtypes(
+    full: tuple[str, str, Path], manifest: Manifest
+) -> None:
+    md, html_text, _ = full
+    grid = table_with(html_text, "mode / dtype")
+    css = [css for css, rows in tables_of(html_text) if rows[0][0][1] == "mode / dtype"]
+    assert css == ["grid"]
+    assert [h for _, h in grid[0]] == ["mode / dtype", "fp16", "bf16", "fp32"]
+    assert [row[0][1] for row in grid[1:]] == ["exact", "int8", "fp8_e4m3"]
+    cells = {(row[0][1], dtype): row[i + 1] for row in grid[1:]
+             for i, dtype in enumerate(("fp16", "bf16", "fp32"))}  # fmt: skip
+    # Every declared cell is in the cell of its (mode, dtype), once.
+    for cell in manifest.gates["parity"].cells:
+        entries = cells[(cell.mode, cell.dtype)][1].split("\n")
+        assert sum(e.strip().endswith(cell.name.split("-", 2)[2]) for e in entries) == 1
+    assert cells[("exact", "bf16")] == (
+        "pass",
+        "✓ t16-h8d64-l4\n✓ t1-h1d8-l1\n✓ t32-h2d128-l2\n✓ t16-h8d64-l4-pressure\n"
+        "✓ t16-h8d64-l4-faults\n✓ t16-h2d64-l2-all-quarantined",
+    )
+    assert cells[("int8", "bf16")][0] == "fail"
+    assert "✗ t8-h2d32-l6-pressure" in cells[("int8", "bf16")][1]
+    assert cells[("fp8_e4m3", "fp32")][0] == "not-run"
+    assert "○ t32-h2d64-l3" in cells[("fp8_e4m3", "fp32")][1]
+    assert f"{FAILING_CELL}: first difference: operation 7: layer 2" in md
+    assert "| mode / dtype | fp16 | bf16 | fp32 |" in md
+
+
+def test_gpu_staging_table_and_plot_when_present(full: tuple[str, str, Path]) -> None:
+    md, html_text, out = full
+    table = table_with(html_text, "block")
+    methods = ["per-block cudaMemcpyAsync", "cudaMemcpyBatchAsync", "engine"]
+    assert [h for _, h in table[0]] == ["block", *methods]
+    assert [row[0][1] for row in table[1:]] == ["16 KiB", "64 KiB", "256 KiB", "1 MiB"]
+    assert table[1][2][1] == "H2D 23.0 GB/s (42%)\nD2H 22.0 GB/s (40%)"
+    assert table[4][3][1] == "H2D 51.0 GB/s (93%)\nD2H 52.0 GB/s (95%)"
+    png = (out / STAGING_PLOT).read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+    assert "data:image/png;base64," in html_text
+    assert f"![staging bandwidth by block size]({STAGING_PLOT})" in md
+    assert "GPU staging table and plot" not in md
+
+
+def test_staging_figures_of_another_wheel_are_called_out(
+    tmp_path: Path, manifest: Manifest
+) -> None:
+    out = write_records(tmp_path, manifest, staging=True, served_path=False, published=False)
+    ours = json.loads((out / "gpu-staging.json").read_text())
+    assert ours["wheel_sha256"] == ARTEFACTS[STAGED_WHEEL]
+    write_report(out, manifest, "dev")
+    assert "not of this run's wheels" not in (out / REPORT_MD).read_text()
+    (out / "gpu-staging.json").write_text(json.dumps({**ours, "wheel_sha256": digest("old")}))
+    write_report(out, manifest, "dev")
+    assert f"no built wheel has sha256 {digest('old')}" in (out / REPORT_MD).read_text()
+
+
+def test_dispatch_sites_before_and_after(full: tuple[str, str, Path]) -> None:
+    md, html_text, _ = full
+    rows = table_with(html_text, "served path")[1:]
+    assert rows[0][1][1] == "412" and rows[1][1] == ("pass", "3")
+    assert rows[2][1][1] == "412 → 3 (-99%)"
+    assert "## Dispatch sites, before → after" in md
+
+
+def test_absent_records_are_listed_as_not_run_with_reasons(bare: tuple[str, str, Path]) -> None:
+    md, html_text, out = bare
+    why = {row[0][1]: row[1][1] for row in table_with(html_text, "what")[1:]}
+    assert "gpu-staging.json" in why["GPU staging table and plot"]
+    assert "served-path" in why["dispatch sites before → after"]
+    assert why["gate warmup"] == NO_GPU_RUNNER
+    assert why["wheel for Python 3.13"] == "served by the stable-ABI wheel built with 3.12"
+    assert why[f"parity cell {SKIPPED_CELL}"].startswith("not replayed")
+    # Nothing was signed: one reason (the channel's blockers) for all three steps.
+    assert why["sign"] == why["publish"] == why["verify"]
+    assert not (out / STAGING_PLOT).exists()
+    assert "## GPU staging" not in md and "## Dispatch sites" not in md
+
+
+def test_a_step_after_the_last_one_that_ran_says_so(full: tuple[str, str, Path]) -> None:
+    _, html_text, _ = full
+    why = {row[0][1]: row[1][1] for row in table_with(html_text, "what")[1:]}
+    assert why["verify"] == "publish ran; the run stopped or failed before verify"
+    assert "sign" not in why and "publish" not in why
+
+
+def test_publish_blockers_name_the_failing_required_gates(
+    tmp_path: Path, manifest: Manifest
+) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    write_report(out, manifest, "stable")
+    why = {r[0][1]: r[1][1] for r in table_with((out / REPORT_HTML).read_text(), "what")[1:]}
+    assert "parity: fail" in why["publish"] and "warmup: not-run" in why["publish"]
+    assert "policy:" not in why["publish"]
+
+
+def test_an_unreadable_record_is_reported_not_raised(tmp_path: Path, manifest: Manifest) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    (out / "evidence" / "payload.json").write_text("{ not json")
+    (out / "gpu-staging.json").write_text(json.dumps({"gpu": "x"}))
+    write_report(out, manifest, "dev")
+    md = (out / REPORT_MD).read_text()
+    assert "payload.json: expected an evidence record in JSON" in md
+    assert "gpu-staging.json: expected the agreed shape" in md
+
+
+def test_describe_summarises_any_figures() -> None:
+    assert describe({"reference": 3, "engine": 1}) == "reference 3, engine 1"
+    assert describe([{"verdict": "ok"}, {"verdict": "ok"}, {"verdict": "bad"}]) == "1 bad, 2 ok"
+    assert describe(list(range(10))) == "10 values from 0 to 9"
+    assert describe([[1], [2], [3], [4], [5], [6], [7]]) == "7 entries"
+    assert describe({"reference": [9, 9], "engine": [1, 1]}) == "reference [9, 9], engine [1, 1]"
+    assert describe({"a": {"x": 1}, "b": {"x": 1}}) == "each of 2: x 1"
+    assert describe({f"k{i}": i for i in range(7)}) == "7 entries"
+    assert describe(None) == "—" and describe([]) == "none"
+
+
+def test_cli_report_writes_both_files(tmp_path: Path, manifest: Manifest) -> None:
+    write_records(tmp_path, manifest, staging=False, served_path=True, published=True)
+    assert cli.main(["report", "--out", str(tmp_path), "--state-dir", str(tmp_path / "s")]) == 0
+    assert "channel dev" in (tmp_path / REPORT_MD).read_text()
+    assert (tmp_path / REPORT_HTML).read_text().startswith("<!DOCTYPE html>")
+
+
+def test_the_report_shows_the_channel_the_records_were_made_for(
+    tmp_path: Path, manifest: Manifest
+) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=True)
+    sign = json.loads((out / "sign.json").read_text())
+    (out / "sign.json").write_text(json.dumps({**sign, "channel": "stable"}))
+    (out / "publish.json").unlink()
+    assert cli.main(["report", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    html_text = (out / REPORT_HTML).read_text()
+    assert "Gates (channel stable)" in html_text
+    rows = {r[0][1]: r for r in table_with(html_text, "gate")[1:]}
+    assert rows["warmup"][2][1] == "yes"  # stable requires the GPU warm-up gate
+
+
+# --- a real browser ---
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def screenshot(html_path: Path, png: Path, size: str) -> Path:
+    browser = chromium()
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed here (apt-get install -y chromium)")
+    result = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--window-size={size}", f"--screenshot={png}", html_path.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return png
+
+
+def page_problems(png: Path, size: tuple[int, int]) -> list[str]:
+    """Why a screenshot does not show a rendered report; empty when it does."""
+    from matplotlib import image
+
+    pixels = image.imread(png)
+    problems = []
+    if pixels.shape[:2] != (size[1], size[0]):
+        problems.append(f"size {pixels.shape[1]}x{pixels.shape[0]}, expected {size[0]}x{size[1]}")
+    colours = {tuple(p) for p in pixels[::7, ::7, :3].reshape(-1, 3).round(2).tolist()}
+    if len(colours) <= 50:
+        problems.append(f"{len(colours)} colours: the page is (nearly) one colour")
+    # The verdict colours are on the page: green (pass) and red (fail) cells.
+    rgb = pixels[..., :3]
+    green = ((rgb[..., 1] > 0.9) & (rgb[..., 0] < 0.9) & (rgb[..., 2] < 0.9)).sum()
+    red = ((rgb[..., 0] > 0.95) & (rgb[..., 1] < 0.93) & (rgb[..., 2] < 0.93)).sum()
+    if green < 1000 or red < 1000:
+        problems.append(f"{green} green and {red} red pixels: no pass and fail cells")
+    return problems
+
+
+def test_report_renders_in_a_headless_browser(full: tuple[str, str, Path]) -> None:
+    _, _, out = full
+    png = screenshot(out / REPORT_HTML, out / "screenshot.png", "1400,2600")
+    assert png.stat().st_size > 50_000
+    assert page_problems(png, (1400, 2600)) == []
+    if keep := os.environ.get("ACTIVEKV_REPORT_SCREENSHOT"):
+        shutil.copy(png, keep)  # for a person to look at
+
+
+def test_a_blank_page_fails_the_picture_check(tmp_path: Path) -> None:
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body style='background:#f6f8fa'></body></html>")
+    png = screenshot(blank, tmp_path / "blank.png", "800,600")
+    problems = page_problems(png, (800, 600))
+    assert any("one colour" in p for p in problems) and any("no pass" in p for p in problems)

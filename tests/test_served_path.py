@@ -1,0 +1,315 @@
+"""The served-path gate's verdicts (release/served_path.py).
+
+The judgement is tested here on driver results shaped as release/served_path_driver.py prints
+them, each negative control planting one violation; tests/with_vllm/ runs the driver itself against
+the real vLLM classes and the built wheel (nox -s vllm). Without vLLM the gate must say "not run",
+never pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import pickle
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from fixtures_wheels import build_wheel
+
+from release.errors import GateError
+from release.evidence import read_evidence
+from release.served_path import dispatch_line, judge, run_served_path_gate
+
+SHIM_CODES = {
+    "vllm_connector.py:22:ActiveKVConnector.get_num_new_matched_tokens": 1,
+    "vllm_connector.py:25:ActiveKVConnector.update_state_after_alloc": 1,
+    "vllm_connector.py:28:ActiveKVConnector.build_connector_meta": 1,
+    "vllm_connector.py:36:ActiveKVConnector.start_load_kv": 1,
+    "vllm_connector.py:39:ActiveKVConnector.wait_for_layer_load": 2,
+    "vllm_connector.py:42:ActiveKVConnector.save_kv_layer": 2,
+    "vllm_connector.py:45:ActiveKVConnector.wait_for_save": 1,
+    "vllm_connector.py:48:ActiveKVConnector.get_block_ids_with_load_errors": 1,
+}
+HOOKS = {code.rsplit(".", 1)[1]: count for code, count in SHIM_CODES.items()}
+
+
+def step(number: int, codes: dict[str, int], *, loads: int = 2) -> dict[str, Any]:
+    return {
+        "step": number,
+        "scheduled_tokens": 35,
+        "sync_loads": loads > 0,
+        "loads": [[1000 + i, i] for i in range(loads)],
+        "stores": [[2000, 7]],
+        "load_errors": [],
+        "loads_verified": loads,
+        "load_mismatches": 0,
+        "hooks": dict(HOOKS),
+        "frames": sum(codes.values()),
+        "codes": dict(codes),
+        "max_depth": 1,
+    }
+
+
+def good_result() -> dict[str, Any]:
+    reference_codes = {**SHIM_CODES, "engine.py:300:Engine.lookup": 4, "engine.py:40:_hashes": 9}
+    events = {"lookup": 1, "hit": 2, "loaded": 2, "commit": 1}
+    return {
+        "engine": {"steps": [step(0, SHIM_CODES), step(1, SHIM_CODES)], "events": dict(events)},
+        "reference": {
+            "steps": [step(0, reference_codes), step(1, reference_codes)],
+            "events": dict(events),
+        },
+        "layers": 2,
+    }
+
+
+def test_a_shim_that_forwards_each_hook_once_passes() -> None:
+    problems, figures = judge(good_result())
+    assert problems == []
+    assert figures["dispatch_sites"] == {"reference": 10, "engine": 8}
+    assert figures["frames_per_step"] == {"reference": [23, 23], "engine": [10, 10]}
+    assert figures["hooks_per_step"] == [10, 10]
+    assert figures["loads_verified"] == 4
+
+
+def planted(change: str) -> dict[str, Any]:
+    result = copy.deepcopy(good_result())
+    ours = result["engine"]["steps"][1]
+    if change == "two-frames-in-a-hook":
+        ours["codes"]["vllm_connector.py:45:ActiveKVConnector.wait_for_save"] = 2
+        ours["frames"] += 1
+    elif change == "engine-work-in-python":
+        ours["codes"]["vllm_connector.py:45:ActiveKVConnector.wait_for_save"] = 0
+        ours["codes"]["vllm_connector.py:60:_plan_stores"] = 1
+    elif change == "nested-frames":
+        ours["max_depth"] = 2
+    elif change == "hook-not-served":
+        ours["frames"] -= 2
+        del ours["codes"]["vllm_connector.py:42:ActiveKVConnector.save_kv_layer"]
+    elif change == "plans-differ":
+        ours["stores"] = [[2000, 8]]
+    elif change == "nothing-loaded":
+        result["engine"]["events"]["loaded"] = 0
+        result["reference"]["events"]["loaded"] = 0
+    elif change == "wrong-bytes":
+        ours["load_mismatches"] = 1
+    return result
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("two-frames-in-a-hook", "engine step 1: 11 first-party Python frames for 10 hook calls"),
+        ("engine-work-in-python", "engine step 1: engine work in Python: vllm_connector.py:60"),
+        ("nested-frames", "engine step 1: first-party Python frames nest 2 deep"),
+        ("hook-not-served", "engine step 1: 2 hook calls never reached the shim"),
+        ("plans-differ", "step 1: the engine planned stores [[2000, 8]], the reference"),
+        ("nothing-loaded", "the steps made no loads"),
+        ("wrong-bytes", "engine steps [1]: loaded blocks differ from the stored bytes"),
+    ],
+)
+def test_each_planted_violation_fails(change: str, expected: str) -> None:
+    problems, _ = judge(planted(change))
+    assert any(problem.startswith(expected) for problem in problems), problems
+
+
+def has_vllm() -> bool:
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
+
+
+def test_without_vllm_the_gate_is_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("packaging")
+    if has_vllm():
+        pytest.skip("this interpreter has vLLM")
+    monkeypatch.delenv("ACTIVEKV_VLLM_PYTHON", raising=False)
+    wheel = build_wheel(tmp_path / "dist")
+    evidence = run_served_path_gate([wheel], tmp_path / "out")
+    assert evidence.verdict == "not-run"
+    assert evidence.reason.startswith("not run: vLLM not installed")
+    assert dispatch_line(evidence) == ""
+    stored = read_evidence(tmp_path / "out", "served-path")
+    assert stored is not None and stored.verdict == "not-run"
+    assert json.loads((tmp_path / "out" / "evidence" / "served-path.json").read_text())[
+        "artefacts"
+    ] == {wheel.name: evidence.artefacts[wheel.name]}
+
+
+def test_a_named_interpreter_without_vllm_is_an_error(tmp_path: Path) -> None:
+    if has_vllm():
+        pytest.skip("this interpreter has vLLM")
+    wheel = build_wheel(tmp_path / "dist")
+    with pytest.raises(GateError, match=r"--vllm-python .*: expected Python 3\.12\+ that imports"):
+        run_served_path_gate([wheel], tmp_path / "out", vllm_python=Path(sys.executable))
+
+
+# --- the native core on duck-typed vLLM objects (no vLLM here; tests/with_vllm/ has the real ones)
+
+
+@pytest.fixture(scope="module")
+def native(engine_site: Path) -> Any:
+    """`activekv._vllm` imported from the built wheel."""
+    if str(engine_site) not in sys.path:
+        sys.path.insert(0, str(engine_site))
+    import activekv._vllm as module
+
+    assert Path(module.__file__ or "").is_relative_to(engine_site)
+    return module
+
+
+LAYERS = ["model.layers.0.attn", "model.layers.1.attn"]
+BLOCK, HEADS, HEAD_DIM, BLOCKS = 4, 2, 8, 16
+
+
+def fnv1a(data: bytes) -> int:
+    key = 14695981039346656037
+    for byte in data:
+        key = ((key ^ byte) * 1099511628211) % 2**64
+    return key
+
+
+def configs(engine_id: str, **spec_changes: Any) -> tuple[Any, Any]:
+    spec = {"block_size": BLOCK, "num_kv_heads": HEADS, "head_size": HEAD_DIM,
+            "head_size_v": HEAD_DIM, "dtype": "torch.float16", **spec_changes}  # fmt: skip
+    extra = {"cpu_bytes": 1 << 20, "num_regions": 2, "region_blocks": 8}
+    vllm_config = SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra, engine_id=engine_id)
+    )
+    group = SimpleNamespace(layer_names=LAYERS, kv_cache_spec=SimpleNamespace(**spec))
+    return vllm_config, SimpleNamespace(num_blocks=BLOCKS, kv_cache_groups=[group])
+
+
+def request(request_id: str, hashes: list[bytes], num_tokens: int) -> Any:
+    return SimpleNamespace(request_id=request_id, block_hashes=hashes, num_tokens=num_tokens)
+
+
+def scheduled(new: list[tuple[str, list[int], int]], tokens: dict[str, int]) -> Any:
+    cached = SimpleNamespace(
+        req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]
+    )
+    return SimpleNamespace(
+        scheduled_new_reqs=[
+            SimpleNamespace(req_id=r, block_ids=(ids,), num_computed_tokens=c) for r, ids, c in new
+        ],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=tokens,
+        finished_req_ids=set(),
+    )
+
+
+def run_worker_step(native: Any, worker: Any, plan: Any) -> None:
+    """vLLM's worker calls for one step with a forward, as the served-path driver makes them."""
+    connector = SimpleNamespace(_get_connector_metadata=lambda: plan)
+    worker.start_load_kv(connector, None)
+    for name in LAYERS:
+        worker.wait_for_layer_load(connector, name)
+        worker.save_kv_layer(connector, name, None, None)
+    worker.wait_for_save(connector)
+
+
+def test_core_stores_then_loads_blocks_byte_for_byte(native: Any) -> None:
+    vllm_config, kv_cache_config = configs("duck-roundtrip")
+    scheduler = native.ConnectorCore(
+        vllm_config, SimpleNamespace(name="SCHEDULER"), kv_cache_config
+    )
+    worker = native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+    assert (scheduler.role, worker.role, worker.num_layers) == ("SCHEDULER", "WORKER", 2)
+    rng = np.random.default_rng(5)
+    kv = {name: rng.integers(0, 2**16, (2, BLOCKS, BLOCK, HEADS, HEAD_DIM), dtype=np.uint16)
+          for name in LAYERS}  # fmt: skip
+    worker.register_kv_caches(kv)
+    hashes = [b"block-0", b"block-1", b"block-2"]
+
+    # Step 1: request a computes 13 tokens; its three full blocks (3, 4, 5) are stored.
+    first = request("a", hashes, 13)
+    assert scheduler.get_num_new_matched_tokens(first, 0) == (0, False)
+    scheduler.update_state_after_alloc(first, SimpleNamespace(), 0)
+    plan = scheduler.build_connector_meta(scheduled([("a", [3, 4, 5, 6], 0)], {"a": 13}))
+    assert plan.loads == []
+    assert plan.stores == [(fnv1a(h), b) for h, b in zip(hashes, [3, 4, 5], strict=True)]
+    restored = pickle.loads(pickle.dumps(plan))
+    assert (restored.loads, restored.stores) == (plan.loads, plan.stores)
+    run_worker_step(native, worker, restored)
+
+    # Step 2: request b has the same prefix: all three blocks are offered and loaded into 9-11.
+    second = request("b", hashes, 13)
+    assert scheduler.get_num_new_matched_tokens(second, 0) == (12, False)
+    scheduler.update_state_after_alloc(
+        second, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 12
+    )
+    plan = scheduler.build_connector_meta(scheduled([("b", [9, 10, 11, 12], 12)], {"b": 1}))
+    assert plan.loads == [(fnv1a(h), b) for h, b in zip(hashes, [9, 10, 11], strict=True)]
+    assert plan.stores == []
+    for layer in kv.values():
+        layer[:, 9:12] = 0
+    run_worker_step(native, worker, plan)
+    for layer in kv.values():
+        assert np.array_equal(layer[:, 9:12], layer[:, 3:6])
+    assert worker.get_block_ids_with_load_errors() == set()
+    counts = {**scheduler.event_counts}
+    for kind, count in worker.event_counts.items():
+        counts[kind] = counts.get(kind, 0) + count
+    assert counts["commit"] == 3 and counts["loaded"] == 3 and counts["hit"] == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"dtype": "torch.int8"}, "kv_cache_spec.dtype: expected torch.float16"),
+        ({"head_size_v": 4}, "kv_cache_spec.head_size_v: expected the same as head_size"),
+        ({"block_size": 0}, "kv_cache_spec.block_size: expected a positive 32-bit integer"),
+        ({"num_kv_heads": None}, "kv_cache_spec.num_kv_heads: expected an integer; got nothing"),
+    ],
+)
+def test_core_names_the_config_it_cannot_serve(
+    native: Any, change: dict[str, Any], expected: str
+) -> None:
+    vllm_config, kv_cache_config = configs("duck-bad", **change)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+
+
+def test_core_names_bad_worker_input(native: Any) -> None:
+    vllm_config, kv_cache_config = configs("duck-worker")
+    worker = native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+    good = np.zeros((2, BLOCKS, BLOCK, HEADS, HEAD_DIM), dtype=np.uint16)
+    with pytest.raises(
+        ValueError, match=re.escape(f"kv_caches: expected a tensor for layer {LAYERS[1]}")
+    ):
+        worker.register_kv_caches({LAYERS[0]: good})
+    with pytest.raises(ValueError, match=re.escape(f'kv_caches["{LAYERS[1]}"]: expected shape')):
+        worker.register_kv_caches({LAYERS[0]: good, LAYERS[1]: good[:, :8]})
+    worker.register_kv_caches({name: good.copy() for name in LAYERS})
+    wrong = SimpleNamespace(_get_connector_metadata=lambda: {"loads": []})
+    with pytest.raises(ValueError, match="connector metadata: expected the StepPlan"):
+        worker.start_load_kv(wrong, None)
+    empty = SimpleNamespace(_get_connector_metadata=native.StepPlan)
+    with pytest.raises(ValueError, match="layer_name: expected a layer registered"):
+        worker.wait_for_layer_load(empty, "model.layers.9.attn")
+
+
+def test_core_offers_again_to_a_request_that_waited_a_step(native: Any) -> None:
+    """An offer vLLM did not allocate for (the request stayed waiting) lapses at the step's end;
+    asked again, the core offers the same blocks (the staging limit is not used up by it)."""
+    vllm_config, kv_cache_config = configs("duck-waiting")
+    scheduler = native.ConnectorCore(
+        vllm_config, SimpleNamespace(name="SCHEDULER"), kv_cache_config
+    )
+    worker = native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+    worker.register_kv_caches(
+        {name: np.ones((2, BLOCKS, BLOCK, HEADS, HEAD_DIM), dtype=np.uint16) for name in LAYERS}
+    )
+    hashes = [b"w-0", b"w-1", b"w-2"]
+    scheduler.get_num_new_matched_tokens(request("a", hashes, 13), 0)
+    plan = scheduler.build_connector_meta(scheduled([("a", [1, 2, 3, 4], 0)], {"a": 13}))
+    run_worker_step(native, worker, plan)
+    waiting = request("b", hashes, 13)
+    for _ in range(3):  # offered, not allocated, step ends; asked again next step
+        assert scheduler.get_num_new_matched_tokens(waiting, 0) == (12, False)
+        assert scheduler.build_connector_meta(scheduled([], {})).loads == []

@@ -1,0 +1,224 @@
+"""ActiveKV's connector inside the real vLLM 0.33.0: plugin, factory, both roles, the gates.
+
+Runs under `nox -s vllm` (the pinned vLLM installed, CPU only). Nothing here is a stand-in: the
+plugin loader, the factory, the Scheduler and the connector base class are vLLM's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from release.manifest import load_manifest
+from release.payload import run_payload_gate
+from release.served_path import run_served_path_gate
+from release.served_path_driver import build_configs
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "manifests" / "activekv.toml"
+SHIM = "activekv/vllm_connector.py"
+
+
+@pytest.fixture(scope="module")
+def configs(activekv_site: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    vllm_config, kv_cache_config, *_ = build_configs(
+        tmp_path_factory.mktemp("model"), "ActiveKVConnector", None, layers=3
+    )
+    return vllm_config, kv_cache_config
+
+
+def test_load_general_plugins_calls_our_entry_point(activekv_site: Path) -> None:
+    """In a fresh interpreter: not registered before vLLM loads its plugins, registered after."""
+    script = (
+        "from importlib.metadata import entry_points\n"
+        "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as F\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "eps = [e.value for e in entry_points(group='vllm.general_plugins')]\n"
+        "ours = eps.count('activekv._vllm:register_connector')\n"
+        "before = 'ActiveKVConnector' in F._registry\n"
+        "load_general_plugins()\n"
+        "print(ours, before, 'ActiveKVConnector' in F._registry)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(activekv_site), "VLLM_TARGET_DEVICE": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "1 False True"
+
+
+def test_registration_is_idempotent(configs: tuple[Any, Any]) -> None:
+    import activekv._vllm as native
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    loader = KVConnectorFactory._registry["ActiveKVConnector"]
+    assert native.register_connector() is False  # already registered: checked, not raised
+    assert KVConnectorFactory._registry["ActiveKVConnector"] is loader
+
+
+def test_the_factory_returns_our_class(configs: tuple[Any, Any], activekv_site: Path) -> None:
+    from activekv.vllm_connector import ActiveKVConnector
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    vllm_config, _ = configs
+    assert KVConnectorFactory.get_connector_class_by_name("ActiveKVConnector") is ActiveKVConnector
+    assert KVConnectorFactory.get_connector_class(vllm_config.kv_transfer_config) is (
+        ActiveKVConnector
+    )
+    module = sys.modules[ActiveKVConnector.__module__]
+    assert Path(module.__file__ or "").resolve() == (activekv_site / SHIM).resolve()
+
+
+@pytest.mark.parametrize("role", ["SCHEDULER", "WORKER"])
+def test_create_connector_builds_both_roles(configs: tuple[Any, Any], role: str) -> None:
+    from activekv._vllm import ConnectorCore
+    from activekv.vllm_connector import ActiveKVConnector
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    vllm_config, kv_cache_config = configs
+    connector = KVConnectorFactory.create_connector(
+        vllm_config, KVConnectorRole[role], kv_cache_config
+    )
+    assert type(connector) is ActiveKVConnector
+    assert isinstance(connector, KVConnectorBase_V1)
+    assert connector.role is KVConnectorRole[role]
+    assert isinstance(connector._core, ConnectorCore)
+    assert connector._core.role == role
+    assert connector._core.num_layers == 3
+
+
+def test_every_abstract_method_is_implemented_by_the_shim() -> None:
+    from activekv.vllm_connector import ActiveKVConnector
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    abstract = KVConnectorBase_V1.__abstractmethods__
+    assert abstract >= {"start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                        "get_num_new_matched_tokens", "update_state_after_alloc",
+                        "build_connector_meta"}  # fmt: skip
+    assert ActiveKVConnector.__abstractmethods__ == frozenset()
+    assert all(name in vars(ActiveKVConnector) for name in abstract)
+
+
+def test_metadata_from_a_real_scheduler_pickles(configs: tuple[Any, Any]) -> None:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vllm_config, kv_cache_config = configs
+    block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+    scheduler = Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=block_size,
+    )
+    init_none_hash(sha256)
+    scheduler.add_request(
+        Request(
+            request_id="pickled",
+            prompt_token_ids=list(range(3 * block_size + 1)),
+            sampling_params=SamplingParams(max_tokens=1),
+            pooling_params=None,
+            block_hasher=get_request_block_hasher(block_size, sha256),
+        )
+    )
+    plan = scheduler.schedule().kv_connector_metadata
+    assert len(plan.stores) == 3  # the three full blocks of the prompt
+    copy = pickle.loads(pickle.dumps(plan))
+    assert type(copy) is type(plan)
+    assert (copy.loads, copy.stores) == (plan.loads, plan.stores)
+
+
+def test_payload_audit_verifies_the_shim_against_the_vllm_wheel(
+    built_wheel: Path, tmp_path: Path, framework_cache: Path
+) -> None:
+    evidence = run_payload_gate(
+        load_manifest(MANIFEST), [built_wheel], tmp_path / "out", framework_cache=framework_cache
+    )
+    assert evidence.verdict == "pass", evidence.reason
+
+
+def test_payload_audit_catches_a_wrong_line_number_against_vllm(
+    built_wheel: Path, tmp_path: Path, framework_cache: Path
+) -> None:
+    with zipfile.ZipFile(built_wheel) as archive:
+        shim = archive.read(SHIM)
+    changed = re.sub(rb"base\.py:181 ", b"base.py:182 ", shim, count=1)
+    assert changed != shim
+    wheel = rewrite_shim(built_wheel, tmp_path / "dist", changed)
+    manifest_path = tmp_path / "activekv.toml"
+    manifest_path.write_text(
+        MANIFEST.read_text().replace(
+            hashlib.sha256(shim).hexdigest(), hashlib.sha256(changed).hexdigest()
+        )
+    )
+    evidence = run_payload_gate(
+        load_manifest(manifest_path), [wheel], tmp_path / "out", framework_cache=framework_cache
+    )
+    assert evidence.verdict == "fail"
+    line = 1 + shim[: shim.index(b"base.py:181 ")].count(b"\n")
+    cited = "vllm/distributed/kv_transfer/kv_connector/v1/base.py:182"
+    assert f"{SHIM}: line {line}: cites {cited}" in evidence.reason
+    assert "the cited text is at line 181 (wrong line number)" in evidence.reason
+
+
+def test_served_path_gate_passes_on_the_built_wheel(built_wheel: Path, tmp_path: Path) -> None:
+    python = Path(sys.executable)
+    evidence = run_served_path_gate([built_wheel], tmp_path / "out", vllm_python=python)
+    assert evidence.verdict == "pass", evidence.reason
+    sites = evidence.figures["dispatch_sites"]
+    assert sites["engine"] <= 9 < sites["reference"]  # only the shim's hook methods ran
+    assert evidence.figures["loads_verified"] > 0
+    assert evidence.figures["frames_per_step"]["engine"] == evidence.figures["hooks_per_step"]
+
+
+def test_served_path_gate_fails_on_a_shim_that_works_in_python(
+    built_wheel: Path, tmp_path: Path
+) -> None:
+    with zipfile.ZipFile(built_wheel) as archive:
+        shim = archive.read(SHIM)
+    planted = (
+        shim.replace(
+            b"return self._core.wait_for_save(self)",
+            b"return _forward(self._core.wait_for_save, self)",
+        )
+        + b"\n\ndef _forward(hook, *args):\n    return hook(*args)\n"
+    )
+    wheel = rewrite_shim(built_wheel, tmp_path / "dist", planted)
+    evidence = run_served_path_gate([wheel], tmp_path / "out", vllm_python=Path(sys.executable))
+    assert evidence.verdict == "fail"
+    assert "first-party Python frames for" in evidence.reason
+    assert "engine work in Python: vllm_connector.py:" in evidence.reason
+    assert "_forward ran" in evidence.reason
+
+
+@pytest.fixture(scope="session")
+def framework_cache() -> Path:
+    """Where vLLM's wheel is kept for citation checks: shared with the release's cache."""
+    return Path(os.environ.get("ACTIVEKV_CACHE_DIR") or REPO / ".activekv" / "cache")
+
+
+def rewrite_shim(wheel: Path, dest: Path, shim: bytes) -> Path:
+    """A copy of `wheel` (same name) whose shim is `shim`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(target, "w") as out:
+        for item in source.infolist():
+            out.writestr(item, shim if item.filename == SHIM else source.read(item))
+    return target
