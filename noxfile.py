@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from release.interpreters import find_interpreter  # stdlib and packaging, which nox has
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "venv"
@@ -73,7 +77,13 @@ def gpu_staging(session: nox.Session) -> None:
     session.run("python", "-m", "release", "gpu-staging", *session.posargs)
 
 
-@nox.session(python="3.12")
+def _interpreter(version: str) -> str:
+    """A working pythonX.Y, pyenv installs included (pyenv's shims fail for unselected ones)."""
+    found = find_interpreter(version)
+    return str(found) if found else version
+
+
+@nox.session(python=_interpreter("3.12"))
 def vllm(session: nox.Session) -> None:
     """Real vLLM (pinned, CPU): plugin, factory, both connector roles, citations, served path."""
     _install(session, "vllm", "test")
