@@ -223,6 +223,13 @@ class BoundEngine {
     for (std::size_t index = 0; index < items.size(); ++index) {
       arrays.push_back(
           checked_kv_layer(layout, engine.num_device_blocks(), engine.route(), items[index], index));
+      if (engine.route() == activekv::offload::Route::cuda &&
+          arrays.back().device_id() != engine.cuda_device()) {
+        throw EngineInputError("layers[" + std::to_string(index) + "]: expected an array on CUDA "
+                               "device " + std::to_string(engine.cuda_device()) +
+                               " (the engine's); got device " +
+                               std::to_string(arrays.back().device_id()));
+      }
       views.push_back({arrays.back().data(), engine.num_device_blocks()});
     }
     // GIL held: the engine's views and the arrays keeping them alive must change together, or a
@@ -231,9 +238,11 @@ class BoundEngine {
     kv_arrays = std::move(arrays);
   }
 
-  Engine engine;
   // Each holds its source array (through DLPack or the buffer protocol) alive and unresized.
+  // Declared before `engine` so it is destroyed after it: the CUDA route drains its streams
+  // first, and only then may the device KV go back to its owner.
   std::vector<AnyArray> kv_arrays;
+  Engine engine;
 };
 
 // The event kinds as Python strings, made once: an events() call builds thousands of tuples per

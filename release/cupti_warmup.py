@@ -100,10 +100,14 @@ class EngineStaging:
         self.engine = engine.Engine(layout, "exact", STAGING["slots"] * slot, 4, blocks,
                                     2 * blocks, device="cuda")  # fmt: skip
         shape = (2, 2 * blocks, STAGING["tokens"], STAGING["heads"], STAGING["head_dim"])
-        self.kv = [torch.zeros(shape, dtype=torch.int16, device="cuda").view(torch.uint16)
-                   for _ in range(STAGING["layers"])]  # fmt: skip
+        # Random words in the blocks stored each step; loads land in the other half, so after the
+        # run each loaded block must equal the block it was stored from.
+        self.words = [torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device="cuda")
+                      for _ in range(STAGING["layers"])]  # fmt: skip
+        self.kv = [words.view(torch.uint16) for words in self.words]
         torch.cuda.synchronize()
         self.engine.register_kv_caches(self.kv)
+        self._torch = torch
         self.stored: list[int] = []
         self.next_hash = 1
         self.status = "ready"
@@ -141,6 +145,19 @@ class EngineStaging:
             "blocks_loaded": loaded,
             "mean_us_per_step": 1e6 * seconds / steps,
         }
+
+    def verify(self, result: dict[str, Any]) -> dict[str, Any]:
+        """After the judged phase: every loaded block holds the bytes it was stored with."""
+        if result["status"] != "pass":
+            return result
+        blocks = STAGING["blocks"]
+        equal = self._torch.equal
+        wrong = [layer for layer, words in enumerate(self.words)
+                 if not equal(words[:, :blocks], words[:, blocks:])]  # fmt: skip
+        if wrong:
+            result["status"] = f"fail: loaded blocks differ from the stored ones in layers {wrong}"
+        result["bytes_verified"] = not wrong
+        return result
 
 
 def run(
@@ -221,8 +238,10 @@ def run(
 
     monitor.set_phase("engine-staging")
     mark = time.perf_counter()
-    report["engine_staging"] = staging.run(steady_steps)
+    staged = staging.run(steady_steps)
     phases["engine-staging"] = {"seconds": time.perf_counter() - mark, "steps": steady_steps}
+    monitor.set_phase("engine-verify")  # torch compares on the GPU here; not a steady phase
+    report["engine_staging"] = staging.verify(staged)
     report["arena"] = worker.arena
     report["refusal_counts"] = worker.refusals  # after the capture control's refused enqueue
     report["phases"] = phases

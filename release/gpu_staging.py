@@ -46,7 +46,12 @@ def run_gpu_staging(
     console.print(result.stderr, end="", markup=False, highlight=False)
     if result.returncode != 0:
         raise GateError(f"{binary}: exited {result.returncode}; see its output above")
-    record = json.loads(result.stdout)
+    try:
+        record = json.loads(result.stdout)
+    except json.JSONDecodeError as error:
+        raise GateError(
+            f"{binary}: expected one JSON object on stdout; got {result.stdout[:200]!r} ({error})"
+        ) from error
     record.update(
         driver=gpu_identity()["driver"],
         wheel=wheel.name,

@@ -31,24 +31,13 @@ from packaging.utils import parse_wheel_filename
 from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
+from release.served_path_driver import HOOKS as DRIVER_HOOKS
 from release.verify import clean_pip_env
 
 DRIVER = Path(__file__).resolve().parent / "served_path_driver.py"
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 SHIM = "vllm_connector.py"
-HOOKS = frozenset(
-    (
-        "get_num_new_matched_tokens",
-        "update_state_after_alloc",
-        "build_connector_meta",
-        "register_kv_caches",
-        "start_load_kv",
-        "wait_for_layer_load",
-        "save_kv_layer",
-        "wait_for_save",
-        "get_block_ids_with_load_errors",
-    )
-)
+HOOKS = frozenset(DRIVER_HOOKS)
 _PROBE = (
     "import sys, importlib.util, json; from packaging.tags import sys_tags\n"
     "ok = sys.version_info >= (3, 12) and importlib.util.find_spec('vllm') is not None\n"

@@ -20,9 +20,48 @@ void check(cudaError_t status, const char* call) {
   }
 }
 
-// How long a fence may stay not-ready before its outcome counts as unknown: far past any copy
-// of one layer (a 1 GiB layer at PCIe speed takes ~20 ms), short enough that nothing hangs.
+// How long a fence (or a drain after a lost one) may stay not-ready before it counts as unknown:
+// far past any copy of one layer (a 1 GiB layer at PCIe speed takes ~20 ms), and a bound, so a
+// hung kernel makes a quarantined region, never a hung engine.
 constexpr std::chrono::seconds kFenceTimeout{10};
+
+// Polls `ready` (a CUDA query) until it answers anything but not-ready, or the timeout passes.
+template <typename Query>
+cudaError_t wait_bounded(Query&& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + kFenceTimeout;
+  cudaError_t status = ready();
+  while (status == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+    status = ready();
+  }
+  return status;
+}
+
+int current_device() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+// Makes `device` current for the scope (the caller's thread may have another one current).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      switched_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
 
 int kernel_mode(CompressionMode mode) {
   switch (mode) {
@@ -156,7 +195,8 @@ FenceQuery classify_fence_query(int cuda_status) {
 struct CudaRoute::Resources {
   Resources(const KvBlockLayout& layout, CompressionMode compression, std::uint8_t* pool,
             std::size_t pool_bytes, std::size_t num_regions, std::size_t blocks_per_region)
-      : mode(kernel_mode(compression)),
+      : device(current_device()),
+        mode(kernel_mode(compression)),
         dtype(kernel_dtype(layout.dtype())),
         groups(layout.block_size() * layout.num_kv_heads()),
         head_dim(layout.head_dim()),
@@ -170,6 +210,7 @@ struct CudaRoute::Resources {
     }
   }
 
+  const int device;
   const int mode;
   const int dtype;
   const std::uint32_t groups;
@@ -184,6 +225,16 @@ struct CudaRoute::Resources {
   Stream load_codec;
   Stream store_bus;
   Stream store_codec;
+
+  // Waits (bounded) for everything enqueued on the direction's streams.
+  void drain(Direction direction) {
+    const bool load = direction == Direction::load;
+    for (cudaStream_t stream : {load ? load_bus.handle : store_bus.handle,
+                                load ? load_codec.handle : store_codec.handle}) {
+      wait_bounded([stream] { return cudaStreamQuery(stream); });
+    }
+    cudaGetLastError();  // what the drain met belongs to the lost lease, not to the next call
+  }
 };
 
 CudaRoute::CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
@@ -191,12 +242,32 @@ CudaRoute::CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uin
     : resources_(std::make_unique<Resources>(layout, mode, pool, pool_bytes, num_regions,
                                              region_blocks)) {}
 
-CudaRoute::~CudaRoute() = default;
+CudaRoute::~CudaRoute() {
+  const DeviceScope scope(resources_->device);
+  resources_.reset();
+}
+
+int CudaRoute::device() const { return resources_->device; }
 
 void CudaRoute::issue(Direction direction, std::size_t region_index, std::uint32_t layer,
                       const std::vector<BlockTransfer>& transfers, void* device_kv,
                       std::size_t num_device_blocks, std::size_t slot_bytes,
                       void* compute_stream) {
+  Resources& r = *resources_;
+  const DeviceScope scope(r.device);
+  try {
+    enqueue(direction, region_index, layer, transfers, device_kv, num_device_blocks, slot_bytes,
+            compute_stream);
+  } catch (const CudaRouteError&) {
+    r.drain(direction);
+    throw;
+  }
+}
+
+void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint32_t layer,
+                        const std::vector<BlockTransfer>& transfers, void* device_kv,
+                        std::size_t num_device_blocks, std::size_t slot_bytes,
+                        void* compute_stream) {
   Resources& r = *resources_;
   Region& region = *r.regions.at(region_index);
   // The region is free (its last fence was observed), so no kernel still reads this list.
@@ -251,20 +322,14 @@ void CudaRoute::issue(Direction direction, std::size_t region_index, std::uint32
 
 FenceOutcome CudaRoute::observe(Direction direction, std::size_t region_index, bool injected) {
   Resources& r = *resources_;
+  const DeviceScope scope(r.device);
   Region& region = *r.regions.at(region_index);
-  FenceQuery query = classify_fence_query(
-      injected ? cudaErrorLaunchFailure : cudaEventQuery(region.fence.handle));
-  const auto deadline = std::chrono::steady_clock::now() + kFenceTimeout;
-  while (query == FenceQuery::pending && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-    query = classify_fence_query(cudaEventQuery(region.fence.handle));
-  }
-  if (query == FenceQuery::signalled) return FenceOutcome::signalled;
+  const cudaError_t status =
+      injected ? cudaErrorLaunchFailure
+               : wait_bounded([&region] { return cudaEventQuery(region.fence.handle); });
+  if (classify_fence_query(status) == FenceQuery::signalled) return FenceOutcome::signalled;
   cudaGetLastError();  // the failed query's error is this fence's, not the next call's
-  const bool load = direction == Direction::load;
-  cudaStreamSynchronize(load ? r.load_bus.handle : r.store_bus.handle);
-  cudaStreamSynchronize(load ? r.load_codec.handle : r.store_codec.handle);
-  cudaGetLastError();
+  r.drain(direction);
   return FenceOutcome::unknown;
 }
 

@@ -35,10 +35,13 @@ class CudaRoute {
             std::size_t pool_bytes, std::size_t num_regions, std::size_t region_blocks);
   ~CudaRoute();
   CudaRoute(const CudaRoute&) = delete;
+  // The CUDA device current at construction: every later call of the route runs on it.
+  int device() const;
   CudaRoute& operator=(const CudaRoute&) = delete;
 
   // Enqueues one layer of a lease on the load (Direction::load) or store stream and records the
-  // region's fence behind it. A store first waits for the work enqueued so far on
+  // region's fence behind it. When a call fails (CudaRouteError) the direction's streams are
+  // drained first, so nothing of the failed lease is left running. A store first waits for the work enqueued so far on
   // `compute_stream` (a cudaStream_t; null is the legacy default stream): the layer's KV is
   // final only once the forward has written it.
   void issue(Direction direction, std::size_t region, std::uint32_t layer,
@@ -54,6 +57,10 @@ class CudaRoute {
 
  private:
   struct Resources;
+  void enqueue(Direction direction, std::size_t region, std::uint32_t layer,
+               const std::vector<BlockTransfer>& transfers, void* device_kv,
+               std::size_t num_device_blocks, std::size_t slot_bytes, void* compute_stream);
+
   std::unique_ptr<Resources> resources_;
 };
 

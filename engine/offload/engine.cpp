@@ -450,10 +450,12 @@ bool Engine::issue_load(std::uint32_t layer, bool final_attempt) {
   staging_.bind(prepared.lease, carried->transfers);
   const FenceOutcome fence =
       take_fault(Direction::load, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
-  staging_.transfer(prepared.lease, fence,
-                    [&](const std::vector<BlockTransfer>& list) {
-                      copy_in(layer, prepared.lease.region, list);
-                    });
+  if (!transferred(prepared.lease, fence, [&](const std::vector<BlockTransfer>& list) {
+        copy_in(layer, prepared.lease.region, list);
+      })) {
+    for (const std::size_t index : carried->entries) mark_lost(index);
+    return true;
+  }
   load_leases_.push_back({layer, prepared.lease, carried});
   return true;
 }
@@ -514,12 +516,25 @@ bool Engine::issue_store(std::uint32_t layer, bool final_attempt,
   staging_.bind(prepared.lease, carried->transfers);
   const FenceOutcome fence =
       take_fault(Direction::store, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
-  staging_.transfer(prepared.lease, fence,
-                    [&](const std::vector<BlockTransfer>& list) {
-                      copy_out(layer, prepared.lease.region, list);
-                    });
+  if (!transferred(prepared.lease, fence, [&](const std::vector<BlockTransfer>& list) {
+        copy_out(layer, prepared.lease.region, list);
+      })) {
+    for (const std::size_t index : carried->entries) mark_dropped(index);
+    return true;
+  }
   issued = InFlight{layer, prepared.lease, carried};
   return true;
+}
+
+bool Engine::transferred(const Lease& lease, FenceOutcome fence, const RegionCopies& copies) {
+  try {
+    staging_.transfer(lease, fence, copies);
+    return true;
+  } catch (const CudaRouteError&) {
+    staging_.quarantine_bound(lease);
+    note_lost_region(lease.region);
+    return false;
+  }
 }
 
 FenceOutcome Engine::observe(Direction direction, const Lease& lease) {

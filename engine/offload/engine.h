@@ -98,6 +98,8 @@ class Engine {
   const KvBlockLayout& layout() const { return layout_; }
   CompressionMode mode() const { return mode_; }
   Route route() const { return cuda_ ? Route::cuda : Route::cpu; }
+  // The CUDA device of the CUDA route (its device KV must be there); -1 on the CPU route.
+  int cuda_device() const { return cuda_ ? cuda_->device() : -1; }
   std::size_t slot_bytes() const { return store_.slot_bytes(); }
   std::size_t num_slots() const { return store_.num_slots(); }
   std::size_t num_device_blocks() const { return num_device_blocks_; }
@@ -196,6 +198,9 @@ class Engine {
   // The fence of an in-flight lease as observed: the armed outcome on the CPU route; on the CUDA
   // route, what waiting for its event says.
   FenceOutcome observe(Direction direction, const Lease& lease);
+  // Runs staging_.transfer; a CUDA launch that fails quarantines the region and returns false
+  // (its blocks are then lost or dropped by the caller), as an unknown fence would.
+  bool transferred(const Lease& lease, FenceOutcome fence, const RegionCopies& copies);
 
   // Issue one layer's transfer of every block not lost (loads) or dropped (stores). When no region
   // is free they return false and do nothing, unless `final_attempt`: then, as when every region
