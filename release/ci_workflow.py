@@ -270,6 +270,8 @@ def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
             f"mkdir -p out\nif [ -f {GPU_RECORDS}.tar ]; then tar -xf {GPU_RECORDS}.tar -C out; fi",
         ),
         _install(["build", "release"]),
+        # cibuildwheel made the wheels: record them as `python -m release build` would have.
+        _run("record the build", "python -m release record-build"),
         # The evidence, not a gate's exit status, decides what is published.
         *(
             _run(f"{gate} gate on these wheels", f"python -m release {gate}", tolerate=True)

@@ -131,6 +131,11 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="wheel under test (repeatable; default: <out>/wheels/*.whl)",
     )
+    sub.add_parser(
+        "record-build",
+        parents=[common],
+        help="write <out>/build.json for wheels built elsewhere (cibuildwheel in CI)",
+    )
     gpu_staging = sub.add_parser(
         "gpu-staging",
         parents=[common],

@@ -443,6 +443,14 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
             context.manifest, source_dir=context.source_dir, out_dir=context.out_dir,
             cache_dir=context.cache_dir, only=args.python,
         ))  # fmt: skip
+    if command == "record-build":
+        from release.record_build import record_build
+
+        wheels = context.built_wheels()
+        write_record(context.out_dir, "build", record_build(context.manifest, context.source_dir,
+                                                             wheels))  # fmt: skip
+        console.print(f"recorded the build of {len(wheels)} wheel(s) in {context.out_dir}")
+        return 0
     if command == "gpu-staging":
         from release.gpu_staging import run_gpu_staging
         from release.parity import wheel_for_this_interpreter
