@@ -13,7 +13,6 @@ import base64
 import json
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from types import TracebackType
 from typing import IO
 
 from release.errors import PackageIndexError
+from release.index import answers, free_port
 
 _HOST = "127.0.0.1"
 _STOP_TIMEOUT_S = 15.0
@@ -139,9 +139,7 @@ class DevpiIndex:
             )
 
     def _start(self) -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((_HOST, 0))
-            port = int(sock.getsockname()[1])
+        port = free_port()
         command = [self._tool("devpi-server"), "--serverdir", str(self._dir), "--host", _HOST,
                    "--port", str(port), "--offline-mode"]  # fmt: skip
         self._log = self.log_path.open("ab")
@@ -155,12 +153,8 @@ class DevpiIndex:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise _ExitedEarly()
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/+api", timeout=1.0) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if answers(f"{self.base_url}/+api"):
+                return
             time.sleep(0.2)
         raise PackageIndexError(
             f"devpi-server did not answer on {self.base_url} within "

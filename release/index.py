@@ -168,7 +168,7 @@ class EmbeddedIndex:
         last_error: PackageIndexError | None = None
         for _ in range(_PORT_ATTEMPTS):
             try:
-                self._start(_free_port())
+                self._start(free_port())
                 return self
             except _PortTaken as exc:
                 last_error = PackageIndexError(str(exc))
@@ -229,7 +229,7 @@ class EmbeddedIndex:
                     f"pypiserver exited with status {self._process_status} before serving; "
                     f"tail of {self.log_path}:\n{tail}"
                 )
-            if _answers(self.simple_url):
+            if answers(self.simple_url):
                 return
             time.sleep(0.1)
         tail = self._log_tail(log_start)
@@ -271,13 +271,15 @@ class _PortTaken(Exception):
     pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (a server may still race for it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
         return int(sock.getsockname()[1])
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 within a second."""
     try:
         with urllib.request.urlopen(url, timeout=1.0) as response:
             return bool(response.status == 200)

@@ -20,7 +20,6 @@ import binascii
 import json
 import os
 import stat
-import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -33,6 +32,7 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import FormatError, UnverifiedSignatureError
 from securesystemslib.signer import SIGNER_FOR_URI_SCHEME, CryptoSigner, Key, Signer
 
+from release.atomic import atomic_write
 from release.digests import sha256_file
 from release.errors import SigningError
 
@@ -137,7 +137,7 @@ def load_public_key(path: Path) -> Key:
 def write_public_key(key: Key, path: Path) -> None:
     """Write ``key`` (public part only) as JSON, atomically."""
     document = {"keyid": key.keyid, **key.to_dict()}
-    _atomic_write(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _generated_signer(state_dir: Path, channel: str) -> tuple[Signer, Key]:
@@ -333,7 +333,7 @@ def sign_statement(statement: Mapping[str, Any], signer: Signer) -> Envelope:
 def write_envelope(envelope: Envelope, path: Path) -> None:
     """Write ``envelope`` as JSON, atomically (a reader sees the old file or the new one)."""
     text = json.dumps(envelope.to_dict(), indent=2, sort_keys=True) + "\n"
-    _atomic_write(path, text.encode("utf-8"))
+    atomic_write(path, text.encode("utf-8"))
 
 
 def read_and_verify_envelope(path: Path, public_key: Key) -> dict[str, Any]:
@@ -397,18 +397,3 @@ def _decode_statement(path: Path, envelope: Envelope) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- files
-
-
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -21,8 +21,6 @@ with.
 from __future__ import annotations
 
 import fcntl
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ from tuf.api.metadata import (
 from tuf.api.serialization import DeserializationError, SerializationError
 from tuf.api.serialization.json import JSONSerializer
 
+from release.atomic import atomic_write
 from release.errors import PublishError, ReleaseError
 from release.manifest import TufKeys
 from release.sign import generated_key_pair, load_public_key, load_signer
@@ -290,7 +289,7 @@ class TufRepository:
             data = metadata.to_bytes(JSONSerializer(compact=False))
         except SerializationError as exc:
             raise PublishError(f"{role} metadata cannot be serialised ({exc})") from None
-        _atomic_write(self.metadata_dir / name, data)
+        atomic_write(self.metadata_dir / name, data)
 
 
 def repository_for(
@@ -341,18 +340,3 @@ def _sha256(info: TargetFile) -> str:
 def _now(now: datetime | None) -> datetime:
     moment = now or datetime.now(timezone.utc)
     return moment.astimezone(timezone.utc)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
