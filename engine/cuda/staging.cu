@@ -85,16 +85,52 @@ __device__ __forceinline__ uint32_t load_f32_bits(int dtype, const uint8_t* word
   return dtype == AKV_DTYPE_FP16 ? fb::fp16_to_f32_bits(word) : fb::bf16_to_f32_bits(word);
 }
 
-__device__ __forceinline__ void store_narrowed(int dtype, float value, uint8_t* words, uint64_t i) {
+// The dtype's word for `value` (in the low 16 bits for fp16 and bf16).
+__device__ __forceinline__ uint32_t narrowed_word(int dtype, float value) {
   const uint32_t bits = fb::float_to_bits(value);
   const bool nan = fb::f32_is_nan(bits);
+  if (dtype == AKV_DTYPE_FP32) return nan ? fb::kF32CanonicalNan : bits;
+  if (dtype == AKV_DTYPE_FP16) return nan ? fb::kFp16CanonicalNan : fb::f32_bits_to_fp16(bits);
+  return nan ? fb::kBf16CanonicalNan : fb::f32_bits_to_bf16(bits);
+}
+
+__device__ __forceinline__ void store_narrowed(int dtype, float value, uint8_t* words, uint64_t i) {
+  const uint32_t word = narrowed_word(dtype, value);
   if (dtype == AKV_DTYPE_FP32) {
-    reinterpret_cast<uint32_t*>(words)[i] = nan ? fb::kF32CanonicalNan : bits;
+    reinterpret_cast<uint32_t*>(words)[i] = word;
   } else {
-    const uint16_t word = dtype == AKV_DTYPE_FP16
-                              ? (nan ? fb::kFp16CanonicalNan : fb::f32_bits_to_fp16(bits))
-                              : (nan ? fb::kBf16CanonicalNan : fb::f32_bits_to_bf16(bits));
-    reinterpret_cast<uint16_t*>(words)[i] = word;
+    reinterpret_cast<uint16_t*>(words)[i] = static_cast<uint16_t>(word);
+  }
+}
+
+// Four consecutive elements from element i (a multiple of 4): one 8-byte (16-bit words) or
+// 16-byte (fp32) access.
+__device__ __forceinline__ void load_f32_bits4(int dtype, const uint8_t* words, uint64_t i,
+                                               uint32_t (&bits)[4]) {
+  if (dtype == AKV_DTYPE_FP32) {
+    const uint4 w = *reinterpret_cast<const uint4*>(words + i * 4);
+    bits[0] = w.x;
+    bits[1] = w.y;
+    bits[2] = w.z;
+    bits[3] = w.w;
+    return;
+  }
+  const uint2 w = *reinterpret_cast<const uint2*>(words + i * 2);
+  const uint16_t half[4] = {static_cast<uint16_t>(w.x), static_cast<uint16_t>(w.x >> 16),
+                            static_cast<uint16_t>(w.y), static_cast<uint16_t>(w.y >> 16)};
+  for (int k = 0; k < 4; ++k) {
+    bits[k] = dtype == AKV_DTYPE_FP16 ? fb::fp16_to_f32_bits(half[k]) : fb::bf16_to_f32_bits(half[k]);
+  }
+}
+
+__device__ __forceinline__ void store_narrowed4(int dtype, const float (&values)[4], uint8_t* words,
+                                                uint64_t i) {
+  uint32_t w[4];
+  for (int k = 0; k < 4; ++k) w[k] = narrowed_word(dtype, values[k]);
+  if (dtype == AKV_DTYPE_FP32) {
+    *reinterpret_cast<uint4*>(words + i * 4) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    *reinterpret_cast<uint2*>(words + i * 2) = make_uint2(w[0] | w[1] << 16, w[2] | w[3] << 16);
   }
 }
 
@@ -132,45 +168,98 @@ __device__ __forceinline__ bool locate_group(const akv_stage_args& a, Group& gro
   return true;
 }
 
+__device__ __forceinline__ float decode_code(int mode, uint8_t code) {
+  return mode == AKV_MODE_INT8 ? static_cast<float>(static_cast<int8_t>(code))
+                               : fb::bits_to_float(fb::e4m3_to_f32_bits(code));
+}
+
+// The code of one element (bits) under `scale` (SPEC.md §5): 0 when the scale is (NaN and ±inf
+// included), and for NaN.
+__device__ __forceinline__ uint8_t encode_element(int mode, uint32_t bits, float scale) {
+  if (scale == 0.0f || fb::f32_is_nan(bits)) return 0;
+  const float y = __fdiv_rn(fb::bits_to_float(bits), scale);
+  return mode == AKV_MODE_INT8 ? static_cast<uint8_t>(fb::f32_to_int8_rne(y))
+                               : fb::f32_bits_to_e4m3(fb::float_to_bits(y));
+}
+
+// amax over the finite elements (0 if none) of the warp's group: max is exact, so the lanes'
+// order cannot matter. Every lane of the warp must call it (`active` false adds nothing).
+__device__ __forceinline__ float warp_amax(float amax) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  }
+  return amax;
+}
+
+__device__ __forceinline__ float finite_abs(uint32_t bits) {
+  return fb::f32_is_finite(bits) ? fb::bits_to_float(bits & fb::kF32AbsMask) : 0.0f;
+}
+
+// One element per lane per step: any head_dim, any alignment.
 __global__ void decode_groups(akv_stage_args a) {
   Group group;
   if (!locate_group(a, group)) return;
   const float scale = load_scale(group.scale);
   for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-    const uint8_t code = group.codes[i];
-    const float decoded = a.mode == AKV_MODE_INT8
-                              ? static_cast<float>(static_cast<int8_t>(code))
-                              : fb::bits_to_float(fb::e4m3_to_f32_bits(code));
-    store_narrowed(a.dtype, __fmul_rn(decoded, scale), group.words, i);
+    store_narrowed(a.dtype, __fmul_rn(decode_code(a.mode, group.codes[i]), scale), group.words, i);
   }
 }
 
 __global__ void encode_groups(akv_stage_args a) {
   Group group;
   const bool active = locate_group(a, group);
-  // amax over the finite elements (0 if none): max is exact, so the lanes' order cannot matter.
   float amax = 0.0f;
   if (active) {
     for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-      const uint32_t bits = load_f32_bits(a.dtype, group.words, i);
-      if (fb::f32_is_finite(bits)) amax = fmaxf(amax, fb::bits_to_float(bits & fb::kF32AbsMask));
+      amax = fmaxf(amax, finite_abs(load_f32_bits(a.dtype, group.words, i)));
     }
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-  }
+  amax = warp_amax(amax);
   if (!active) return;
   const float scale = __fdiv_rn(amax, a.mode == AKV_MODE_INT8 ? 127.0f : 448.0f);
   if (threadIdx.x % 32 == 0) store_scale(group.scale, scale);
   for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-    const uint32_t bits = load_f32_bits(a.dtype, group.words, i);
-    uint8_t code = 0;  // every code is 0 when the scale is (NaN and ±inf included), and for NaN
-    if (scale != 0.0f && !fb::f32_is_nan(bits)) {
-      const float y = __fdiv_rn(fb::bits_to_float(bits), scale);
-      code = a.mode == AKV_MODE_INT8 ? static_cast<uint8_t>(fb::f32_to_int8_rne(y))
-                                     : fb::f32_bits_to_e4m3(fb::float_to_bits(y));
+    group.codes[i] = encode_element(a.mode, load_f32_bits(a.dtype, group.words, i), scale);
+  }
+}
+
+// Four consecutive elements per lane per step (head_dim % 4 == 0, aligned words; see
+// vector_codec): one 32-bit access to the codes and one wide access to the words, the same
+// arithmetic element by element, so the codes and words are those of the kernels above.
+__global__ void decode_groups4(akv_stage_args a) {
+  Group group;
+  if (!locate_group(a, group)) return;
+  const float scale = load_scale(group.scale);
+  for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
+    const uint32_t codes = *reinterpret_cast<const uint32_t*>(group.codes + i);
+    float values[4];
+    for (int k = 0; k < 4; ++k) {
+      values[k] = __fmul_rn(decode_code(a.mode, static_cast<uint8_t>(codes >> (8 * k))), scale);
     }
-    group.codes[i] = code;
+    store_narrowed4(a.dtype, values, group.words, i);
+  }
+}
+
+__global__ void encode_groups4(akv_stage_args a) {
+  Group group;
+  const bool active = locate_group(a, group);
+  float amax = 0.0f;
+  uint32_t bits[4];
+  if (active) {
+    for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
+      load_f32_bits4(a.dtype, group.words, i, bits);
+      for (int k = 0; k < 4; ++k) amax = fmaxf(amax, finite_abs(bits[k]));
+    }
+  }
+  amax = warp_amax(amax);
+  if (!active) return;
+  const float scale = __fdiv_rn(amax, a.mode == AKV_MODE_INT8 ? 127.0f : 448.0f);
+  if (threadIdx.x % 32 == 0) store_scale(group.scale, scale);
+  for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
+    load_f32_bits4(a.dtype, group.words, i, bits);
+    uint32_t codes = 0;
+    for (int k = 0; k < 4; ++k) codes |= uint32_t{encode_element(a.mode, bits[k], scale)} << (8 * k);
+    *reinterpret_cast<uint32_t*>(group.codes + i) = codes;
   }
 }
 
@@ -242,11 +331,27 @@ int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// Whether every group's codes and words allow the four-wide kernels: head_dim a multiple of 4
+// (so codes, scales' region and each group's words start 4-aligned inside the layer), and the
+// device KV and staging buffer aligned for the widest access.
+bool vector_codec(const akv_stage_args& a) {
+  const uint64_t words = 4 * word_bytes(a.dtype);
+  return a.head_dim % 4 == 0 && reinterpret_cast<uint64_t>(a.kv) % words == 0 &&
+         reinterpret_cast<uint64_t>(a.scratch) % 4 == 0 && a.layer_bytes % 4 == 0;
+}
+
 int launch_codec(const akv_stage_args& a, cudaStream_t stream, bool in) {
   if (a.count == 0 || a.mode == AKV_MODE_EXACT) return static_cast<int>(cudaSuccess);
   const dim3 grid(a.count, (2 * a.groups + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const bool wide = vector_codec(a);
   if (in) {
-    decode_groups<<<grid, kThreads, 0, stream>>>(a);
+    if (wide) {
+      decode_groups4<<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      decode_groups<<<grid, kThreads, 0, stream>>>(a);
+    }
+  } else if (wide) {
+    encode_groups4<<<grid, kThreads, 0, stream>>>(a);
   } else {
     encode_groups<<<grid, kThreads, 0, stream>>>(a);
   }

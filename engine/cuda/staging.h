@@ -22,7 +22,7 @@ enum { AKV_MODE_EXACT = 0, AKV_MODE_INT8 = 1, AKV_MODE_FP8_E4M3 = 2 };
 enum { AKV_DTYPE_FP16 = 0, AKV_DTYPE_BF16 = 1, AKV_DTYPE_FP32 = 2 };
 
 typedef struct akv_stage_args {
-  const akv_transfer* transfers;  // device-visible (mapped pinned memory)
+  const akv_transfer* transfers;  // in device memory
   uint32_t count;                 // transfers
   uint8_t* pool;                  // device address of the mapped host pool
   uint64_t layer_offset;          // this layer's offset inside a slot (stored layer bytes * layer)

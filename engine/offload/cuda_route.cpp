@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
@@ -90,7 +91,9 @@ int kernel_dtype(KvDtype dtype) {
 // RAII owners of the route's CUDA objects; each releases what it holds, never throws.
 struct Stream {
   cudaStream_t handle = nullptr;
-  Stream() { check(cudaStreamCreateWithFlags(&handle, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  explicit Stream(int priority = 0) {
+    check(cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking, priority), "cudaStreamCreate");
+  }
   ~Stream() {
     if (handle != nullptr) {
       cudaStreamSynchronize(handle);
@@ -111,26 +114,19 @@ struct Event {
   Event& operator=(const Event&) = delete;
 };
 
-// Pinned, mapped host memory of the route's own (a region's transfer list).
-struct MappedBuffer {
-  void* host = nullptr;
-  void* device = nullptr;
-  explicit MappedBuffer(std::size_t bytes) {
-    check(cudaHostAlloc(&host, bytes, cudaHostAllocMapped), "cudaHostAlloc");
-    const cudaError_t status = cudaHostGetDevicePointer(&device, host, 0);
-    if (status != cudaSuccess) {
-      cudaFreeHost(host);
-      check(status, "cudaHostGetDevicePointer");
-    }
+// Pinned host memory of the route's own (a region's transfer list, as the CPU writes it).
+struct PinnedBuffer {
+  void* data = nullptr;
+  explicit PinnedBuffer(std::size_t bytes) { check(cudaHostAlloc(&data, bytes, 0), "cudaHostAlloc"); }
+  ~PinnedBuffer() {
+    if (data != nullptr) cudaFreeHost(data);
   }
-  ~MappedBuffer() {
-    if (host != nullptr) cudaFreeHost(host);
-  }
-  MappedBuffer(const MappedBuffer&) = delete;
-  MappedBuffer& operator=(const MappedBuffer&) = delete;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 };
 
-// Device memory of the route's own (a region's staging buffer for compressed modes).
+// Device memory of the route's own (a region's transfer list as the kernels read it, and its
+// staging buffer for compressed modes).
 struct DeviceBuffer {
   void* data = nullptr;
   explicit DeviceBuffer(std::size_t bytes) {
@@ -166,11 +162,35 @@ struct Region {
   // Compressed modes: the stored layers of one lease in device memory, and the event that hands
   // them between the bus and codec streams.
   Event handed_over;
-  MappedBuffer transfers;
+  // The lease's transfer list: written here, copied to the device when it changes (a lease's
+  // layers share one list). Kernels read it from device memory: read through the mapping, every
+  // thread block would first wait one PCIe round trip, which made the codec latency-bound.
+  PinnedBuffer listed;
+  DeviceBuffer transfers;
+  std::size_t listed_count = 0;
   DeviceBuffer staged;
   Region(std::size_t blocks, std::size_t staged_bytes)
-      : transfers(blocks * sizeof(akv_transfer)), staged(staged_bytes) {}
+      : listed(blocks * sizeof(akv_transfer)),
+        transfers(blocks * sizeof(akv_transfer)),
+        staged(staged_bytes) {}
 };
+
+// Copies at least this large cross PCIe faster on the copy engines (one cudaMemcpyBatchAsync per
+// layer) than through the staging kernels, alone and above all with loads and stores at once.
+// Measured on an H200 (tests/gpu/staging_bench.cpp, per-layer batch rows): 128 KiB copies,
+// 54 / 51 GB/s alone and 83 GB/s both ways, against 51 / 52 and 73 for the kernels; 64 KiB
+// copies, 59-72 GB/s both ways, no better than the kernels; smaller ones far worse (a copy engine
+// pays microseconds per copy).
+constexpr std::size_t kCopyEngineMinBytes = std::size_t{128} << 10;
+
+// The highest priority a stream can have: bus transfers are the bottleneck, so their thread
+// blocks go first and the codec kernels fill in around them.
+int bus_priority() {
+  int least = 0;
+  int greatest = 0;
+  check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  return greatest;
+}
 
 // Two bus-crossing launches (a load and a store) must fit on the GPU together.
 std::uint32_t bus_blocks() {
@@ -183,6 +203,13 @@ std::uint32_t bus_blocks() {
 }
 
 }  // namespace
+
+bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode) {
+  // Exact mode copies K and V of a block apart (they are apart in the device KV).
+  const std::size_t copy = mode == CompressionMode::exact ? layout.bytes_per_tensor()
+                                                          : stored_layer_bytes(layout, mode);
+  return copy >= kCopyEngineMinBytes;
+}
 
 FenceQuery classify_fence_query(int cuda_status) {
   if (cuda_status == cudaSuccess) return FenceQuery::signalled;
@@ -201,12 +228,22 @@ struct CudaRoute::Resources {
         groups(layout.block_size() * layout.num_kv_heads()),
         head_dim(layout.head_dim()),
         layer_bytes(stored_layer_bytes(layout, compression)),
+        tensor_bytes(layout.bytes_per_tensor()),
         max_blocks(bus_blocks()),
-        pinned(pool, pool_bytes) {
+        copy_engines(crosses_on_copy_engines(layout, compression)),
+        pinned(pool, pool_bytes),
+        load_bus(bus_priority()),
+        store_bus(bus_priority()) {
     const std::size_t staged = mode == AKV_MODE_EXACT ? 0 : blocks_per_region * layer_bytes;
     regions.reserve(num_regions);
     for (std::size_t index = 0; index < num_regions; ++index) {
       regions.push_back(std::make_unique<Region>(blocks_per_region, staged));
+    }
+    if (copy_engines) {
+      const std::size_t most = (mode == AKV_MODE_EXACT ? 2 : 1) * blocks_per_region;
+      destinations.reserve(most);
+      sources.reserve(most);
+      sizes.reserve(most);
     }
   }
 
@@ -216,7 +253,10 @@ struct CudaRoute::Resources {
   const std::uint32_t groups;
   const std::uint32_t head_dim;
   const std::size_t layer_bytes;
+  const std::size_t tensor_bytes;
   const std::uint32_t max_blocks;
+  // Whether bus transfers go on the copy engines (large copies) or through the staging kernels.
+  const bool copy_engines;
   PinnedRegistration pinned;
   std::vector<std::unique_ptr<Region>> regions;
   Event compute_ready;
@@ -225,6 +265,48 @@ struct CudaRoute::Resources {
   Stream load_codec;
   Stream store_bus;
   Stream store_codec;
+  // One layer's copies for cudaMemcpyBatchAsync (read during the call), reused.
+  std::vector<void*> destinations;
+  std::vector<const void*> sources;
+  std::vector<std::size_t> sizes;
+
+  // One layer of a lease across PCIe on `stream`: in, pool slots to the device KV (exact) or to
+  // the staging buffer; out, the reverse.
+  void cross_bus(const akv_stage_args& args, const std::vector<BlockTransfer>& transfers,
+                 std::size_t slot_bytes, bool in, cudaStream_t stream) {
+    if (!copy_engines) {
+      check(static_cast<cudaError_t>(akv_stage_bus(&args, in ? 1 : 0, stream)),
+            in ? "staging (load)" : "staging (store)");
+      return;
+    }
+    if (transfers.empty()) return;
+    destinations.clear();
+    sources.clear();
+    sizes.clear();
+    auto* host = static_cast<std::uint8_t*>(pinned.host) + args.layer_offset;
+    const auto copy = [&](std::uint8_t* stored, std::uint8_t* on_device, std::size_t bytes) {
+      destinations.push_back(in ? static_cast<void*>(on_device) : stored);
+      sources.push_back(in ? static_cast<const void*>(stored) : on_device);
+      sizes.push_back(bytes);
+    };
+    for (std::size_t t = 0; t < transfers.size(); ++t) {
+      std::uint8_t* stored = host + transfers[t].slot * slot_bytes;
+      if (mode == AKV_MODE_EXACT) {
+        const std::size_t block = transfers[t].device_block;
+        copy(stored, args.kv + block * tensor_bytes, tensor_bytes);
+        copy(stored + tensor_bytes, args.kv + (args.num_device_blocks + block) * tensor_bytes,
+             tensor_bytes);
+      } else {
+        copy(stored, args.scratch + t * layer_bytes, layer_bytes);
+      }
+    }
+    cudaMemcpyAttributes attributes{};
+    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    std::size_t first = 0;
+    check(cudaMemcpyBatchAsync(destinations.data(), const_cast<const void**>(sources.data()),
+                               sizes.data(), sizes.size(), &attributes, &first, 1, stream),
+          in ? "cudaMemcpyBatchAsync (load)" : "cudaMemcpyBatchAsync (store)");
+  }
 
   // Waits (bounded) for everything enqueued on the direction's streams.
   void drain(Direction direction) {
@@ -270,12 +352,39 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
                         void* compute_stream) {
   Resources& r = *resources_;
   Region& region = *r.regions.at(region_index);
-  // The region is free (its last fence was observed), so no kernel still reads this list.
-  auto* list = static_cast<akv_transfer*>(region.transfers.host);
-  for (std::size_t i = 0; i < transfers.size(); ++i) {
-    list[i] = {transfers[i].slot * slot_bytes, transfers[i].device_block};
+  const bool exact = r.mode == AKV_MODE_EXACT;
+  const bool load = direction == Direction::load;
+  // The first stream of the layer's work: the copy of a changed transfer list goes there.
+  const cudaStream_t first =
+      load ? r.load_bus.handle : (exact ? r.store_bus.handle : r.store_codec.handle);
+  if (!load) {
+    // The layer's KV is final once the forward has written it: wait for the compute stream.
+    check(cudaEventRecord(r.compute_ready.handle, static_cast<cudaStream_t>(compute_stream)),
+          "cudaEventRecord (compute stream)");
+    check(cudaStreamWaitEvent(first, r.compute_ready.handle, 0), "cudaStreamWaitEvent (compute)");
   }
-  const akv_stage_args args{static_cast<const akv_transfer*>(region.transfers.device),
+  // The region is free (its last fence was observed), so nothing still reads its list. Kernels
+  // need it (the copy engines take host pointers instead).
+  const bool kernels_read_list = !exact || !r.copy_engines;
+  if (kernels_read_list) {
+    auto* list = static_cast<akv_transfer*>(region.listed.data);
+    bool changed = transfers.size() != region.listed_count;
+    if (changed) region.listed_count = 0;
+    for (std::size_t i = 0; i < transfers.size(); ++i) {
+      const akv_transfer entry{transfers[i].slot * slot_bytes, transfers[i].device_block};
+      if (!changed && std::memcmp(&list[i], &entry, sizeof entry) == 0) continue;
+      changed = true;
+      region.listed_count = 0;  // the device copy is stale until the copy below is enqueued
+      list[i] = entry;
+    }
+    if (changed) {
+      check(cudaMemcpyAsync(region.transfers.data, list, transfers.size() * sizeof(akv_transfer),
+                            cudaMemcpyHostToDevice, first),
+            "cudaMemcpyAsync (transfer list)");
+      region.listed_count = transfers.size();
+    }
+  }
+  const akv_stage_args args{static_cast<const akv_transfer*>(region.transfers.data),
                             static_cast<std::uint32_t>(transfers.size()),
                             static_cast<std::uint8_t*>(r.pinned.device),
                             layer * r.layer_bytes,
@@ -288,10 +397,9 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
                             static_cast<std::uint8_t*>(region.staged.data),
                             r.layer_bytes,
                             r.max_blocks};
-  const bool exact = r.mode == AKV_MODE_EXACT;
-  if (direction == Direction::load) {
+  if (load) {
     // bus -> (staged) -> codec -> fence; the codec stream runs one layer behind the bus.
-    check(static_cast<cudaError_t>(akv_stage_bus(&args, 1, r.load_bus.handle)), "staging (load)");
+    r.cross_bus(args, transfers, slot_bytes, true, r.load_bus.handle);
     cudaStream_t last = r.load_bus.handle;
     if (!exact) {
       check(cudaEventRecord(region.handed_over.handle, r.load_bus.handle), "cudaEventRecord (staged)");
@@ -304,11 +412,6 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
     check(cudaEventRecord(region.fence.handle, last), "cudaEventRecord (fence)");
     return;
   }
-  // The layer's KV is final once the forward has written it: wait for the compute stream.
-  check(cudaEventRecord(r.compute_ready.handle, static_cast<cudaStream_t>(compute_stream)),
-        "cudaEventRecord (compute stream)");
-  cudaStream_t first = exact ? r.store_bus.handle : r.store_codec.handle;
-  check(cudaStreamWaitEvent(first, r.compute_ready.handle, 0), "cudaStreamWaitEvent (compute)");
   if (!exact) {
     check(static_cast<cudaError_t>(akv_stage_codec(&args, 0, r.store_codec.handle)),
           "encoding (store)");
@@ -316,7 +419,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
     check(cudaStreamWaitEvent(r.store_bus.handle, region.handed_over.handle, 0),
           "cudaStreamWaitEvent (staged)");
   }
-  check(static_cast<cudaError_t>(akv_stage_bus(&args, 0, r.store_bus.handle)), "staging (store)");
+  r.cross_bus(args, transfers, slot_bytes, false, r.store_bus.handle);
   check(cudaEventRecord(region.fence.handle, r.store_bus.handle), "cudaEventRecord (fence)");
 }
 

@@ -1,6 +1,7 @@
 // The CUDA route of the engine (SPEC.md §4 "CUDA route"): the host pool pinned and mapped at
-// construction (warm-up), one layer of a lease moved by one kernel launch on a stream the engine
-// owns (loads and stores on separate streams), and each region's fence a CUDA event.
+// construction (warm-up), one layer of a lease moved by one kernel launch or one batch of copies
+// on a stream the engine owns (loads and stores on separate streams), and each region's fence a
+// CUDA event.
 #pragma once
 
 #include <cstddef>
@@ -27,10 +28,14 @@ class CudaRouteError : public std::runtime_error {
 enum class FenceQuery : std::uint8_t { signalled, pending, unknown };
 FenceQuery classify_fence_query(int cuda_status);
 
+// Whether the route moves this layout's blocks across PCIe on the copy engines (each copy 128 KiB
+// or more) rather than through the staging kernels: SPEC.md §4, the benchmark's copy-engine rows.
+bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode);
+
 class CudaRoute {
  public:
   // Pins and maps `pool` (pool_bytes, page-aligned) and makes the streams, events and the
-  // regions' mapped transfer lists: everything the route will ever allocate.
+  // regions' transfer lists: everything the route will ever allocate.
   CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
             std::size_t pool_bytes, std::size_t num_regions, std::size_t region_blocks);
   ~CudaRoute();

@@ -20,6 +20,7 @@
 
 using activekv::offload::classify_fence_query;
 using activekv::offload::CompressionMode;
+using activekv::offload::crosses_on_copy_engines;
 using activekv::offload::CudaRouteError;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Direction;
@@ -158,35 +159,58 @@ TEST_CASE("without a usable GPU the CUDA route is a construction error naming th
   CHECK(contains(message, "CUDA route: cuda"));  // the first runtime call that failed
 }
 
+TEST_CASE("blocks cross on the copy engines when each copy is 128 KiB or more") {
+  // Exact mode copies K and V apart: 64 tokens x 8 heads x 128 x 2 bytes = 128 KiB each.
+  CHECK(crosses_on_copy_engines(KvBlockLayout(kLayers, 64, 8, 128, KvDtype::fp16),
+                                CompressionMode::exact));
+  CHECK_FALSE(crosses_on_copy_engines(KvBlockLayout(kLayers, 32, 8, 128, KvDtype::fp16),
+                                      CompressionMode::exact));
+  // Compressed modes copy the stored layer whole: 64 x 8 x (2 x 128 codes + 2 x 4 scale bytes).
+  CHECK(crosses_on_copy_engines(KvBlockLayout(kLayers, 64, 8, 128, KvDtype::fp16),
+                                CompressionMode::int8));
+  CHECK_FALSE(crosses_on_copy_engines(KvBlockLayout(kLayers, 32, 8, 128, KvDtype::fp16),
+                                      CompressionMode::int8));
+}
+
 TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mode and dtype") {
   if (!gpu_present()) {
     MESSAGE("not run: no GPU");
     return;
   }
-  for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
-    for (const CompressionMode mode :
-         {CompressionMode::exact, CompressionMode::int8, CompressionMode::fp8_e4m3}) {
-      const KvBlockLayout layout(kLayers, 4, 2, 32, dtype);
-      Rig cpu(layout, mode, Route::cpu);
-      Rig cuda(layout, mode, Route::cuda);
-      const std::size_t layer_bytes = 2 * kDeviceBlocks * layout.bytes_per_tensor();
-      for (std::uint32_t step = 0; step < 3; ++step) {
-        const auto words = random_kv(layer_bytes, 7 * step + static_cast<std::uint32_t>(dtype));
-        cpu.fill(words);
-        cuda.fill(words);
-        // Each step loads what the one before stored, into other device blocks.
-        std::vector<std::uint64_t> loads;
-        std::vector<std::uint64_t> stores;
-        for (std::uint64_t i = 0; i < 4; ++i) {
-          if (step > 0) loads.push_back(100 * step + i);
-          stores.push_back(100 * (step + 1) + i);
+  // (tokens, heads, head_dim): the staging kernels with the four-wide codec, with the one-wide
+  // codec (head_dim not a multiple of 4), and the copy engines (128 KiB copies and more).
+  const std::uint32_t shapes[][3] = {{4, 2, 32}, {4, 2, 6}, {64, 8, 128}};
+  for (const auto& shape : shapes) {
+    for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
+      for (const CompressionMode mode :
+           {CompressionMode::exact, CompressionMode::int8, CompressionMode::fp8_e4m3}) {
+        const KvBlockLayout layout(kLayers, shape[0], shape[1], shape[2], dtype);
+        CAPTURE(shape[0]);
+        CAPTURE(shape[2]);
+        CAPTURE(static_cast<int>(dtype));
+        CAPTURE(static_cast<int>(mode));
+        CHECK(crosses_on_copy_engines(layout, mode) == (shape[0] == 64));
+        Rig cpu(layout, mode, Route::cpu);
+        Rig cuda(layout, mode, Route::cuda);
+        const std::size_t layer_bytes = 2 * kDeviceBlocks * layout.bytes_per_tensor();
+        for (std::uint32_t step = 0; step < 3; ++step) {
+          const auto words = random_kv(layer_bytes, 7 * step + static_cast<std::uint32_t>(dtype));
+          cpu.fill(words);
+          cuda.fill(words);
+          // Each step loads what the one before stored, into other device blocks.
+          std::vector<std::uint64_t> loads;
+          std::vector<std::uint64_t> stores;
+          for (std::uint64_t i = 0; i < 4; ++i) {
+            if (step > 0) loads.push_back(100 * step + i);
+            stores.push_back(100 * (step + 1) + i);
+          }
+          const std::vector<std::int64_t> load_blocks{4, 5, 6, 7};
+          const std::vector<std::int64_t> store_blocks{0, 1, 2, 3};
+          const auto cpu_events = cpu.step(loads, load_blocks, stores, store_blocks, false);
+          const auto cuda_events = cuda.step(loads, load_blocks, stores, store_blocks, false);
+          CHECK(cpu_events == cuda_events);
+          CHECK(cpu.read() == cuda.read());
         }
-        const std::vector<std::int64_t> load_blocks{4, 5, 6, 7};
-        const std::vector<std::int64_t> store_blocks{0, 1, 2, 3};
-        const auto cpu_events = cpu.step(loads, load_blocks, stores, store_blocks, false);
-        const auto cuda_events = cuda.step(loads, load_blocks, stores, store_blocks, false);
-        CHECK(cpu_events == cuda_events);
-        CHECK(cpu.read() == cuda.read());
       }
     }
   }

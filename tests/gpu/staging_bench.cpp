@@ -2,8 +2,11 @@
 // this one process on the same GPU, the same pinned 4 GiB-class pool and the same scattered blocks:
 //   ceiling   one contiguous 1 GiB pinned copy each way;
 //   memcpy    one cudaMemcpyAsync per block;
-//   batch     one cudaMemcpyBatchAsync for all blocks;
-//   engine    whole engine steps (plans, hooks, kernels, fences) moving the same bytes.
+//   batch     one cudaMemcpyBatchAsync for all blocks, and one per layer (what the engine's copy
+//             engine path issues);
+//   kernels   the staging kernels alone (the engine's zero-copy path);
+//   engine    whole engine steps (plans, hooks, kernels or copies, fences) moving the same bytes.
+// Loads and stores overlapped are measured for the contiguous copy, both raw paths and the engine.
 // A "block" is one layer of one KV block (K and V): the unit a lease scatters. Prints one JSON
 // object (the shape release/report.py reads as gpu-staging.json) on stdout; progress on stderr.
 //
@@ -26,11 +29,13 @@
 #include <vector>
 
 #include "cuda/staging.h"
+#include "offload/cuda_route.h"
 #include "offload/engine.h"
 
 namespace {
 
 using activekv::offload::CompressionMode;
+using activekv::offload::crosses_on_copy_engines;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Engine;
 using activekv::offload::KvBlockLayout;
@@ -44,6 +49,8 @@ constexpr std::size_t kKiB = 1024;
 constexpr std::uint32_t kLayers = 32;
 constexpr std::uint32_t kHeads = 8;
 constexpr std::uint32_t kHeadDim = 128;  // fp16: 2 KiB of K (and of V) per token
+// The issue's block sizes, and 128 KiB: where the engine's exact mode moves to the copy engines.
+constexpr std::size_t kBlockSizes[] = {16 * kKiB, 64 * kKiB, 128 * kKiB, 256 * kKiB, 1024 * kKiB};
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -149,50 +156,114 @@ Ways batch_memcpy(const Scatter& s, cudaStream_t stream, int repeats) {
   return {gbps(bytes, h2d), gbps(bytes, d2h)};
 }
 
-// ---- the staging kernels alone, both directions at once, by launch width ----
+// One cudaMemcpyBatchAsync per layer (the engine's copy-engine path): `s` split into kLayers
+// batches, enqueued back to back on `stream`.
+void batch_per_layer(const Scatter& s, bool in, cudaStream_t stream) {
+  std::vector<std::size_t> sizes(s.host.size(), s.block);
+  cudaMemcpyAttributes attributes{};
+  attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  std::size_t first = 0;
+  const std::size_t per_layer = s.host.size() / kLayers;
+  for (std::size_t at = 0; at + per_layer <= s.host.size(); at += per_layer) {
+    void* const* to = (in ? s.device : s.host).data() + at;
+    void* const* from = (in ? s.host : s.device).data() + at;
+    check(cudaMemcpyBatchAsync(to, const_cast<const void* const*>(from), sizes.data(), per_layer,
+                               &attributes, &first, 1, stream),
+          "cudaMemcpyBatchAsync");
+  }
+}
 
-// GB/s of `layers` exact-mode loads and as many stores running on two streams at once, each
-// launch at most `max_blocks` thread blocks wide: how wide a launch may be before the two
-// directions stop overlapping.
-double raw_overlap(void* pool, void* device, std::size_t moved, std::size_t block,
-                   std::uint32_t max_blocks, cudaStream_t in, cudaStream_t out, int repeats) {
-  const std::size_t per_layer = moved / kLayers / block;  // blocks per launch
-  akv_transfer* list = nullptr;
-  check(cudaHostAlloc(reinterpret_cast<void**>(&list), per_layer * sizeof(akv_transfer),
-                      cudaHostAllocMapped),
-        "cudaHostAlloc");
-  for (std::size_t i = 0; i < per_layer; ++i) list[i] = {i * block * 2, i};
-  void* pool_device = nullptr;
-  check(cudaHostGetDevicePointer(&pool_device, pool, 0), "cudaHostGetDevicePointer");
-  void* list_device = nullptr;
-  check(cudaHostGetDevicePointer(&list_device, list, 0), "cudaHostGetDevicePointer");
-  const auto args = [&](std::uint32_t layer, std::size_t half) {
-    return akv_stage_args{static_cast<const akv_transfer*>(list_device),
-                          static_cast<std::uint32_t>(per_layer),
-                          static_cast<std::uint8_t*>(pool_device) + half,
-                          layer * block,
-                          static_cast<std::uint8_t*>(device) + half,
-                          per_layer,
-                          static_cast<std::uint32_t>(block / 2 / (kHeadDim * 2)),
-                          kHeadDim,
-                          AKV_MODE_EXACT,
-                          AKV_DTYPE_FP16,
-                          nullptr,
-                          block,
-                          max_blocks};
+Ways batch_memcpy_per_layer(const Scatter& s, cudaStream_t stream, int repeats) {
+  const std::size_t bytes = s.host.size() * s.block;
+  const auto run = [&](bool in) {
+    batch_per_layer(s, in, stream);
+    check(cudaStreamSynchronize(stream), "sync");
   };
-  const double seconds = median_seconds(repeats, [&] {
-    for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
-      const akv_stage_args load = args(layer, 0);
-      const akv_stage_args store = args(layer, moved);  // other slots, other device blocks
-      check(static_cast<cudaError_t>(akv_stage_bus(&load, 1, in)), "load");
-      check(static_cast<cudaError_t>(akv_stage_bus(&store, 0, out)), "store");
+  return {gbps(bytes, median_seconds(repeats, [&] { run(true); })),
+          gbps(bytes, median_seconds(repeats, [&] { run(false); }))};
+}
+
+// GB/s of per-layer batches loading `in` and storing `out` at once on two streams.
+double batch_both_ways(const Scatter& in, const Scatter& out, cudaStream_t load,
+                       cudaStream_t store, int repeats) {
+  const std::size_t bytes = (in.host.size() + out.host.size()) * in.block;
+  return gbps(bytes, median_seconds(repeats, [&] {
+                batch_per_layer(in, true, load);
+                batch_per_layer(out, false, store);
+                check(cudaStreamSynchronize(load), "sync");
+                check(cudaStreamSynchronize(store), "sync");
+              }));
+}
+
+// ---- the staging kernels alone (exact mode), each launch one layer's share of the blocks ----
+
+// One direction's kernel launches over a Scatter: its transfer list in device memory (as the
+// engine keeps it), K and V of block i at i and count + i tensors into the Scatter's device range.
+struct KernelPlan {
+  const Scatter& s;
+  std::size_t per_layer;
+  void* list = nullptr;
+  void* pool_device = nullptr;
+
+  KernelPlan(const Scatter& scattered, void* pool) : s(scattered), per_layer(s.host.size() / kLayers) {
+    std::vector<akv_transfer> entries;
+    for (std::size_t i = 0; i < s.host.size(); ++i) {
+      entries.push_back({static_cast<std::uint64_t>(static_cast<std::uint8_t*>(s.host[i]) -
+                                                    static_cast<std::uint8_t*>(pool)),
+                         i});
     }
-    check(cudaStreamSynchronize(in), "sync");
-    check(cudaStreamSynchronize(out), "sync");
-  });
-  cudaFreeHost(list);
-  return gbps(2 * moved, seconds);
+    check(cudaMalloc(&list, entries.size() * sizeof(akv_transfer)), "cudaMalloc");
+    check(cudaMemcpy(list, entries.data(), entries.size() * sizeof(akv_transfer),
+                     cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+    check(cudaHostGetDevicePointer(&pool_device, pool, 0), "cudaHostGetDevicePointer");
+  }
+  ~KernelPlan() { cudaFree(list); }
+  KernelPlan(const KernelPlan&) = delete;
+  KernelPlan& operator=(const KernelPlan&) = delete;
+
+  void launch(bool in, std::uint32_t max_blocks, cudaStream_t stream) const {
+    for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+      const akv_stage_args args{static_cast<const akv_transfer*>(list) + layer * per_layer,
+                                static_cast<std::uint32_t>(per_layer),
+                                static_cast<std::uint8_t*>(pool_device),
+                                0,
+                                static_cast<std::uint8_t*>(s.device[0]),
+                                s.host.size(),
+                                static_cast<std::uint32_t>(s.block / 2 / (kHeadDim * 2)),
+                                kHeadDim,
+                                AKV_MODE_EXACT,
+                                AKV_DTYPE_FP16,
+                                nullptr,
+                                s.block,
+                                max_blocks};
+      check(static_cast<cudaError_t>(akv_stage_bus(&args, in ? 1 : 0, stream)), "akv_stage_bus");
+    }
+  }
+};
+
+Ways kernels_one_way(const KernelPlan& plan, std::uint32_t max_blocks, cudaStream_t stream,
+                     int repeats) {
+  const std::size_t bytes = plan.s.host.size() * plan.s.block;
+  const auto run = [&](bool in) {
+    plan.launch(in, max_blocks, stream);
+    check(cudaStreamSynchronize(stream), "sync");
+  };
+  return {gbps(bytes, median_seconds(repeats, [&] { run(true); })),
+          gbps(bytes, median_seconds(repeats, [&] { run(false); }))};
+}
+
+// GB/s of the kernels loading `in` and storing `out` at once on two streams, each launch at most
+// `max_blocks` thread blocks wide.
+double kernels_both_ways(const KernelPlan& in, const KernelPlan& out, std::uint32_t max_blocks,
+                         cudaStream_t load, cudaStream_t store, int repeats) {
+  const std::size_t bytes = (in.s.host.size() + out.s.host.size()) * in.s.block;
+  return gbps(bytes, median_seconds(repeats, [&] {
+                in.launch(true, max_blocks, load);
+                out.launch(false, max_blocks, store);
+                check(cudaStreamSynchronize(load), "sync");
+                check(cudaStreamSynchronize(store), "sync");
+              }));
 }
 
 // ---- the engine ----
@@ -305,11 +376,22 @@ int main(int argc, char** argv) {
                    method, ways.h2d, ways.d2h);
     };
 
+    int processors = 0;
+    check(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, 0), "attribute");
+    const auto width = static_cast<std::uint32_t>(2 * processors);  // as the engine launches
+    cudaStream_t other = nullptr;
+    check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
+
     Ways ceiling{};
+    double ceiling_both = 0;
+    // Loads and stores at once, raw, by block size: the kernels and per-layer batches.
+    std::unordered_map<std::size_t, std::pair<double, double>> raw_both;
     {
       PinnedBuffer pool(pool_bytes);
-      DeviceBuffer device(moved);
+      DeviceBuffer device(2 * moved);  // loads into the first half, stores from the second
       std::memset(pool.data, 0x5A, pool_bytes);  // touch every page before timing
+      std::uint8_t* const second = static_cast<std::uint8_t*>(device.data) + moved;
+      std::uint8_t* const pool_second = static_cast<std::uint8_t*>(pool.data) + moved;
       ceiling.h2d = gbps(moved, median_seconds(repeats, [&] {
         check(cudaMemcpyAsync(device.data, pool.data, moved, cudaMemcpyHostToDevice, stream), "copy");
         check(cudaStreamSynchronize(stream), "sync");
@@ -318,29 +400,46 @@ int main(int argc, char** argv) {
         check(cudaMemcpyAsync(pool.data, device.data, moved, cudaMemcpyDeviceToHost, stream), "copy");
         check(cudaStreamSynchronize(stream), "sync");
       }));
-      std::fprintf(stderr, "ceiling (contiguous %zu GiB): H2D %.2f GB/s  D2H %.2f GB/s\n",
-                   moved / kGiB, ceiling.h2d, ceiling.d2h);
-      for (const std::size_t block : {16 * kKiB, 64 * kKiB, 256 * kKiB, 1024 * kKiB}) {
+      ceiling_both = gbps(2 * moved, median_seconds(repeats, [&] {
+        check(cudaMemcpyAsync(device.data, pool.data, moved, cudaMemcpyHostToDevice, stream), "copy");
+        check(cudaMemcpyAsync(pool_second, second, moved, cudaMemcpyDeviceToHost, other), "copy");
+        check(cudaStreamSynchronize(stream), "sync");
+        check(cudaStreamSynchronize(other), "sync");
+      }));
+      std::fprintf(stderr,
+                   "ceiling (contiguous %zu GiB): H2D %.2f GB/s  D2H %.2f GB/s  both ways %.2f GB/s\n",
+                   moved / kGiB, ceiling.h2d, ceiling.d2h, ceiling_both);
+      for (const std::size_t block : kBlockSizes) {
         const Scatter s = scatter(pool.data, pool_bytes, device.data, moved, block, random);
         row(block, "per-block cudaMemcpyAsync", per_block_memcpy(s, stream, repeats));
         row(block, "cudaMemcpyBatchAsync", batch_memcpy(s, stream, repeats));
-      }
-      if (std::getenv("ACTIVEKV_BENCH_LAUNCH_WIDTHS") != nullptr) {
-        cudaStream_t other = nullptr;
-        check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
-        DeviceBuffer both_ways(2 * moved);
-        for (const std::uint32_t width : {66u, 132u, 264u, 528u, 1056u, 4096u}) {
-          std::fprintf(stderr, "raw kernels, 64 KiB blocks, launches <= %4u blocks: both ways %.2f GB/s\n",
-                       width, raw_overlap(pool.data, both_ways.data, moved / 2, 64 * kKiB, width,
-                                          stream, other, repeats));
+        row(block, "cudaMemcpyBatchAsync per layer", batch_memcpy_per_layer(s, stream, repeats));
+        const KernelPlan loads(s, pool.data);
+        row(block, "staging kernels", kernels_one_way(loads, width, stream, repeats));
+        // Half the bytes each way, from other slots into other device blocks.
+        const Scatter in = scatter(pool.data, pool_bytes, device.data, moved / 2, block, random);
+        const Scatter out = scatter(pool.data, pool_bytes, second, moved / 2, block, random);
+        const KernelPlan kernel_in(in, pool.data);
+        const KernelPlan kernel_out(out, pool.data);
+        raw_both[block] = {kernels_both_ways(kernel_in, kernel_out, width, stream, other, repeats),
+                           batch_both_ways(in, out, stream, other, repeats)};
+        std::fprintf(stderr, "%8zu KiB  both ways: kernels %.2f GB/s  per-layer batches %.2f GB/s\n",
+                     block / kKiB, raw_both[block].first, raw_both[block].second);
+        if (block == 64 * kKiB && std::getenv("ACTIVEKV_BENCH_LAUNCH_WIDTHS") != nullptr) {
+          for (const std::uint32_t launch : {66u, 132u, 264u, 528u, 1056u, 4096u}) {
+            std::fprintf(stderr, "kernels, 64 KiB blocks, launches <= %4u blocks: both ways %.2f GB/s\n",
+                         launch, kernels_both_ways(kernel_in, kernel_out, launch, stream, other, repeats));
+          }
         }
-        cudaStreamDestroy(other);
       }
     }
 
+    const auto bus = [](const KvBlockLayout& layout, CompressionMode mode) {
+      return std::string(crosses_on_copy_engines(layout, mode) ? "copy engines" : "kernels");
+    };
     std::string overlapped;
     std::string compressed;
-    for (const std::size_t block : {16 * kKiB, 64 * kKiB, 256 * kKiB, 1024 * kKiB}) {
+    for (const std::size_t block : kBlockSizes) {
       // block = K + V of one layer: tokens * 2 * (heads * head_dim * 2 bytes).
       const auto tokens = static_cast<std::uint32_t>(block / (2 * kHeads * kHeadDim * 2));
       const std::size_t blocks = moved / (block * kLayers);
@@ -351,10 +450,14 @@ int main(int argc, char** argv) {
       const double both = exact.median_step(repeats, true, true);
       row(block, "engine", {gbps(bytes, load), gbps(bytes, store)});
       overlapped += std::string(overlapped.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
-                    std::to_string(block) + ", \"engine_both_ways_gbps\": " +
-                    number(gbps(2 * bytes, both)) + "}";
-      std::fprintf(stderr, "%8zu KiB  engine, loads and stores overlapped: %.2f GB/s\n",
-                   block / kKiB, gbps(2 * bytes, both));
+                    std::to_string(block) + ", \"bus\": \"" +
+                    bus(exact.layout, CompressionMode::exact) + "\", \"engine_both_ways_gbps\": " +
+                    number(gbps(2 * bytes, both)) + ", \"kernels_both_ways_gbps\": " +
+                    number(raw_both.at(block).first) + ", \"batches_both_ways_gbps\": " +
+                    number(raw_both.at(block).second) + "}";
+      std::fprintf(stderr, "%8zu KiB  engine (%s), loads and stores overlapped: %.2f GB/s\n",
+                   block / kKiB, bus(exact.layout, CompressionMode::exact).c_str(),
+                   gbps(2 * bytes, both));
 
       EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks);
       const double int8_load = int8.median_step(repeats, true, false);
@@ -364,7 +467,8 @@ int main(int argc, char** argv) {
       const double store_ratio = (static_cast<double>(int8.tokens_per_step()) / int8_store) /
                                  (static_cast<double>(exact.tokens_per_step()) / store);
       compressed += std::string(compressed.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
-                    std::to_string(block) + ", \"exact_load_tokens_per_s\": " +
+                    std::to_string(block) + ", \"bus\": \"" +
+                    bus(int8.layout, CompressionMode::int8) + "\", \"exact_load_tokens_per_s\": " +
                     number(tokens_exact) + ", \"int8_load_tokens_per_s\": " +
                     number(tokens_int8) + ", \"int8_over_exact_load\": " +
                     number(tokens_int8 / tokens_exact) + ", \"int8_over_exact_store\": " +
@@ -373,14 +477,16 @@ int main(int argc, char** argv) {
                    block / kKiB, tokens_int8 / tokens_exact, store_ratio);
     }
     cudaStreamDestroy(stream);
+    cudaStreamDestroy(other);
 
     std::printf(
         "{\n  \"gpu\": \"%s\",\n  \"pool_bytes\": %zu,\n  \"moved_bytes\": %zu,\n"
         "  \"layers\": %u,\n  \"repeats\": %d,\n"
-        "  \"ceiling_gbps\": {\"h2d\": %s, \"d2h\": %s},\n  \"rows\": [\n    %s\n  ],\n"
+        "  \"ceiling_gbps\": {\"h2d\": %s, \"d2h\": %s},\n  \"both_ways_ceiling_gbps\": %s,\n"
+        "  \"rows\": [\n    %s\n  ],\n"
         "  \"overlapped\": [\n    %s\n  ],\n  \"int8_vs_exact\": [\n    %s\n  ]\n}\n",
         properties.name, pool_bytes, moved, kLayers, repeats, number(ceiling.h2d).c_str(),
-        number(ceiling.d2h).c_str(), rows.c_str(), overlapped.c_str(), compressed.c_str());
+        number(ceiling.d2h).c_str(), number(ceiling_both).c_str(), rows.c_str(), overlapped.c_str(), compressed.c_str());
     return 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "staging bench: %s\n", error.what());
