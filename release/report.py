@@ -440,6 +440,7 @@ def _gpu_staging(records: Records) -> Section | None:
                 cells.append(Cell("", "", _rates(row, ceiling)) if row else Cell("—"))
             rows.append(tuple(cells))
         section.blocks.append(Table(("block", *methods), tuple(rows), grid=True))
+        section.blocks.extend(_staging_targets(staging))
         section.blocks.append(
             Figure(staging_plot(staging), STAGING_PLOT, "staging bandwidth by block size")
         )
@@ -449,6 +450,43 @@ def _gpu_staging(records: Records) -> Section | None:
         )
         return None
     return section
+
+
+def _staging_targets(staging: dict[str, Any]) -> list[Text | Table]:
+    """Loads and stores at once, and int8 against exact tokens/s, where the record has them."""
+    blocks: list[Text | Table] = []
+    overlapped = staging.get("overlapped", [])
+    if overlapped:
+        ceiling = staging.get("both_ways_ceiling_gbps", "?")
+        blocks.append(
+            Text(f"Loads and stores at once (contiguous copy both ways: {ceiling} GB/s).")
+        )
+        rows = tuple(
+            (
+                Cell(_block_size(int(r["block_bytes"]))),
+                Cell(str(r["bus"])),
+                Cell(f"{float(r['engine_both_ways_gbps']):.1f} GB/s"),
+                Cell(f"{float(r['kernels_both_ways_gbps']):.1f} GB/s"),
+                Cell(f"{float(r['batches_both_ways_gbps']):.1f} GB/s"),
+            )
+            for r in overlapped
+        )
+        headers = ("block", "engine bus", "engine", "kernels alone", "per-layer batches alone")
+        blocks.append(Table(headers, rows))
+    compressed = staging.get("int8_vs_exact", [])
+    if compressed:
+        rows = tuple(
+            (
+                Cell(_block_size(int(r["block_bytes"]))),
+                Cell(str(r["bus"])),
+                Cell(f"{float(r['int8_over_exact_load']):.2f}x"),
+                Cell(f"{float(r['int8_over_exact_store']):.2f}x"),
+            )
+            for r in compressed
+        )
+        headers = ("block", "int8 bus", "int8 / exact tokens/s, loads", "stores")
+        blocks.append(Table(headers, rows))
+    return blocks
 
 
 def _dispatch(records: Records) -> Section | None:

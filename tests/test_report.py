@@ -256,6 +256,14 @@ def test_gpu_staging_table_and_plot_when_present(full: tuple[str, str, Path]) ->
     assert "GPU staging table and plot" not in md
 
 
+def test_gpu_staging_overlap_and_int8_tables(full: tuple[str, str, Path]) -> None:
+    md, html_text, _ = full
+    assert "Loads and stores at once (contiguous copy both ways: 101.0 GB/s)." in md
+    cells = [[text for _, text in row] for _, rows in tables_of(html_text) for row in rows]
+    assert ["1 MiB", "copy engines", "94.0 GB/s", "62.0 GB/s", "95.5 GB/s"] in cells
+    assert ["16 KiB", "kernels", "1.83x", "1.81x"] in cells
+
+
 def test_staging_figures_of_another_wheel_are_called_out(
     tmp_path: Path, manifest: Manifest
 ) -> None:
