@@ -178,11 +178,14 @@ struct Region {
 // Copies at least this large cross PCIe faster on the copy engines (one cudaMemcpyBatchAsync per
 // layer) than through the staging kernels, alone and above all with loads and stores at once.
 // Measured on an H200 (tests/gpu/staging_bench.cpp, per-layer batch rows): 128 KiB copies,
-// 54 / 51 GB/s alone and 83 GB/s both ways, against 51 / 52 and 73 for the kernels; 64 KiB
+// 54 / 51 GB/s alone and 80-83 GB/s both ways, against 51 / 52 and 62-73 for the kernels; 64 KiB
 // copies, 59-72 GB/s both ways, no better than the kernels; smaller ones far worse (a copy engine
 // pays microseconds per copy).
 constexpr std::size_t kCopyEngineMinBytes = std::size_t{128} << 10;
-
+// Compressed stores (encode, then the copy) are the exception: with 132 KiB stored layers, int8
+// stores reached 1.70-1.71x exact's tokens/s on the copy engines against 1.80x through the
+// kernels; with 528 KiB ones 1.84-1.85x against 1.81x (same bench, engine rows, two runs).
+constexpr std::size_t kCompressedStoreCopyEngineMinBytes = std::size_t{256} << 10;
 // The highest priority a stream can have: bus transfers are the bottleneck, so their thread
 // blocks go first and the codec kernels fill in around them.
 int bus_priority() {
@@ -204,11 +207,14 @@ std::uint32_t bus_blocks() {
 
 }  // namespace
 
-bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode) {
-  // Exact mode copies K and V of a block apart (they are apart in the device KV).
-  const std::size_t copy = mode == CompressionMode::exact ? layout.bytes_per_tensor()
-                                                          : stored_layer_bytes(layout, mode);
-  return copy >= kCopyEngineMinBytes;
+bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
+                             Direction direction) {
+  // Exact mode copies K and V of a block apart (they are apart in the device KV); compressed
+  // modes copy the stored layer whole.
+  if (mode == CompressionMode::exact) return layout.bytes_per_tensor() >= kCopyEngineMinBytes;
+  const std::size_t copy = stored_layer_bytes(layout, mode);
+  return copy >= (direction == Direction::load ? kCopyEngineMinBytes
+                                               : kCompressedStoreCopyEngineMinBytes);
 }
 
 FenceQuery classify_fence_query(int cuda_status) {
@@ -230,7 +236,8 @@ struct CudaRoute::Resources {
         layer_bytes(stored_layer_bytes(layout, compression)),
         tensor_bytes(layout.bytes_per_tensor()),
         max_blocks(bus_blocks()),
-        copy_engines(crosses_on_copy_engines(layout, compression)),
+        load_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::load)),
+        store_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::store)),
         pinned(pool, pool_bytes),
         load_bus(bus_priority()),
         store_bus(bus_priority()) {
@@ -239,7 +246,7 @@ struct CudaRoute::Resources {
     for (std::size_t index = 0; index < num_regions; ++index) {
       regions.push_back(std::make_unique<Region>(blocks_per_region, staged));
     }
-    if (copy_engines) {
+    if (load_on_copy_engines || store_on_copy_engines) {
       const std::size_t most = (mode == AKV_MODE_EXACT ? 2 : 1) * blocks_per_region;
       destinations.reserve(most);
       sources.reserve(most);
@@ -256,7 +263,8 @@ struct CudaRoute::Resources {
   const std::size_t tensor_bytes;
   const std::uint32_t max_blocks;
   // Whether bus transfers go on the copy engines (large copies) or through the staging kernels.
-  const bool copy_engines;
+  const bool load_on_copy_engines;
+  const bool store_on_copy_engines;
   PinnedRegistration pinned;
   std::vector<std::unique_ptr<Region>> regions;
   Event compute_ready;
@@ -274,7 +282,7 @@ struct CudaRoute::Resources {
   // the staging buffer; out, the reverse.
   void cross_bus(const akv_stage_args& args, const std::vector<BlockTransfer>& transfers,
                  std::size_t slot_bytes, bool in, cudaStream_t stream) {
-    if (!copy_engines) {
+    if (!(in ? load_on_copy_engines : store_on_copy_engines)) {
       check(static_cast<cudaError_t>(akv_stage_bus(&args, in ? 1 : 0, stream)),
             in ? "staging (load)" : "staging (store)");
       return;
@@ -365,7 +373,8 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   }
   // The region is free (its last fence was observed), so nothing still reads its list. Kernels
   // need it (the copy engines take host pointers instead).
-  const bool kernels_read_list = !exact || !r.copy_engines;
+  const bool kernels_read_list =
+      !exact || !(load ? r.load_on_copy_engines : r.store_on_copy_engines);
   if (kernels_read_list) {
     auto* list = static_cast<akv_transfer*>(region.listed.data);
     bool changed = transfers.size() != region.listed_count;

@@ -28,9 +28,11 @@ class CudaRouteError : public std::runtime_error {
 enum class FenceQuery : std::uint8_t { signalled, pending, unknown };
 FenceQuery classify_fence_query(int cuda_status);
 
-// Whether the route moves this layout's blocks across PCIe on the copy engines (each copy 128 KiB
-// or more) rather than through the staging kernels: SPEC.md §4, the benchmark's copy-engine rows.
-bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode);
+// Whether the route moves this layout's blocks across PCIe in `direction` on the copy engines
+// rather than through the staging kernels: copies of 128 KiB or more (compressed stores: 256 KiB
+// or more). SPEC.md §4; the measurements are in cuda_route.cpp.
+bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
+                             Direction direction);
 
 class CudaRoute {
  public:

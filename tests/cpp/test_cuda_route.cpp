@@ -159,17 +159,22 @@ TEST_CASE("without a usable GPU the CUDA route is a construction error naming th
   CHECK(contains(message, "CUDA route: cuda"));  // the first runtime call that failed
 }
 
-TEST_CASE("blocks cross on the copy engines when each copy is 128 KiB or more") {
-  // Exact mode copies K and V apart: 64 tokens x 8 heads x 128 x 2 bytes = 128 KiB each.
-  CHECK(crosses_on_copy_engines(KvBlockLayout(kLayers, 64, 8, 128, KvDtype::fp16),
-                                CompressionMode::exact));
-  CHECK_FALSE(crosses_on_copy_engines(KvBlockLayout(kLayers, 32, 8, 128, KvDtype::fp16),
-                                      CompressionMode::exact));
-  // Compressed modes copy the stored layer whole: 64 x 8 x (2 x 128 codes + 2 x 4 scale bytes).
-  CHECK(crosses_on_copy_engines(KvBlockLayout(kLayers, 64, 8, 128, KvDtype::fp16),
-                                CompressionMode::int8));
-  CHECK_FALSE(crosses_on_copy_engines(KvBlockLayout(kLayers, 32, 8, 128, KvDtype::fp16),
-                                      CompressionMode::int8));
+TEST_CASE("blocks cross on the copy engines from 128 KiB copies, compressed stores from 256 KiB") {
+  const auto crosses = [](std::uint32_t tokens, CompressionMode mode, Direction direction) {
+    return crosses_on_copy_engines(KvBlockLayout(kLayers, tokens, 8, 128, KvDtype::fp16), mode,
+                                   direction);
+  };
+  for (const Direction direction : {Direction::load, Direction::store}) {
+    // Exact mode copies K and V apart: 64 tokens x 8 heads x 128 x 2 bytes = 128 KiB each.
+    CHECK(crosses(64, CompressionMode::exact, direction));
+    CHECK_FALSE(crosses(32, CompressionMode::exact, direction));
+    // Compressed modes copy the stored layer whole: 128 tokens x 8 x (2 x 128 + 2 x 4) = 264 KiB.
+    CHECK(crosses(128, CompressionMode::int8, direction));
+  }
+  // 64 tokens: 132 KiB stored layers.
+  CHECK(crosses(64, CompressionMode::int8, Direction::load));
+  CHECK_FALSE(crosses(64, CompressionMode::int8, Direction::store));
+  CHECK_FALSE(crosses(32, CompressionMode::fp8_e4m3, Direction::load));
 }
 
 TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mode and dtype") {
@@ -178,8 +183,9 @@ TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mo
     return;
   }
   // (tokens, heads, head_dim): the staging kernels with the four-wide codec, with the one-wide
-  // codec (head_dim not a multiple of 4), and the copy engines (128 KiB copies and more).
-  const std::uint32_t shapes[][3] = {{4, 2, 32}, {4, 2, 6}, {64, 8, 128}};
+  // codec (head_dim not a multiple of 4), and the copy engines (compressed: loads only at 64
+  // tokens, both ways at 128).
+  const std::uint32_t shapes[][3] = {{4, 2, 32}, {4, 2, 6}, {64, 8, 128}, {128, 8, 128}};
   for (const auto& shape : shapes) {
     for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
       for (const CompressionMode mode :
@@ -189,7 +195,7 @@ TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mo
         CAPTURE(shape[2]);
         CAPTURE(static_cast<int>(dtype));
         CAPTURE(static_cast<int>(mode));
-        CHECK(crosses_on_copy_engines(layout, mode) == (shape[0] == 64));
+        CHECK(crosses_on_copy_engines(layout, mode, Direction::load) == (shape[0] >= 64));
         Rig cpu(layout, mode, Route::cpu);
         Rig cuda(layout, mode, Route::cuda);
         const std::size_t layer_bytes = 2 * kDeviceBlocks * layout.bytes_per_tensor();

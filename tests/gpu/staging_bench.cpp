@@ -435,7 +435,13 @@ int main(int argc, char** argv) {
     }
 
     const auto bus = [](const KvBlockLayout& layout, CompressionMode mode) {
-      return std::string(crosses_on_copy_engines(layout, mode) ? "copy engines" : "kernels");
+      const auto way = [&](activekv::offload::Direction direction) {
+        return std::string(crosses_on_copy_engines(layout, mode, direction) ? "copy engines"
+                                                                            : "kernels");
+      };
+      const std::string load = way(activekv::offload::Direction::load);
+      const std::string store = way(activekv::offload::Direction::store);
+      return load == store ? load : "loads: " + load + ", stores: " + store;
     };
     std::string overlapped;
     std::string compressed;
