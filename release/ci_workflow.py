@@ -20,7 +20,6 @@ file drifts from what the manifest generates.
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
+from release.atomic import atomic_write
 from release.build import _SOURCE_ROOTS as WHEEL_SOURCES
 from release.errors import ManifestError, ReleaseError
 from release.manifest import CiSettings, Manifest
@@ -414,8 +414,5 @@ def write_workflow(manifest: Manifest, repo_root: Path) -> Path:
             + "\n  ".join(problems)
         )
     path = repo_root / ci.workflow
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text.encode())
     return path

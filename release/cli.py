@@ -59,12 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="replay the manifest's parity cells: reference against engine",
     )
-    parity.add_argument(
-        "--wheel",
-        type=Path,
-        default=None,
-        help="wheel under test (default: the built wheel for this interpreter)",
-    )
+    _wheel_option(parity)
     parity.add_argument(
         "--device",
         choices=["cpu", "cuda"],
@@ -82,12 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", parents=[common], help="engine against reference: bookkeeping per layer-step"
     )
-    bench.add_argument(
-        "--wheel",
-        type=Path,
-        default=None,
-        help="wheel under test (default: the built wheel for this interpreter)",
-    )
+    _wheel_option(bench)
     bench.add_argument("--blocks", type=int, default=256, help="blocks per step (default 256)")
     reproduce = sub.add_parser(
         "reproduce",
@@ -141,13 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="CUDA route staging benchmark with its baselines, on this machine's GPU",
     )
-    gpu_staging.add_argument(
-        "--wheel",
-        type=Path,
-        default=None,
-        help="the wheel built from these sources, named in the record (default: the built "
-        "wheel for this interpreter)",
-    )
+    _wheel_option(gpu_staging, "the wheel built from these sources, named in the record")
     for gate in ("payload", "policy"):
         step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
         step.add_argument(
@@ -255,6 +239,15 @@ def _add_consumer_verify_arguments(verify: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="module to import after installing (repeatable; default: activekv._engine and "
         "activekv._fabric)",
+    )
+
+
+def _wheel_option(parser: argparse.ArgumentParser, what: str = "wheel under test") -> None:
+    parser.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help=f"{what} (default: the built wheel for this interpreter)",
     )
 
 

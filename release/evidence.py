@@ -7,7 +7,6 @@ unless each gate the channel requires passed on exactly the digests being publis
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 from dataclasses import asdict, dataclass, field
@@ -15,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+from release.atomic import atomic_write
 from release.errors import GateError
 
 Verdict = Literal["pass", "fail", "not-run"]
@@ -62,10 +62,7 @@ def evidence_path(out_dir: Path, gate: str) -> Path:
 
 def write_evidence(out_dir: Path, evidence: Evidence) -> Path:
     path = evidence_path(out_dir, evidence.gate)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(evidence), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(asdict(evidence), indent=2, sort_keys=True) + "\n").encode())
     return path
 
 

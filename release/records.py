@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from release.atomic import atomic_write
 from release.errors import ReleaseError
 
 
 def write_record(out_dir: Path, name: str, data: dict[str, Any]) -> Path:
     path = out_dir / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
     return path
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from release.atomic import atomic_write
 from release.errors import ReleaseError
 from release.evidence import Evidence, read_evidence
 from release.manifest import Manifest
@@ -800,12 +800,6 @@ def _html(document: Document) -> str:
     return "\n".join(out) + "\n"
 
 
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _figures(document: Document) -> Iterable[Figure]:
     for section in document.sections:
         yield from (b for b in section.blocks if isinstance(b, Figure))
@@ -820,10 +814,10 @@ def write_report(out_dir: Path, manifest: Manifest, channel: str) -> list[Path]:
     plot = out_dir / STAGING_PLOT
     figures = list(_figures(document))
     for figure in figures:
-        _write(out_dir / figure.file_name, figure.png)
+        atomic_write(out_dir / figure.file_name, figure.png)
         written.append(out_dir / figure.file_name)
     if not figures:
         plot.unlink(missing_ok=True)  # an earlier run's plot must not speak for this one
-    _write(out_dir / REPORT_MD, _markdown(document).encode())
-    _write(out_dir / REPORT_HTML, _html(document).encode())
+    atomic_write(out_dir / REPORT_MD, _markdown(document).encode())
+    atomic_write(out_dir / REPORT_HTML, _html(document).encode())
     return [out_dir / REPORT_MD, out_dir / REPORT_HTML, *written]
