@@ -1,10 +1,11 @@
 """`python -m release gpu-staging`: the CUDA route's staging benchmark on this machine's GPU.
 
 Builds tests/gpu/staging_bench.cpp (Release, host compiler and nvcc) from the same sources as the
-wheel, runs it, and writes `<out>/gpu-staging.json`: the ceiling (a contiguous pinned copy), the
-baselines (per-block cudaMemcpyAsync, cudaMemcpyBatchAsync) and the engine, all measured in that
-one run, with the GPU, the driver and the wheel built from these sources. Without a GPU it writes
-nothing and says "not run: no GPU runner".
+wheel, runs it, and writes `<out>/gpu-staging.json`: the ceiling (a contiguous pinned copy, each
+way and both at once), the baselines (per-block cudaMemcpyAsync, one cudaMemcpyBatchAsync, one per
+layer, the staging kernels alone), the engine each way, loads and stores at once, and int8 against
+exact tokens/s, all measured in that one run, with the GPU, the driver and the wheel built from
+these sources. Without a GPU it writes nothing and says "not run: no GPU runner".
 """
 
 from __future__ import annotations
