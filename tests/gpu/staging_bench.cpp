@@ -120,67 +120,48 @@ Scatter scatter(void* pool, std::size_t pool_bytes, void* device, std::size_t mo
   return result;
 }
 
-Ways per_block_memcpy(const Scatter& s, cudaStream_t stream, int repeats) {
+// GB/s each way of what `enqueue(in)` puts on `stream` to move all of `s` in (H2D) or out.
+template <typename Enqueue>
+Ways each_way(const Scatter& s, cudaStream_t stream, int repeats, Enqueue&& enqueue) {
   const std::size_t bytes = s.host.size() * s.block;
-  const double h2d = median_seconds(repeats, [&] {
-    for (std::size_t i = 0; i < s.host.size(); ++i) {
-      check(cudaMemcpyAsync(s.device[i], s.host[i], s.block, cudaMemcpyHostToDevice, stream),
-            "cudaMemcpyAsync");
-    }
-    check(cudaStreamSynchronize(stream), "sync");
-  });
-  const double d2h = median_seconds(repeats, [&] {
-    for (std::size_t i = 0; i < s.host.size(); ++i) {
-      check(cudaMemcpyAsync(s.host[i], s.device[i], s.block, cudaMemcpyDeviceToHost, stream),
-            "cudaMemcpyAsync");
-    }
-    check(cudaStreamSynchronize(stream), "sync");
-  });
-  return {gbps(bytes, h2d), gbps(bytes, d2h)};
-}
-
-Ways batch_memcpy(const Scatter& s, cudaStream_t stream, int repeats) {
-  const std::size_t bytes = s.host.size() * s.block;
-  std::vector<std::size_t> sizes(s.host.size(), s.block);
-  cudaMemcpyAttributes attributes{};
-  attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  std::size_t first = 0;
-  const auto run = [&](const std::vector<void*>& to, const std::vector<void*>& from) {
-    check(cudaMemcpyBatchAsync(to.data(), from.data(), sizes.data(), sizes.size(), &attributes,
-                               &first, 1, stream),
-          "cudaMemcpyBatchAsync");
-    check(cudaStreamSynchronize(stream), "sync");
+  const auto seconds = [&](bool in) {
+    return median_seconds(repeats, [&] {
+      enqueue(in);
+      check(cudaStreamSynchronize(stream), "sync");
+    });
   };
-  const double h2d = median_seconds(repeats, [&] { run(s.device, s.host); });
-  const double d2h = median_seconds(repeats, [&] { run(s.host, s.device); });
-  return {gbps(bytes, h2d), gbps(bytes, d2h)};
+  return {gbps(bytes, seconds(true)), gbps(bytes, seconds(false))};
 }
 
-// One cudaMemcpyBatchAsync per layer (the engine's copy-engine path): `s` split into kLayers
-// batches, enqueued back to back on `stream`.
-void batch_per_layer(const Scatter& s, bool in, cudaStream_t stream) {
+Ways per_block_memcpy(const Scatter& s, cudaStream_t stream, int repeats) {
+  return each_way(s, stream, repeats, [&](bool in) {
+    for (std::size_t i = 0; i < s.host.size(); ++i) {
+      check(cudaMemcpyAsync(in ? s.device[i] : s.host[i], in ? s.host[i] : s.device[i], s.block,
+                            in ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync");
+    }
+  });
+}
+
+// `s` in `batches` cudaMemcpyBatchAsync calls, enqueued back to back on `stream`: one for all
+// blocks, or one per layer (the engine's copy-engine path).
+void enqueue_batches(const Scatter& s, bool in, std::size_t batches, cudaStream_t stream) {
   std::vector<std::size_t> sizes(s.host.size(), s.block);
   cudaMemcpyAttributes attributes{};
   attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   std::size_t first = 0;
-  const std::size_t per_layer = s.host.size() / kLayers;
-  for (std::size_t at = 0; at + per_layer <= s.host.size(); at += per_layer) {
+  const std::size_t per_batch = s.host.size() / batches;
+  for (std::size_t at = 0; at + per_batch <= s.host.size(); at += per_batch) {
     void* const* to = (in ? s.device : s.host).data() + at;
     void* const* from = (in ? s.host : s.device).data() + at;
-    check(cudaMemcpyBatchAsync(to, const_cast<const void* const*>(from), sizes.data(), per_layer,
+    check(cudaMemcpyBatchAsync(to, const_cast<const void* const*>(from), sizes.data(), per_batch,
                                &attributes, &first, 1, stream),
           "cudaMemcpyBatchAsync");
   }
 }
 
-Ways batch_memcpy_per_layer(const Scatter& s, cudaStream_t stream, int repeats) {
-  const std::size_t bytes = s.host.size() * s.block;
-  const auto run = [&](bool in) {
-    batch_per_layer(s, in, stream);
-    check(cudaStreamSynchronize(stream), "sync");
-  };
-  return {gbps(bytes, median_seconds(repeats, [&] { run(true); })),
-          gbps(bytes, median_seconds(repeats, [&] { run(false); }))};
+Ways batch_memcpy(const Scatter& s, std::size_t batches, cudaStream_t stream, int repeats) {
+  return each_way(s, stream, repeats, [&](bool in) { enqueue_batches(s, in, batches, stream); });
 }
 
 // GB/s of per-layer batches loading `in` and storing `out` at once on two streams.
@@ -188,8 +169,8 @@ double batch_both_ways(const Scatter& in, const Scatter& out, cudaStream_t load,
                        cudaStream_t store, int repeats) {
   const std::size_t bytes = (in.host.size() + out.host.size()) * in.block;
   return gbps(bytes, median_seconds(repeats, [&] {
-                batch_per_layer(in, true, load);
-                batch_per_layer(out, false, store);
+                enqueue_batches(in, true, kLayers, load);
+                enqueue_batches(out, false, kLayers, store);
                 check(cudaStreamSynchronize(load), "sync");
                 check(cudaStreamSynchronize(store), "sync");
               }));
@@ -244,13 +225,8 @@ struct KernelPlan {
 
 Ways kernels_one_way(const KernelPlan& plan, std::uint32_t max_blocks, cudaStream_t stream,
                      int repeats) {
-  const std::size_t bytes = plan.s.host.size() * plan.s.block;
-  const auto run = [&](bool in) {
-    plan.launch(in, max_blocks, stream);
-    check(cudaStreamSynchronize(stream), "sync");
-  };
-  return {gbps(bytes, median_seconds(repeats, [&] { run(true); })),
-          gbps(bytes, median_seconds(repeats, [&] { run(false); }))};
+  return each_way(plan.s, stream, repeats,
+                  [&](bool in) { plan.launch(in, max_blocks, stream); });
 }
 
 // GB/s of the kernels loading `in` and storing `out` at once on two streams, each launch at most
@@ -412,8 +388,8 @@ int main(int argc, char** argv) {
       for (const std::size_t block : kBlockSizes) {
         const Scatter s = scatter(pool.data, pool_bytes, device.data, moved, block, random);
         row(block, "per-block cudaMemcpyAsync", per_block_memcpy(s, stream, repeats));
-        row(block, "cudaMemcpyBatchAsync", batch_memcpy(s, stream, repeats));
-        row(block, "cudaMemcpyBatchAsync per layer", batch_memcpy_per_layer(s, stream, repeats));
+        row(block, "cudaMemcpyBatchAsync", batch_memcpy(s, 1, stream, repeats));
+        row(block, "cudaMemcpyBatchAsync per layer", batch_memcpy(s, kLayers, stream, repeats));
         const KernelPlan loads(s, pool.data);
         row(block, "staging kernels", kernels_one_way(loads, width, stream, repeats));
         // Half the bytes each way, from other slots into other device blocks.
