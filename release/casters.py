@@ -21,11 +21,12 @@ from pathlib import Path, PurePosixPath
 from packaging.utils import parse_wheel_filename
 
 from release.digests import sha256_file
+from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.interpreters import find_interpreter
 from release.manifest import Manifest
 from release.payload import classify
-from release.verify import clean_pip_env
+from release.private_site import clean_pip_env, install_private
 
 SCANNER = Path(__file__).resolve().parent / "caster_scan.py"
 # A C++ scope (`std::`, `activekv::offload::`) never appears in a Python annotation.
@@ -82,13 +83,8 @@ def served_python(wheel: Path, manifest: Manifest) -> str:
 
 def scan_wheel(wheel: Path, python: Path, work: Path) -> list[dict[str, object]]:
     """Installs `wheel` with `python` into `work` and lists every bound signature of its modules."""
-    site = work / "site"
+    site = install_private(python, wheel, work / "site")
     env = clean_pip_env()
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-compile", "--target", str(site), str(wheel)],
-        check=True, env=env, capture_output=True, text=True,
-    )  # fmt: skip
     result = subprocess.run(
         [str(python), "-I", str(SCANNER), str(site), *native_modules(wheel)],
         env=env, capture_output=True, text=True,
@@ -120,7 +116,7 @@ def run_casters_gate(
         with tempfile.TemporaryDirectory(prefix="activekv-casters-") as work:
             try:
                 scanned = scan_wheel(wheel, python, Path(work))
-            except (ImportError, subprocess.CalledProcessError) as error:
+            except (ImportError, GateError, subprocess.CalledProcessError) as error:
                 detail = getattr(error, "stderr", "") or str(error)
                 problems.append(f"{wheel.name}: {detail.strip()}")
                 continue

@@ -28,6 +28,7 @@ from release.evidence import Evidence, runner_identity, write_evidence
 from release.gpu import NO_GPU_RUNNER, detect_gpu
 from release.interpreters import find_interpreter
 from release.manifest import GateSpec, Manifest
+from release.private_site import install_private
 
 GATE = "warmup"
 # Phases after seal that must be clean (release/cupti_warmup.py lists every phase).
@@ -208,18 +209,10 @@ def interpreter_for(wheel: Path) -> Path:
     raise GateError(f"{wheel.name}: no interpreter here can install it (needs {versions})")
 
 
-def _install(python: Path, wheel: Path, target: Path) -> None:
-    command = [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
-               "--target", str(target), str(wheel)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise GateError(f"{wheel}: pip install failed: {result.stderr.strip()}")
-
-
 def _measure(wheel: Path, spec: GateSpec, workdir: Path) -> dict[str, Any]:
     python = interpreter_for(wheel)
     site = workdir / "site"
-    _install(python, wheel, site)
+    install_private(python, wheel, site)
     report_path = workdir / "report.json"
     command = [
         str(python), "-m", "release.cupti_warmup", "--site", str(site),

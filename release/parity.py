@@ -9,7 +9,6 @@ index, layer and byte offset, or the first differing event.
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.manifest import Manifest
+from release.private_site import install_private, wheel_for_tags
 from release.progress import console, tracked
 from release.trace import Lookup, Step, Trace, generate
 
@@ -81,12 +81,7 @@ def engine_implementation(site: Path) -> Implementation:
 
 def install_wheel(wheel: Path, site: Path) -> Path:
     """Installs the wheel under test into a private folder (never into this environment)."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-compile", "--disable-pip-version-check", "--target", str(site), str(wheel)],
-        check=True,
-    )  # fmt: skip
-    return site
+    return install_private(Path(sys.executable), wheel, site)
 
 
 def _word_dtype(dtype: str) -> type[np.unsignedinteger[Any]]:
@@ -329,22 +324,11 @@ def _count(results: list[CellResult], *, exact: bool) -> str:
 def wheel_for_this_interpreter(wheels: Sequence[Path]) -> Path:
     """The built wheel that installs on the interpreter running the gate."""
     from packaging.tags import sys_tags
-    from packaging.utils import parse_wheel_filename
 
-    supported = list(sys_tags())
-    ranked = [
-        (
-            min(
-                supported.index(tag) for tag in parse_wheel_filename(w.name)[3] if tag in supported
-            ),
-            w,
-        )
-        for w in wheels
-        if any(tag in supported for tag in parse_wheel_filename(w.name)[3])
-    ]
-    if not ranked:
+    chosen = wheel_for_tags(wheels, [str(tag) for tag in sys_tags()])
+    if chosen is None:
         raise GateError(
             f"no built wheel installs on Python {sys.version.split()[0]}: "
             f"{[w.name for w in wheels]}"
         )
-    return min(ranked)[1]
+    return chosen

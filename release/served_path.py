@@ -26,13 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import parse_wheel_filename
-
 from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
+from release.private_site import clean_pip_env, install_private, wheel_for_tags
 from release.served_path_driver import HOOKS as DRIVER_HOOKS
-from release.verify import clean_pip_env
 
 DRIVER = Path(__file__).resolve().parent / "served_path_driver.py"
 TESTS = Path(__file__).resolve().parent.parent / "tests"
@@ -73,16 +71,12 @@ def vllm_interpreter(explicit: Path | None = None) -> tuple[Path, list[str]] | N
 
 def wheel_for(wheels: Sequence[Path], tags: list[str]) -> Path:
     """The wheel that installs on the interpreter with these tags (its most preferred)."""
-    ranked = [
-        (min(tags.index(str(t)) for t in parse_wheel_filename(w.name)[3] if str(t) in tags), w)
-        for w in wheels
-        if any(str(t) in tags for t in parse_wheel_filename(w.name)[3])
-    ]
-    if not ranked:
+    chosen = wheel_for_tags(wheels, tags)
+    if chosen is None:
         first = tags[0] if tags else "no tags"
         names = [w.name for w in wheels]
         raise GateError(f"no wheel installs on the vLLM interpreter ({first}): {names}")
-    return min(ranked)[1]
+    return chosen
 
 
 def judge(result: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -169,12 +163,7 @@ def run_served_path_gate(
     wheel = wheel_for(wheels, tags)
     env = clean_pip_env()
     with tempfile.TemporaryDirectory(prefix="activekv-served-path-") as work:
-        site = Path(work) / "site"
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-             "--no-compile", "--target", str(site), str(wheel)],
-            check=True, env=env, capture_output=True,
-        )  # fmt: skip
+        site = install_private(python, wheel, Path(work) / "site")
         run = subprocess.run(
             [str(python), "-I", str(DRIVER), "--site", str(site), "--tests", str(TESTS),
              "--layers", str(layers), "--steps", str(steps)],

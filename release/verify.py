@@ -16,7 +16,6 @@ then checks each wheel pip downloads against its TUF target and the statement be
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -27,14 +26,13 @@ from typing import Any
 from release.digests import sha256_file
 from release.errors import ReleaseError, VerifyError
 from release.index import normalize_project
+from release.private_site import clean_pip_env
 from release.sign import load_public_key, read_and_verify_envelope, subject_digests
 from release.tuf_client import TrustedIndex
 from release.tuf_metadata import PROVENANCE_PREFIX
 
 _PIP_TIMEOUT_S = 600.0
 _OUTPUT_TAIL_CHARS = 4000
-# Variables that would let something other than the index, or other than the venv, answer.
-_DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "VIRTUAL_ENV")
 
 _VERSION_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 _IMPORT_PROBE = """
@@ -55,18 +53,6 @@ class InstallCheck:
     sha256: str
     digest_ok: bool
     imported: tuple[str, ...]
-
-
-def clean_pip_env() -> dict[str, str]:
-    """The environment for pip: no ``PIP_*`` variable inherited, no pip configuration file."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in _DROPPED_ENV
-    }
-    env["PIP_CONFIG_FILE"] = os.devnull
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    env["PIP_NO_INPUT"] = "1"
-    env["PIP_NO_CACHE_DIR"] = "1"  # a cached answer is not what the index serves now
-    return env
 
 
 def verify_from_index(
