@@ -71,3 +71,12 @@ def engine_module(engine_site: Path) -> ModuleType:
     from release.parity import engine_implementation
 
     return engine_implementation(engine_site).module
+
+
+@pytest.fixture(scope="session")
+def activekv_site(engine_site: Path) -> Path:
+    """The wheel under test, importable (and its entry points visible) in this process: its
+    private folder goes first on sys.path (once; it stays there for the session)."""
+    if str(engine_site) not in sys.path:
+        sys.path.insert(0, str(engine_site))
+    return engine_site

@@ -90,7 +90,7 @@ def test_check_jsonschema_accepts_the_committed_file(
     assert result.returncode == 1 and "jobs" in result.stdout + result.stderr
 
 
-def test_check_command_agrees(manifest: Manifest) -> None:
+def test_check_command_agrees() -> None:
     assert cli.main(["ci", "--check"]) == 0
 
 

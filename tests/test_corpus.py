@@ -11,20 +11,16 @@ import re
 import shutil
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures_wheels import build_wheel
+from fixtures_sign import gated_out
 from securesystemslib.signer import CryptoSigner
 
 from release.cli import DEFAULT_MANIFEST, main
 from release.errors import PublishError
-from release.evidence import Evidence, write_evidence
-from release.manifest import load_manifest
 from release.pins import project_version
-from release.records import write_record
 from release.sign import PAYLOAD_TYPE, sign_statement
 from release.tuf_metadata import TufRepository
 
@@ -49,25 +45,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sign: every case breaks exactly one thing in a copy of it."""
     ws = tmp_path_factory.mktemp("corpus-template")
     out, state = ws / "out", ws / "state"
-    wheels = [build_wheel(out / "wheels", version=VERSION, tag=tag) for tag in TAGS]
-    digests = {w.name: _sha256(w) for w in wheels}
-    for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
-        write_evidence(out, Evidence(gate=gate, verdict="pass", artefacts=digests))
-    started = datetime.now(timezone.utc)
-    write_record(out, "build", {
-        "started": started.isoformat(), "finished": (started + timedelta(seconds=1)).isoformat(),
-        "source_date_epoch": 1_700_000_000, "toolchain": {"zig": "corpus"},
-    })  # fmt: skip
+    _, digests = gated_out(out, TAGS, VERSION)
     assert main(["sign", "--out", str(out), "--state-dir", str(state)]) == 0
     TufRepository(ws / "tuf").add_targets({})
     (ws / "artefacts.json").write_text(json.dumps(digests))
     return ws
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:

@@ -3,41 +3,24 @@ uploads with basic auth), so publishing is not tied to pypiserver."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from fixtures_sign import signed_envelope
 from fixtures_wheels import build_wheel
 
 from release.devpi import DevpiIndex
+from release.digests import sha256_file
 from release.errors import PublishError
 from release.index import list_project_files
 from release.publish import ALREADY_PRESENT, UPLOADED, publish
-from release.sign import build_statement, load_signer, sign_statement, write_envelope
 from release.tuf_metadata import PROVENANCE_PREFIX, TufRepository
 
 pytestmark = pytest.mark.devpi
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _envelope(wheels: list[Path], state_dir: Path, out: Path, version: str) -> Path:
-    signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
-    started = datetime.now(timezone.utc)
-    statement = build_statement(
-        wheels, version=version, channel="dev", manifest_path=Path("manifests/activekv.toml"),
-        manifest_sha256="0" * 64, source_commit=None, source_date_epoch=1_700_000_000,
-        toolchain={"python": "3"}, started=started, finished=started + timedelta(seconds=1),
-    )  # fmt: skip
-    write_envelope(sign_statement(statement, signer), out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +38,11 @@ def test_publish_to_devpi_uploads_then_skips_then_refuses_other_bytes(
         build_wheel(tmp_path / "dist", version="1.0.0"),
         build_wheel(tmp_path / "dist", version="1.0.0", tag="cp311-cp311-manylinux_2_28_x86_64"),
     ]
-    envelope = _envelope(wheels, state, tmp_path / "1.0.0.intoto.json", "1.0.0")
+    envelope = signed_envelope(wheels, state, tmp_path / "1.0.0.intoto.json", version="1.0.0")
     first = publish(wheels, devpi, envelope=envelope, metadata_dir=state / "metadata", tuf=tuf)
     assert {f.filename: f.outcome for f in first.files} == {w.name: UPLOADED for w in wheels}
     listed = list_project_files(devpi.simple_url, "activekv")
-    assert listed == {w.name: _sha256(w) for w in wheels}
+    assert listed == {w.name: sha256_file(w) for w in wheels}
     assert set(tuf.targets()) == {w.name for w in wheels} | {
         f"{PROVENANCE_PREFIX}activekv-1.0.0.intoto.json"
     }
@@ -68,7 +51,7 @@ def test_publish_to_devpi_uploads_then_skips_then_refuses_other_bytes(
     assert {f.outcome for f in again.files} == {ALREADY_PRESENT}
 
     rebuilt = build_wheel(tmp_path / "rebuilt", version="1.0.0", salt="other bytes")
-    other = _envelope([rebuilt], state, tmp_path / "other.intoto.json", "1.0.0")
+    other = signed_envelope([rebuilt], state, tmp_path / "other.intoto.json", version="1.0.0")
     # refused by the publisher's TUF targets first, and by the index's listing without them
     with pytest.raises(PublishError, match=r"TUF targets already name other bytes"):
         publish([rebuilt], devpi, envelope=other, metadata_dir=state / "metadata", tuf=tuf)
@@ -81,7 +64,7 @@ def test_devpi_itself_refuses_to_overwrite_a_file(devpi: DevpiIndex, tmp_path: P
     """Defence in depth: even a direct twine upload past the publisher's check is refused."""
     original = build_wheel(tmp_path / "a", version="2.0.0")
     state = tmp_path / "state"
-    envelope = _envelope([original], state, tmp_path / "2.0.0.intoto.json", "2.0.0")
+    envelope = signed_envelope([original], state, tmp_path / "2.0.0.intoto.json", version="2.0.0")
     publish([original], devpi, envelope=envelope, metadata_dir=state / "metadata")
     replacement = build_wheel(tmp_path / "b", version="2.0.0", salt="replacement")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWINE_")}
@@ -95,4 +78,4 @@ def test_devpi_itself_refuses_to_overwrite_a_file(devpi: DevpiIndex, tmp_path: P
     assert "409" in result.stdout + result.stderr
     assert "already exists in non-volatile index" in result.stdout + result.stderr
     listed = list_project_files(devpi.simple_url, "activekv")
-    assert listed[original.name] == _sha256(original)
+    assert listed[original.name] == sha256_file(original)

@@ -8,7 +8,6 @@ missing, never crash; the GPU behaviour itself is proven by the warm-up gate on 
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,11 +20,9 @@ no_gpu = pytest.mark.skipif(detect_gpu() is not None, reason="this machine has a
 
 
 @pytest.fixture(scope="module")
-def fabric(engine_site: Path) -> ModuleType:
-    if str(engine_site) not in sys.path:
-        sys.path.insert(0, str(engine_site))
+def fabric(activekv_site: Path) -> ModuleType:
     module = importlib.import_module("activekv._fabric")
-    assert engine_site.resolve() in Path(module.__file__).resolve().parents
+    assert activekv_site.resolve() in Path(module.__file__).resolve().parents
     return module
 
 

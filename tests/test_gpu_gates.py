@@ -6,7 +6,6 @@ of the judgement gets a planted violation that must fail it, and the clean repor
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -174,7 +173,7 @@ def test_a_control_seen_under_the_wrong_rule_fails_the_gate() -> None:
     ],
 )  # fmt: skip
 def test_each_other_rule_fails_the_gate(change, problem: str) -> None:
-    report = copy.deepcopy(clean_report())
+    report = clean_report()
     change(report)
     judgement = gpu_gates.judge(report, SPEC)
     assert not judgement.passed

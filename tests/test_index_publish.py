@@ -4,56 +4,31 @@ twine uploads and real DSSE envelopes."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import stat
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from fixtures_sign import signed_envelope
 from fixtures_wheels import build_wheel
 
+from release.digests import sha256_file
 from release.errors import PackageIndexError, PublishError
 from release.index import EmbeddedIndex, list_project_files
 from release.publish import ALREADY_PRESENT, UPLOADED, envelope_path_for, publish
-from release.sign import build_statement, load_signer, sign_statement, write_envelope
 
 USER = "activekv-publisher"
 MANYLINUX = "py3-none-manylinux_2_17_x86_64"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _envelope(wheels: list[Path], state_dir: Path, out: Path) -> Path:
-    """A real signed envelope over ``wheels`` (dev key generated under ``state_dir``)."""
-    signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
-    started = datetime.now(timezone.utc)
-    statement = build_statement(
-        wheels,
-        version="0.1.0",
-        channel="dev",
-        manifest_path=Path("manifests/activekv.toml"),
-        manifest_sha256="0" * 64,
-        source_commit=None,
-        source_date_epoch=1_700_000_000,
-        toolchain={"python": "3"},
-        started=started,
-        finished=started + timedelta(seconds=1),
-    )
-    write_envelope(sign_statement(statement, signer), out)
-    return out
-
-
 def _server_files(index: EmbeddedIndex) -> dict[str, tuple[int, int, str]]:
     """name -> (inode, mtime_ns, sha256) of what the server stores."""
     return {
-        p.name: (p.stat().st_ino, p.stat().st_mtime_ns, _sha256(p))
+        p.name: (p.stat().st_ino, p.stat().st_mtime_ns, sha256_file(p))
         for p in sorted(index.packages_dir.iterdir())
     }
 
@@ -117,7 +92,7 @@ def test_upload_needs_the_right_credentials(index: EmbeddedIndex, tmp_path: Path
     assert list_project_files(index.simple_url, "activekv") == {}
     # and the right credentials are accepted: the control for the two refusals above
     assert _multipart_upload(index.url, wheel, auth=(USER, index.password)) == 200
-    assert list_project_files(index.simple_url, "activekv") == {wheel.name: _sha256(wheel)}
+    assert list_project_files(index.simple_url, "activekv") == {wheel.name: sha256_file(wheel)}
     # a re-upload is refused (409 to a client that is not twine), the file stays
     before = _server_files(index)
     assert _multipart_upload(index.url, wheel, auth=(USER, index.password)) == 409
@@ -154,7 +129,7 @@ def test_publish_uploads_and_the_index_lists_identical_digests(
     index: EmbeddedIndex, state_dir: Path, tmp_path: Path
 ) -> None:
     wheels = [build_wheel(tmp_path / "dist"), build_wheel(tmp_path / "dist", tag=MANYLINUX)]
-    envelope = _envelope(wheels, state_dir, tmp_path / "envelope.json")
+    envelope = signed_envelope(wheels, state_dir, tmp_path / "envelope.json")
     metadata = state_dir / "metadata"
 
     report = publish(wheels, index, envelope=envelope, metadata_dir=metadata)
@@ -163,9 +138,11 @@ def test_publish_uploads_and_the_index_lists_identical_digests(
     assert report.already_present == ()
     assert {f.outcome for f in report.files} == {UPLOADED}
     assert "uploaded 2 file(s)" in report.message
-    assert list_project_files(index.simple_url, "activekv") == {w.name: _sha256(w) for w in wheels}
+    assert list_project_files(index.simple_url, "activekv") == {
+        w.name: sha256_file(w) for w in wheels
+    }
     assert {n: d for n, (_, _, d) in _server_files(index).items()} == {
-        w.name: _sha256(w) for w in wheels
+        w.name: sha256_file(w) for w in wheels
     }
     assert report.envelope_stored
     assert report.envelope_path == envelope_path_for(metadata, "activekv", "0.1.0")
@@ -176,7 +153,7 @@ def test_second_publish_of_the_same_files_uploads_nothing(
     index: EmbeddedIndex, state_dir: Path, tmp_path: Path
 ) -> None:
     wheels = [build_wheel(tmp_path / "dist"), build_wheel(tmp_path / "dist", tag=MANYLINUX)]
-    envelope = _envelope(wheels, state_dir, tmp_path / "envelope.json")
+    envelope = signed_envelope(wheels, state_dir, tmp_path / "envelope.json")
     publish(wheels, index, envelope=envelope, metadata_dir=state_dir / "metadata")
     before, uploads_before = _server_files(index), _upload_requests(index)
     assert uploads_before == 2
@@ -186,7 +163,7 @@ def test_second_publish_of_the_same_files_uploads_nothing(
         build_wheel(tmp_path / "rebuilt"),
         build_wheel(tmp_path / "rebuilt", tag=MANYLINUX),
     ]
-    assert [_sha256(w) for w in rebuilt] == [_sha256(w) for w in wheels]
+    assert [sha256_file(w) for w in rebuilt] == [sha256_file(w) for w in wheels]
     report = publish(rebuilt, index, envelope=envelope, metadata_dir=state_dir / "metadata")
 
     assert report.message == "activekv 0.1.0 already exists on the index; nothing uploaded"
@@ -203,22 +180,22 @@ def test_rebuilt_wheel_with_different_bytes_is_refused_and_nothing_uploaded(
     publish(
         [first],
         index,
-        envelope=_envelope([first], state_dir, tmp_path / "e1.json"),
+        envelope=signed_envelope([first], state_dir, tmp_path / "e1.json"),
         metadata_dir=state_dir / "metadata",
     )
     before = _server_files(index)
-    first_digest = _sha256(first)
+    first_digest = sha256_file(first)
 
     changed = build_wheel(tmp_path / "rebuilt", salt="non-reproducible")
     new_file = build_wheel(tmp_path / "rebuilt", tag=MANYLINUX)
-    assert changed.name == first.name and _sha256(changed) != first_digest
-    envelope = _envelope([changed, new_file], state_dir, tmp_path / "e2.json")
+    assert changed.name == first.name and sha256_file(changed) != first_digest
+    envelope = signed_envelope([changed, new_file], state_dir, tmp_path / "e2.json")
 
     with pytest.raises(PublishError) as caught:
         publish([changed, new_file], index, envelope=envelope, metadata_dir=state_dir / "m2")
     message = str(caught.value)
     assert first.name in message
-    assert first_digest in message and _sha256(changed) in message
+    assert first_digest in message and sha256_file(changed) in message
     assert "Nothing was uploaded" in message
     assert _server_files(index) == before  # not even the new manylinux file
     assert list_project_files(index.simple_url, "activekv") == {first.name: first_digest}
@@ -230,10 +207,10 @@ def test_a_new_file_not_named_by_the_stored_statement_is_refused(
 ) -> None:
     first = build_wheel(tmp_path / "dist")
     metadata = state_dir / "metadata"
-    envelope = _envelope([first], state_dir, tmp_path / "e1.json")
+    envelope = signed_envelope([first], state_dir, tmp_path / "e1.json")
     publish([first], index, envelope=envelope, metadata_dir=metadata)
     extra = build_wheel(tmp_path / "dist", tag=MANYLINUX)
-    envelope = _envelope([first, extra], state_dir, tmp_path / "e2.json")
+    envelope = signed_envelope([first, extra], state_dir, tmp_path / "e2.json")
     with pytest.raises(PublishError, match="stored \\(authoritative\\) statement") as caught:
         publish([first, extra], index, envelope=envelope, metadata_dir=metadata)
     assert extra.name in str(caught.value)
@@ -244,11 +221,11 @@ def test_an_envelope_that_does_not_cover_the_wheels_is_refused(
     index: EmbeddedIndex, state_dir: Path, tmp_path: Path
 ) -> None:
     signed = build_wheel(tmp_path / "dist")
-    envelope = _envelope([signed], state_dir, tmp_path / "e.json")
+    envelope = signed_envelope([signed], state_dir, tmp_path / "e.json")
     other = build_wheel(tmp_path / "other", salt="unsigned")
     with pytest.raises(PublishError, match="does not cover") as caught:
         publish([other], index, envelope=envelope, metadata_dir=state_dir / "metadata")
-    assert other.name in str(caught.value) and _sha256(other) in str(caught.value)
+    assert other.name in str(caught.value) and sha256_file(other) in str(caught.value)
     assert list(index.packages_dir.iterdir()) == []
 
 
@@ -257,13 +234,13 @@ def test_envelope_is_stored_once_and_never_overwritten(
 ) -> None:
     wheel = build_wheel(tmp_path / "dist")
     metadata = state_dir / "metadata"
-    first_envelope = _envelope([wheel], state_dir, tmp_path / "e1.json")
+    first_envelope = signed_envelope([wheel], state_dir, tmp_path / "e1.json")
     first = publish([wheel], index, envelope=first_envelope, metadata_dir=metadata)
     stored = first.envelope_path
     stored_bytes, stored_inode = stored.read_bytes(), stored.stat().st_ino
 
     # the same files signed again: a new statement (new invocation id), a different envelope
-    second_envelope = _envelope([wheel], state_dir, tmp_path / "e2.json")
+    second_envelope = signed_envelope([wheel], state_dir, tmp_path / "e2.json")
     assert second_envelope.read_bytes() != stored_bytes
     second = publish([wheel], index, envelope=second_envelope, metadata_dir=metadata)
 
@@ -285,7 +262,7 @@ def test_twine_failure_is_reported_with_the_password_redacted(
     index: EmbeddedIndex, state_dir: Path, tmp_path: Path
 ) -> None:
     wheel = build_wheel(tmp_path / "dist")
-    envelope = _envelope([wheel], state_dir, tmp_path / "e.json")
+    envelope = signed_envelope([wheel], state_dir, tmp_path / "e.json")
     wrong = "Wr0ng-" + index.password[::-1]
     target = _Target(index.url, index.simple_url, USER, wrong)
     with pytest.raises(PublishError) as caught:
@@ -299,7 +276,7 @@ def test_twine_failure_is_reported_with_the_password_redacted(
 
 def test_state_persists_across_two_index_sessions(state_dir: Path, tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path / "dist")
-    envelope = _envelope([wheel], state_dir, tmp_path / "e.json")
+    envelope = signed_envelope([wheel], state_dir, tmp_path / "e.json")
     with EmbeddedIndex(state_dir, USER) as first:
         publish([wheel], first, envelope=envelope, metadata_dir=state_dir / "metadata")
         password, htpasswd = first.password, first.htpasswd_path.read_bytes()
@@ -308,7 +285,7 @@ def test_state_persists_across_two_index_sessions(state_dir: Path, tmp_path: Pat
     with EmbeddedIndex(state_dir, USER) as second:
         assert second.password == password
         assert second.htpasswd_path.read_bytes() == htpasswd
-        assert list_project_files(second.simple_url, "activekv") == {wheel.name: _sha256(wheel)}
+        assert list_project_files(second.simple_url, "activekv") == {wheel.name: sha256_file(wheel)}
         report = publish([wheel], second, envelope=envelope, metadata_dir=state_dir / "metadata")
         assert report.uploaded == ()
     # the first server really stopped

@@ -250,9 +250,7 @@ def test_shim_citation_violation_fails_naming_file_and_line(
     assert evidence.figures["failures"][0].startswith(f"{wheel.name}: {SHIM_PATH}: {expected}")
 
 
-def test_a_changed_cited_line_fails_naming_file_and_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_changed_cited_line_fails_naming_file_and_line(tmp_path: Path) -> None:
     """The framework's wheel (not the shim) changed the line the shim cites."""
     index = tmp_path / "index"
     changed = {**FAKEFW_FILES, "fakefw/caller.py": b"def run(c, x):\n    return c.hook(x, 1)\n"}

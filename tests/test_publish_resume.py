@@ -4,14 +4,12 @@ every file exactly once, identical digests, nothing overwritten, and the TUF met
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -21,24 +19,17 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     load_pem_private_key,
 )
-from fixtures_wheels import build_wheel
+from fixtures_sign import gated_out
 
-from release.cli import DEFAULT_MANIFEST
-from release.evidence import Evidence, write_evidence
+from release.digests import sha256_file
 from release.index import EmbeddedIndex
-from release.manifest import load_manifest
 from release.pins import project_version
 from release.publish import PAUSE_ENV
-from release.records import write_record
 from release.tuf_metadata import PROVENANCE_PREFIX, TufRepository
 
 REPO = Path(__file__).resolve().parent.parent
 TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",
         "cp312-abi3-manylinux_2_28_x86_64")  # fmt: skip
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _release(*args: str | Path) -> list[str]:
@@ -49,15 +40,7 @@ def _release(*args: str | Path) -> list[str]:
 def signed_out(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
     """An output directory as the gates and the sign step leave it, for three fixture wheels."""
     out, state = tmp_path / "out", tmp_path / "state"
-    wheels = [build_wheel(out / "wheels", version=project_version(), tag=tag) for tag in TAGS]
-    digests = {wheel.name: _sha256(wheel) for wheel in wheels}
-    for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
-        write_evidence(out, Evidence(gate=gate, verdict="pass", artefacts=digests))
-    started = datetime.now(timezone.utc)
-    write_record(out, "build", {
-        "started": started.isoformat(), "finished": (started + timedelta(seconds=1)).isoformat(),
-        "source_date_epoch": 1_700_000_000, "toolchain": {"zig": "test"},
-    })  # fmt: skip
+    wheels, _ = gated_out(out, TAGS, project_version())
     signed = subprocess.run(_release("sign", "--out", out, "--state-dir", state), cwd=REPO,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert signed.returncode == 0, signed.stdout + signed.stderr
@@ -104,7 +87,7 @@ def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites
 
     stored = sorted(packages.iterdir())
     assert [p.name for p in stored] == sorted(w.name for w in wheels)  # each file once
-    assert {p.name: _sha256(p) for p in stored} == {w.name: _sha256(w) for w in wheels}
+    assert {p.name: sha256_file(p) for p in stored} == {w.name: sha256_file(w) for w in wheels}
     after = (packages / uploaded_first).stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
@@ -116,7 +99,7 @@ def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites
     statement = f"{PROVENANCE_PREFIX}activekv-{project_version()}.intoto.json"
     assert set(targets) == {w.name for w in wheels} | {statement}
     for wheel in wheels:
-        assert targets[wheel.name].hashes["sha256"] == _sha256(wheel)
+        assert targets[wheel.name].hashes["sha256"] == sha256_file(wheel)
 
     # a third run changes nothing at all
     third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -154,9 +154,11 @@ def table_with(html_text: str, header: str) -> list[list[tuple[str, str]]]:
     raise AssertionError(f"no table whose first header is {header!r}")
 
 
-@pytest.fixture
-def full(tmp_path: Path, manifest: Manifest) -> tuple[str, str, Path]:
-    out = write_records(tmp_path, manifest, staging=True, served_path=True, published=True)
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory, manifest: Manifest) -> tuple[str, str, Path]:
+    out = write_records(
+        tmp_path_factory.mktemp("full"), manifest, staging=True, served_path=True, published=True
+    )
     write_report(out, manifest, "dev")
     return (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text(), out
 

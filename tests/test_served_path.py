@@ -8,7 +8,6 @@ never pass.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import pickle
@@ -79,7 +78,7 @@ def test_a_shim_that_forwards_each_hook_once_passes() -> None:
 
 
 def planted(change: str) -> dict[str, Any]:
-    result = copy.deepcopy(good_result())
+    result = good_result()
     ours = result["engine"]["steps"][1]
     if change == "two-frames-in-a-hook":
         ours["codes"]["vllm_connector.py:45:ActiveKVConnector.wait_for_save"] = 2
@@ -153,13 +152,11 @@ def test_a_named_interpreter_without_vllm_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def native(engine_site: Path) -> Any:
+def native(activekv_site: Path) -> Any:
     """`activekv._vllm` imported from the built wheel."""
-    if str(engine_site) not in sys.path:
-        sys.path.insert(0, str(engine_site))
     import activekv._vllm as module
 
-    assert Path(module.__file__ or "").is_relative_to(engine_site)
+    assert Path(module.__file__ or "").is_relative_to(activekv_site)
     return module
 
 
@@ -203,7 +200,7 @@ def scheduled(new: list[tuple[str, list[int], int]], tokens: dict[str, int]) -> 
     )
 
 
-def run_worker_step(native: Any, worker: Any, plan: Any) -> None:
+def run_worker_step(worker: Any, plan: Any) -> None:
     """vLLM's worker calls for one step with a forward, as the served-path driver makes them."""
     connector = SimpleNamespace(_get_connector_metadata=lambda: plan)
     worker.start_load_kv(connector, None)
@@ -235,7 +232,7 @@ def test_core_stores_then_loads_blocks_byte_for_byte(native: Any) -> None:
     assert plan.stores == [(fnv1a(h), b) for h, b in zip(hashes, [3, 4, 5], strict=True)]
     restored = pickle.loads(pickle.dumps(plan))
     assert (restored.loads, restored.stores) == (plan.loads, plan.stores)
-    run_worker_step(native, worker, restored)
+    run_worker_step(worker, restored)
 
     # Step 2: request b has the same prefix: all three blocks are offered and loaded into 9-11.
     second = request("b", hashes, 13)
@@ -248,7 +245,7 @@ def test_core_stores_then_loads_blocks_byte_for_byte(native: Any) -> None:
     assert plan.stores == []
     for layer in kv.values():
         layer[:, 9:12] = 0
-    run_worker_step(native, worker, plan)
+    run_worker_step(worker, plan)
     for layer in kv.values():
         assert np.array_equal(layer[:, 9:12], layer[:, 3:6])
     assert worker.get_block_ids_with_load_errors() == set()
@@ -308,7 +305,7 @@ def test_core_offers_again_to_a_request_that_waited_a_step(native: Any) -> None:
     hashes = [b"w-0", b"w-1", b"w-2"]
     scheduler.get_num_new_matched_tokens(request("a", hashes, 13), 0)
     plan = scheduler.build_connector_meta(scheduled([("a", [1, 2, 3, 4], 0)], {"a": 13}))
-    run_worker_step(native, worker, plan)
+    run_worker_step(worker, plan)
     waiting = request("b", hashes, 13)
     for _ in range(3):  # offered, not allocated, step ends; asked again next step
         assert scheduler.get_num_new_matched_tokens(waiting, 0) == (12, False)

@@ -5,7 +5,6 @@ distributions, computed from the real tools of this machine."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from release.cli import DEFAULT_MANIFEST
+from release.digests import sha256_file
 from release.errors import BuildError
 from release.manifest import load_manifest
 from release.pins import pyproject
@@ -24,12 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 TOOLS = ("zig", "nvcc", "cuda_host_compiler", "cmake")
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 @pytest.fixture(scope="module")
-def toolchain(tmp_path_factory: pytest.TempPathFactory):
+def toolchain():
     manifest = load_manifest(DEFAULT_MANIFEST)
     nvcc_present = Path("/usr/local/cuda/bin/nvcc").is_file() or shutil.which("nvcc")
     if not nvcc_present:
@@ -52,7 +48,7 @@ def record(toolchain) -> dict[str, str]:
 def test_every_tool_has_a_version_path_and_the_sha256_of_its_bytes(record, toolchain) -> None:
     for tool in TOOLS:
         assert record[tool], tool
-        assert record[f"{tool}_sha256"] == _sha256(Path(record[f"{tool}_path"])), tool
+        assert record[f"{tool}_sha256"] == sha256_file(Path(record[f"{tool}_path"])), tool
     assert record["zig_path"] == str(toolchain.zig)
     assert (
         record["zig"]
@@ -85,7 +81,7 @@ def test_a_different_compiler_binary_gives_a_different_digest(
     changed = toolchain_record(dataclasses.replace(toolchain, zig=zig), _build_path())
     assert changed["zig"] == record["zig"]  # same version: the hash is what tells them apart
     assert changed["zig_sha256"] != record["zig_sha256"]
-    assert changed["zig_sha256"] == _sha256(zig)
+    assert changed["zig_sha256"] == sha256_file(zig)
 
 
 def test_no_cmake_on_the_build_path_is_an_error(toolchain, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from fixtures_sign import signed_envelope
 from fixtures_wheels import build_wheel
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Metadata
@@ -29,25 +30,13 @@ from release.errors import PublishError, VerifyError
 from release.index import EmbeddedIndex
 from release.manifest import TufKeys
 from release.publish import publish
-from release.sign import build_statement, key_paths, load_signer, sign_statement, write_envelope
+from release.sign import key_paths, load_signer
 from release.tuf_metadata import PROVENANCE_PREFIX, ROLES, TufRepository, repository_for
 from release.verify import parse_requirement, tuf_url_for, verify_release
 
 USER = "activekv-publisher"
 IMPORTS = ["activekv._probe"]
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _envelope(wheels: list[Path], state_dir: Path, out: Path, version: str = "0.1.0") -> Path:
-    signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
-    started = datetime.now(timezone.utc)
-    statement = build_statement(
-        wheels, version=version, channel="dev", manifest_path=Path("manifests/activekv.toml"),
-        manifest_sha256="0" * 64, source_commit=None, source_date_epoch=1_700_000_000,
-        toolchain={"python": "3"}, started=started, finished=started + timedelta(seconds=1),
-    )  # fmt: skip
-    write_envelope(sign_statement(statement, signer), out)
-    return out
 
 
 @dataclass
@@ -70,7 +59,9 @@ class Site:
         return key_paths(self.state_dir, "dev")[1]
 
     def publish(self, wheels: list[Path], version: str = "0.1.0") -> None:
-        envelope = _envelope(wheels, self.state_dir, self.root / f"{version}.intoto.json", version)
+        envelope = signed_envelope(
+            wheels, self.state_dir, self.root / f"{version}.intoto.json", version=version
+        )
         publish(wheels, self.index, envelope=envelope, metadata_dir=self.index.provenance_dir,
                 tuf=self.tuf)  # fmt: skip
 

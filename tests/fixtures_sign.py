@@ -1,0 +1,46 @@
+"""Signed provenance and gated output directories, for tests of the sign, publish and verify
+steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from fixtures_wheels import build_wheel
+
+from release.cli import DEFAULT_MANIFEST
+from release.digests import sha256_file
+from release.evidence import Evidence, write_evidence
+from release.manifest import load_manifest
+from release.records import write_record
+from release.sign import build_statement, load_signer, sign_statement, write_envelope
+
+
+def signed_envelope(wheels: list[Path], state_dir: Path, out: Path, version: str = "0.1.0") -> Path:
+    """A real signed envelope over ``wheels`` (dev key generated under ``state_dir``)."""
+    signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
+    started = datetime.now(timezone.utc)
+    statement = build_statement(
+        wheels, version=version, channel="dev", manifest_path=Path("manifests/activekv.toml"),
+        manifest_sha256="0" * 64, source_commit=None, source_date_epoch=1_700_000_000,
+        toolchain={"python": "3"}, started=started, finished=started + timedelta(seconds=1),
+    )  # fmt: skip
+    write_envelope(sign_statement(statement, signer), out)
+    return out
+
+
+def gated_out(out: Path, tags: Sequence[str], version: str) -> tuple[list[Path], dict[str, str]]:
+    """``out`` as the build and the dev channel's gates leave it: one fixture wheel per tag,
+    passing evidence of every required gate, and the build record. The wheels and their digests.
+    """
+    wheels = [build_wheel(out / "wheels", version=version, tag=tag) for tag in tags]
+    digests = {wheel.name: sha256_file(wheel) for wheel in wheels}
+    for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
+        write_evidence(out, Evidence(gate=gate, verdict="pass", artefacts=digests))
+    started = datetime.now(timezone.utc)
+    write_record(out, "build", {
+        "started": started.isoformat(), "finished": (started + timedelta(seconds=1)).isoformat(),
+        "source_date_epoch": 1_700_000_000, "toolchain": {"zig": "test"},
+    })  # fmt: skip
+    return wheels, digests
