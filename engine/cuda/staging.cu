@@ -1,17 +1,20 @@
-// The CUDA route's staging kernels. Numerics are float_bits.h's, shared with the CPU route, and
-// every float operation is one explicitly rounded IEEE binary32 operation (__fdiv_rn, __fmul_rn;
-// the file is also compiled with -fmad=false), so both routes agree bit for bit (SPEC.md §5).
+// The CUDA route's staging kernels. The per-element rules are codec_rules.h's (roundings
+// float_bits.h's), the same code the CPU route runs, and every float operation is one explicitly
+// rounded IEEE binary32 operation (the file is also compiled with -fmad=false), so both routes
+// agree bit for bit (SPEC.md §5).
 // Host code here must not use the C++ standard library: see probe.h.
 #include "cuda/staging.h"
 
 #include <cuda_runtime.h>
 
+#include "offload/codec_rules.h"
 #include "offload/float_bits.h"
 
 // A named namespace, not an anonymous one: see probe.cu.
 namespace activekv_cuda_staging {
 
 namespace fb = activekv::offload::float_bits;
+namespace rules = activekv::offload::codec_rules;
 
 constexpr unsigned kThreads = 256;
 constexpr unsigned kWarpsPerBlock = kThreads / 32;
@@ -20,11 +23,7 @@ __host__ __device__ __forceinline__ uint64_t word_bytes(int dtype) {
   return dtype == AKV_DTYPE_FP32 ? 4 : 2;
 }
 
-__device__ __forceinline__ uint64_t tensor_bytes(const akv_stage_args& a) {
-  return uint64_t{a.groups} * a.head_dim * word_bytes(a.dtype);
-}
-
-uint64_t tensor_bytes_host(const akv_stage_args& a) {
+__host__ __device__ __forceinline__ uint64_t tensor_bytes(const akv_stage_args& a) {
   return uint64_t{a.groups} * a.head_dim * word_bytes(a.dtype);
 }
 
@@ -87,11 +86,8 @@ __device__ __forceinline__ uint32_t load_f32_bits(int dtype, const uint8_t* word
 
 // The dtype's word for `value` (in the low 16 bits for fp16 and bf16).
 __device__ __forceinline__ uint32_t narrowed_word(int dtype, float value) {
-  const uint32_t bits = fb::float_to_bits(value);
-  const bool nan = fb::f32_is_nan(bits);
-  if (dtype == AKV_DTYPE_FP32) return nan ? fb::kF32CanonicalNan : bits;
-  if (dtype == AKV_DTYPE_FP16) return nan ? fb::kFp16CanonicalNan : fb::f32_bits_to_fp16(bits);
-  return nan ? fb::kBf16CanonicalNan : fb::f32_bits_to_bf16(bits);
+  return dtype == AKV_DTYPE_FP32 ? rules::narrow_to_fp32(value)
+                                 : rules::narrow_to_16(value, dtype == AKV_DTYPE_BF16);
 }
 
 __device__ __forceinline__ void store_narrowed(int dtype, float value, uint8_t* words, uint64_t i) {
@@ -168,20 +164,6 @@ __device__ __forceinline__ bool locate_group(const akv_stage_args& a, Group& gro
   return true;
 }
 
-__device__ __forceinline__ float decode_code(int mode, uint8_t code) {
-  return mode == AKV_MODE_INT8 ? static_cast<float>(static_cast<int8_t>(code))
-                               : fb::bits_to_float(fb::e4m3_to_f32_bits(code));
-}
-
-// The code of one element (bits) under `scale` (SPEC.md §5): 0 when the scale is (NaN and ±inf
-// included), and for NaN.
-__device__ __forceinline__ uint8_t encode_element(int mode, uint32_t bits, float scale) {
-  if (scale == 0.0f || fb::f32_is_nan(bits)) return 0;
-  const float y = __fdiv_rn(fb::bits_to_float(bits), scale);
-  return mode == AKV_MODE_INT8 ? static_cast<uint8_t>(fb::f32_to_int8_rne(y))
-                               : fb::f32_bits_to_e4m3(fb::float_to_bits(y));
-}
-
 // amax over the finite elements (0 if none) of the warp's group: max is exact, so the lanes'
 // order cannot matter. Every lane of the warp must call it (`active` false adds nothing).
 __device__ __forceinline__ float warp_amax(float amax) {
@@ -191,17 +173,14 @@ __device__ __forceinline__ float warp_amax(float amax) {
   return amax;
 }
 
-__device__ __forceinline__ float finite_abs(uint32_t bits) {
-  return fb::f32_is_finite(bits) ? fb::bits_to_float(bits & fb::kF32AbsMask) : 0.0f;
-}
-
 // One element per lane per step: any head_dim, any alignment.
 __global__ void decode_groups(akv_stage_args a) {
   Group group;
   if (!locate_group(a, group)) return;
+  const bool int8 = a.mode == AKV_MODE_INT8;
   const float scale = load_scale(group.scale);
   for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-    store_narrowed(a.dtype, __fmul_rn(decode_code(a.mode, group.codes[i]), scale), group.words, i);
+    store_narrowed(a.dtype, rules::decode_element(int8, group.codes[i], scale), group.words, i);
   }
 }
 
@@ -211,15 +190,16 @@ __global__ void encode_groups(akv_stage_args a) {
   float amax = 0.0f;
   if (active) {
     for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-      amax = fmaxf(amax, finite_abs(load_f32_bits(a.dtype, group.words, i)));
+      amax = fmaxf(amax, rules::finite_magnitude(load_f32_bits(a.dtype, group.words, i)));
     }
   }
   amax = warp_amax(amax);
   if (!active) return;
-  const float scale = __fdiv_rn(amax, a.mode == AKV_MODE_INT8 ? 127.0f : 448.0f);
+  const bool int8 = a.mode == AKV_MODE_INT8;
+  const float scale = rules::group_scale(int8, amax);
   if (threadIdx.x % 32 == 0) store_scale(group.scale, scale);
   for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-    group.codes[i] = encode_element(a.mode, load_f32_bits(a.dtype, group.words, i), scale);
+    group.codes[i] = rules::encode_element(int8, load_f32_bits(a.dtype, group.words, i), scale);
   }
 }
 
@@ -229,12 +209,13 @@ __global__ void encode_groups(akv_stage_args a) {
 __global__ void decode_groups4(akv_stage_args a) {
   Group group;
   if (!locate_group(a, group)) return;
+  const bool int8 = a.mode == AKV_MODE_INT8;
   const float scale = load_scale(group.scale);
   for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
     const uint32_t codes = *reinterpret_cast<const uint32_t*>(group.codes + i);
     float values[4];
     for (int k = 0; k < 4; ++k) {
-      values[k] = __fmul_rn(decode_code(a.mode, static_cast<uint8_t>(codes >> (8 * k))), scale);
+      values[k] = rules::decode_element(int8, static_cast<uint8_t>(codes >> (8 * k)), scale);
     }
     store_narrowed4(a.dtype, values, group.words, i);
   }
@@ -248,17 +229,20 @@ __global__ void encode_groups4(akv_stage_args a) {
   if (active) {
     for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
       load_f32_bits4(a.dtype, group.words, i, bits);
-      for (int k = 0; k < 4; ++k) amax = fmaxf(amax, finite_abs(bits[k]));
+      for (int k = 0; k < 4; ++k) amax = fmaxf(amax, rules::finite_magnitude(bits[k]));
     }
   }
   amax = warp_amax(amax);
   if (!active) return;
-  const float scale = __fdiv_rn(amax, a.mode == AKV_MODE_INT8 ? 127.0f : 448.0f);
+  const bool int8 = a.mode == AKV_MODE_INT8;
+  const float scale = rules::group_scale(int8, amax);
   if (threadIdx.x % 32 == 0) store_scale(group.scale, scale);
   for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
     load_f32_bits4(a.dtype, group.words, i, bits);
     uint32_t codes = 0;
-    for (int k = 0; k < 4; ++k) codes |= uint32_t{encode_element(a.mode, bits[k], scale)} << (8 * k);
+    for (int k = 0; k < 4; ++k) {
+      codes |= uint32_t{rules::encode_element(int8, bits[k], scale)} << (8 * k);
+    }
     *reinterpret_cast<uint32_t*>(group.codes + i) = codes;
   }
 }
@@ -320,7 +304,7 @@ int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   if (a.mode == AKV_MODE_EXACT) {
     // Slot offsets are multiples of the slot size, itself a multiple of the layer's 2 * tensor
     // bytes, and device blocks are multiples of `tensor`.
-    const uint64_t tensor = tensor_bytes_host(a);
+    const uint64_t tensor = tensor_bytes(a);
     const unsigned unit = widest_unit(bases | reinterpret_cast<uint64_t>(a.kv) | tensor);
     launch_units<ExactKernel>(unit, bus_grid(a, 2 * tensor / unit), stream, a, in);
   } else {

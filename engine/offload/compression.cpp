@@ -5,14 +5,17 @@
 // tests/reference/compression.py.
 #include "offload/compression.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include "offload/codec_rules.h"
 #include "offload/float_bits.h"
 
 namespace activekv::offload {
 
 namespace fb = float_bits;
+namespace rules = codec_rules;
 
 CompressionMode parse_mode(std::string_view name) {
   if (name == "exact") return CompressionMode::exact;
@@ -85,23 +88,15 @@ std::uint32_t load_f32_bits(KvDtype dtype, const std::uint8_t* words, std::size_
   return dtype == KvDtype::fp16 ? fb::fp16_to_f32_bits(word) : fb::bf16_to_f32_bits(word);
 }
 
-// Narrows a dequantized binary32 value to `dtype` and stores it as element `index`. A NaN (which
-// only stored bytes that encode_layer never writes can produce) becomes the dtype's canonical
-// quiet NaN, since the sign and payload of a NaN product are not specified by IEEE-754.
+// Narrows a dequantized binary32 value to `dtype` (codec_rules.h) and stores it as element
+// `index`.
 void store_narrowed(KvDtype dtype, float value, std::uint8_t* words, std::size_t index) {
-  const std::uint32_t bits = fb::float_to_bits(value);
-  const bool nan = fb::f32_is_nan(bits);
   if (dtype == KvDtype::fp32) {
-    const std::uint32_t word = nan ? fb::kF32CanonicalNan : bits;
+    const std::uint32_t word = rules::narrow_to_fp32(value);
     std::memcpy(words + index * sizeof word, &word, sizeof word);
     return;
   }
-  std::uint16_t word;
-  if (dtype == KvDtype::fp16) {
-    word = nan ? fb::kFp16CanonicalNan : fb::f32_bits_to_fp16(bits);
-  } else {
-    word = nan ? fb::kBf16CanonicalNan : fb::f32_bits_to_bf16(bits);
-  }
+  const std::uint16_t word = rules::narrow_to_16(value, dtype == KvDtype::bf16);
   std::memcpy(words + index * sizeof word, &word, sizeof word);
 }
 
@@ -110,39 +105,21 @@ void store_narrowed(KvDtype dtype, float value, std::uint8_t* words, std::size_t
 void encode_tensor(KvDtype dtype, CompressionMode mode, const std::uint8_t* words,
                    std::size_t groups, std::size_t group_size, std::uint8_t* codes,
                    std::uint8_t* scales) {
-  const float divisor = mode == CompressionMode::int8 ? 127.0f : 448.0f;
+  const bool int8 = mode == CompressionMode::int8;
   for (std::size_t g = 0; g < groups; ++g) {
     const std::size_t first = g * group_size;
     // Pass 1: amax over the finite elements (0 if there are none).
     float amax = 0.0f;
     for (std::size_t i = 0; i < group_size; ++i) {
-      const std::uint32_t bits = load_f32_bits(dtype, words, first + i);
-      if (fb::f32_is_finite(bits)) {
-        const float magnitude = fb::bits_to_float(bits & fb::kF32AbsMask);
-        if (magnitude > amax) amax = magnitude;
-      }
+      amax = std::max(amax, rules::finite_magnitude(load_f32_bits(dtype, words, first + i)));
     }
-    const float scale = amax / divisor;
+    const float scale = rules::group_scale(int8, amax);
     std::memcpy(scales + g * sizeof scale, &scale, sizeof scale);
-    std::uint8_t* out = codes + first;
-    if (scale == 0.0f) {  // every code 0, whatever the elements (NaN and ±inf included)
-      std::memset(out, 0, group_size);
-      continue;
-    }
     // Pass 2: the words are widened again rather than kept, so nothing is allocated per tensor
     // on the engine's hot path.
     for (std::size_t i = 0; i < group_size; ++i) {
-      const std::uint32_t bits = load_f32_bits(dtype, words, first + i);
-      if (fb::f32_is_nan(bits)) {
-        out[i] = 0;
-        continue;
-      }
-      const float y = fb::bits_to_float(bits) / scale;  // ±inf stays ±inf and saturates below
-      if (mode == CompressionMode::int8) {
-        out[i] = static_cast<std::uint8_t>(fb::f32_to_int8_rne(y));
-      } else {
-        out[i] = fb::f32_bits_to_e4m3(fb::float_to_bits(y));
-      }
+      codes[first + i] =
+          rules::encode_element(int8, load_f32_bits(dtype, words, first + i), scale);
     }
   }
 }
@@ -151,16 +128,13 @@ void encode_tensor(KvDtype dtype, CompressionMode mode, const std::uint8_t* word
 void decode_tensor(KvDtype dtype, CompressionMode mode, const std::uint8_t* codes,
                    const std::uint8_t* scales, std::size_t groups, std::size_t group_size,
                    std::uint8_t* words) {
+  const bool int8 = mode == CompressionMode::int8;
   for (std::size_t g = 0; g < groups; ++g) {
     float scale;
     std::memcpy(&scale, scales + g * sizeof scale, sizeof scale);
     for (std::size_t i = 0; i < group_size; ++i) {
       const std::size_t index = g * group_size + i;
-      const std::uint8_t code = codes[index];
-      const float decoded = mode == CompressionMode::int8
-                                ? static_cast<float>(static_cast<std::int8_t>(code))
-                                : fb::bits_to_float(fb::e4m3_to_f32_bits(code));
-      store_narrowed(dtype, decoded * scale, words, index);
+      store_narrowed(dtype, rules::decode_element(int8, codes[index], scale), words, index);
     }
   }
 }
