@@ -378,15 +378,15 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   if (kernels_read_list) {
     auto* list = static_cast<akv_transfer*>(region.listed.data);
     bool changed = transfers.size() != region.listed_count;
-    if (changed) region.listed_count = 0;
     for (std::size_t i = 0; i < transfers.size(); ++i) {
       const akv_transfer entry{transfers[i].slot * slot_bytes, transfers[i].device_block};
-      if (!changed && std::memcmp(&list[i], &entry, sizeof entry) == 0) continue;
-      changed = true;
-      region.listed_count = 0;  // the device copy is stale until the copy below is enqueued
-      list[i] = entry;
+      if (changed || std::memcmp(&list[i], &entry, sizeof entry) != 0) {
+        list[i] = entry;
+        changed = true;
+      }
     }
     if (changed) {
+      region.listed_count = 0;  // the device copy is stale until the copy below is enqueued
       check(cudaMemcpyAsync(region.transfers.data, list, transfers.size() * sizeof(akv_transfer),
                             cudaMemcpyHostToDevice, first),
             "cudaMemcpyAsync (transfer list)");
