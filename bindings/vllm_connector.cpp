@@ -112,9 +112,14 @@ std::uint64_t block_key(nb::handle hash) {
   return key;
 }
 
-std::vector<std::uint64_t> block_keys(nb::handle request) {
-  std::vector<std::uint64_t> keys;
-  for (nb::handle hash : request.attr("block_hashes")) keys.push_back(block_key(hash));
+// `keys` extended by the engine keys of the block hashes `request` gained since: a request's
+// hashes only ever grow, so each is keyed once, not at every scheduler call.
+const std::vector<std::uint64_t>& extend_keys(std::vector<std::uint64_t>& keys,
+                                              nb::handle request) {
+  std::size_t index = 0;
+  for (nb::handle hash : request.attr("block_hashes")) {
+    if (index++ >= keys.size()) keys.push_back(block_key(hash));
+  }
   return keys;
 }
 
@@ -257,6 +262,7 @@ struct StepPlan {
 // What the scheduler half remembers of one request between hooks.
 struct TrackedRequest {
   nb::object request;                  // vLLM's Request: its block_hashes grow with its tokens
+  std::vector<std::uint64_t> keys;      // engine keys of the block hashes seen so far
   std::vector<std::int64_t> block_ids;  // KV cache group 0, as the scheduler allocated them
   std::int64_t num_computed_tokens = 0;
   std::size_t local_blocks = 0;   // block-aligned local prefix-cache hit at lookup
@@ -281,18 +287,24 @@ class ConnectorCore {
   std::pair<std::int64_t, bool> get_num_new_matched_tokens(nb::handle request,
                                                            std::int64_t num_computed_tokens) {
     const std::size_t block_size = settings_.layout.block_size();
-    std::vector<std::uint64_t> keys = block_keys(request);
+    const std::string id = request_id(request);
+    const auto known = requests_.find(id);
+    std::vector<std::uint64_t> keys =
+        known == requests_.end() ? std::vector<std::uint64_t>{} : known->second.keys;
+    extend_keys(keys, request);
     // vLLM must compute at least the last prompt token itself, so never offer the whole prompt.
     const std::int64_t num_tokens = int_attr(request, "num_tokens", "request");
     const std::size_t offerable =
         num_tokens > 0 ? static_cast<std::size_t>(num_tokens - 1) / block_size : 0;
-    if (keys.size() > offerable) keys.resize(offerable);
+    const std::vector<std::uint64_t> offered(
+        keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(std::min(keys.size(), offerable)));
     std::size_t hits = 0;
     {
       nb::gil_scoped_release release;
-      hits = engine_->lookup(keys);
+      hits = engine_->lookup(offered);
     }
-    TrackedRequest& tracked = requests_[request_id(request)];
+    TrackedRequest& tracked = requests_[id];
+    tracked.keys = std::move(keys);
     offered_loads_ -= tracked.load_blocks;  // a request asked again (vLLM retries) counts once
     tracked.request = nb::borrow(request);
     tracked.local_blocks = static_cast<std::size_t>(num_computed_tokens) / block_size;
@@ -324,7 +336,7 @@ class ConnectorCore {
         tracked.stored_blocks, load_blocks > 0 ? tracked.local_blocks + load_blocks
                                                : std::min(tracked.hit_blocks, tracked.local_blocks));
     if (load_blocks == 0) return;
-    const std::vector<std::uint64_t> keys = block_keys(request);
+    const std::vector<std::uint64_t>& keys = extend_keys(tracked.keys, request);
     const std::vector<std::int64_t> block_ids =
         group0_block_ids(blocks.attr("get_block_ids")(), "blocks.get_block_ids()");
     const std::size_t end = tracked.local_blocks + load_blocks;
@@ -460,7 +472,7 @@ class ConnectorCore {
       auto found = requests_.find(nb::cast<std::string>(id));
       if (found == requests_.end()) continue;
       TrackedRequest& tracked = found->second;
-      const std::vector<std::uint64_t> keys = block_keys(tracked.request);
+      const std::vector<std::uint64_t>& keys = extend_keys(tracked.keys, tracked.request);
       const std::size_t computed =
           static_cast<std::size_t>(tracked.num_computed_tokens + nb::cast<std::int64_t>(count));
       const std::size_t full =
