@@ -2,12 +2,14 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <exception>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/build_info.h"
@@ -16,6 +18,33 @@
 namespace activekv::bindings {
 
 namespace nb = nanobind;
+
+// "[2, 16, 8]": a shape or strides as error messages show them.
+inline std::string list_text(const std::vector<std::int64_t>& values) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(values[i]);
+  }
+  return text + "]";
+}
+
+template <typename... Args>
+std::vector<std::int64_t> shape_of(const nb::ndarray<Args...>& array) {
+  return {array.shape_ptr(), array.shape_ptr() + array.ndim()};
+}
+
+// C order, in elements; a dimension of extent 1 may have any stride (as numpy has it).
+template <typename... Args>
+bool c_contiguous(const nb::ndarray<Args...>& array) {
+  if (array.stride_ptr() == nullptr) return true;
+  std::int64_t contiguous = 1;
+  for (std::size_t dim = array.ndim(); dim-- > 0;) {
+    const auto extent = static_cast<std::int64_t>(array.shape(dim));
+    if (extent != 1 && array.stride(dim) != contiguous) return false;
+    contiguous *= extent;
+  }
+  return true;
+}
 
 // Raised to Python (as RuntimeError) when the CUDA runtime reports an error.
 inline void throw_on_cuda_error(int code, const char* what) {

@@ -26,6 +26,10 @@ using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
 using activekv::offload::LayoutError;
 
+using activekv::bindings::c_contiguous;
+using activekv::bindings::list_text;
+using activekv::bindings::shape_of;
+
 namespace {
 
 using NumpyArray = nb::ndarray<nb::numpy>;
@@ -104,14 +108,6 @@ std::string dtype_text(const nb::dlpack::dtype& dtype) {
          " bits" + lanes;
 }
 
-std::string list_text(const std::vector<std::int64_t>& values) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    text += (i == 0 ? "" : ", ") + std::to_string(values[i]);
-  }
-  return text + "]";
-}
-
 // Any array without conversion: the engine keeps the caller's memory, never a copy of it.
 using AnyArray = nb::ndarray<>;
 using ReadOnlyArray = nb::ndarray<nb::ro>;
@@ -147,23 +143,15 @@ Array checked_words(nb::handle item, const std::string& name, std::size_t bits,
     throw EngineInputError(name + ": expected raw words (uint" + std::to_string(bits) + ")" +
                            words_of + "; got " + dtype_text(dtype));
   }
-  std::vector<std::int64_t> shape(array.shape_ptr(), array.shape_ptr() + array.ndim());
+  const std::vector<std::int64_t> shape = shape_of(array);
   if (shape != expected) {
     throw EngineInputError(name + ": expected shape " + shape_text + " = " + list_text(expected) +
                            "; got " + list_text(shape));
   }
-  // C order, in elements; a dimension of extent 1 may have any stride (as numpy has it).
-  if (array.stride_ptr() != nullptr) {
-    std::int64_t contiguous = 1;
-    for (std::size_t dim = shape.size(); dim-- > 0;) {
-      if (shape[dim] != 1 && array.stride(dim) != contiguous) {
-        std::vector<std::int64_t> strides(array.stride_ptr(), array.stride_ptr() + array.ndim());
-        throw EngineInputError(name + ": expected a C-contiguous array; got strides " +
-                               list_text(strides) + " (in elements) for shape " +
-                               list_text(shape));
-      }
-      contiguous *= shape[dim];
-    }
+  if (!c_contiguous(array)) {
+    std::vector<std::int64_t> strides(array.stride_ptr(), array.stride_ptr() + array.ndim());
+    throw EngineInputError(name + ": expected a C-contiguous array; got strides " +
+                           list_text(strides) + " (in elements) for shape " + list_text(shape));
   }
   return array;
 }

@@ -40,6 +40,10 @@ using activekv::offload::Engine;
 using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
 
+using activekv::bindings::c_contiguous;
+using activekv::bindings::list_text;
+using activekv::bindings::shape_of;
+
 namespace {
 
 // The name vLLM's KVTransferConfig.kv_connector uses, and where the factory finds the shim.
@@ -503,22 +507,13 @@ class ConnectorCore {
     const std::vector<std::int64_t> expected{
         2, static_cast<std::int64_t>(settings_.num_device_blocks), layout.block_size(),
         layout.num_kv_heads(), layout.head_dim()};
-    std::vector<std::int64_t> shape(array.shape_ptr(), array.shape_ptr() + array.ndim());
-    if (shape != expected) {
-      std::string got;
-      for (std::int64_t extent : shape) got += (got.empty() ? "" : ", ") + std::to_string(extent);
+    if (shape_of(array) != expected) {
       throw ConnectorConfigError(
-          name + ": expected shape [2, num_blocks, block_size, num_kv_heads, head_size] = [2, " +
-          std::to_string(expected[1]) + ", " + std::to_string(expected[2]) + ", " +
-          std::to_string(expected[3]) + ", " + std::to_string(expected[4]) + "]; got [" + got +
-          "]");
+          name + ": expected shape [2, num_blocks, block_size, num_kv_heads, head_size] = " +
+          list_text(expected) + "; got " + list_text(shape_of(array)));
     }
-    std::int64_t contiguous = 1;
-    for (std::size_t dim = shape.size(); dim-- > 0;) {
-      if (shape[dim] != 1 && array.stride_ptr() != nullptr && array.stride(dim) != contiguous) {
-        throw ConnectorConfigError(name + ": expected a C-contiguous tensor");
-      }
-      contiguous *= shape[dim];
+    if (!c_contiguous(array)) {
+      throw ConnectorConfigError(name + ": expected a C-contiguous tensor");
     }
     return array;
   }
