@@ -186,7 +186,7 @@ NB_MODULE(_fabric, m) {
              for (const auto& count : monitor.counts()) {
                nb::dict row;
                row["phase"] = count.phase;
-               row["domain"] = count.domain == fabric::ApiDomain::driver ? "driver" : "runtime";
+               row["domain"] = fabric::api_domain_name(count.domain);
                row["callback_id"] = count.callback_id;
                row["api"] = count.api;
                row["category"] = fabric::api_category_name(count.category);
@@ -201,7 +201,7 @@ NB_MODULE(_fabric, m) {
              nb::list result;
              for (const auto& entry : monitor.tracked()) {
                nb::dict row;
-               row["domain"] = entry.domain == fabric::ApiDomain::driver ? "driver" : "runtime";
+               row["domain"] = fabric::api_domain_name(entry.domain);
                row["callback_id"] = entry.callback_id;
                row["api"] = entry.api;
                row["category"] = fabric::api_category_name(entry.category);

@@ -110,10 +110,7 @@ std::vector<float> expected_tokens(const ProbeBatch& batch, const LayerShape& sh
   return expected;
 }
 
-namespace {
-
-ConventionResult compare(TensorConvention convention, const std::vector<float>& got,
-                         const std::vector<float>& expected, double tolerance) {
+double max_relative_error(const float* got, const std::vector<float>& expected) {
   double max_error = 0.0;
   for (std::size_t i = 0; i < expected.size(); ++i) {
     const double error = std::fabs(static_cast<double>(got[i]) - expected[i]) /
@@ -121,6 +118,14 @@ ConventionResult compare(TensorConvention convention, const std::vector<float>& 
     // A NaN never compares greater: count it as the worst error.
     max_error = std::isnan(error) ? INFINITY : std::max(max_error, error);
   }
+  return max_error;
+}
+
+namespace {
+
+ConventionResult compare(TensorConvention convention, const std::vector<float>& got,
+                         const std::vector<float>& expected, double tolerance) {
+  const double max_error = max_relative_error(got.data(), expected);
   return ConventionResult{convention, max_error <= tolerance, max_error};
 }
 

@@ -43,6 +43,10 @@ std::vector<float> gather_tokens(const ProbeBatch& batch, const LayerShape& shap
 std::vector<float> expected_tokens(const ProbeBatch& batch, const LayerShape& shape,
                                    const LayerWeights& weights, TokenMixing mixing);
 
+// max |got - expected| / (1 + |expected|) over expected.size() elements of `got`; a NaN counts
+// as the worst error (infinity).
+double max_relative_error(const float* got, const std::vector<float>& expected);
+
 struct ConventionResult {
   TensorConvention convention;
   bool matches;

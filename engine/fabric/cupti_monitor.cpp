@@ -214,7 +214,7 @@ CuptiMonitor::CuptiMonitor(const std::vector<std::string>& library_candidates,
       if (!found) {
         throw LibraryCallError(std::string("libcupti at ") + library_.path() +
                                " names no " +
-                               (domain == ApiDomain::driver ? "driver" : "runtime") +
+                               api_domain_name(domain) +
                                " API callback of category " + api_category_name(category) +
                                "; the monitor cannot classify this CUPTI's callbacks");
       }

@@ -40,6 +40,9 @@ std::string base_api_name(const std::string& callback_name);
 std::optional<ApiCategory> classify_api(const std::string& callback_name);
 
 enum class ApiDomain { driver = 1, runtime = 2 };  // CUPTI_CB_DOMAIN_DRIVER_API / _RUNTIME_API
+inline const char* api_domain_name(ApiDomain domain) {
+  return domain == ApiDomain::driver ? "driver" : "runtime";
+}
 
 class CuptiMonitor {
  public:

@@ -1,5 +1,6 @@
 #include "fabric/decode_step.h"
 
+#include <cstring>
 #include <stdexcept>
 
 namespace activekv::fabric {
@@ -36,6 +37,15 @@ void DecodeStep::wait() {
     throw std::logic_error("decode step: wait() before any step was enqueued");
   }
   streams_.wait(last_completion_);
+}
+
+std::vector<float> DecodeStep::run(const std::vector<float>& rows) {
+  std::memcpy(host_input_, rows.data(), input_bytes_);
+  enqueue();
+  wait();
+  std::vector<float> output(rows.size());
+  std::memcpy(output.data(), host_output_, output_bytes_);
+  return output;
 }
 
 }  // namespace activekv::fabric

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "fabric/arena.h"
 #include "fabric/executor.h"
@@ -26,6 +27,9 @@ class DecodeStep {
   void enqueue();
   // Waits for the last enqueued step through its completion event.
   void wait();
+  // One whole step on `rows` (input_bytes of floats): copied in, enqueued, waited for; returns the
+  // output rows (the convention probe's RunRows).
+  std::vector<float> run(const std::vector<float>& rows);
   std::uint64_t steps() const { return steps_; }
 
  private:

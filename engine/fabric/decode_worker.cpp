@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 
 namespace activekv::fabric {
@@ -46,7 +45,7 @@ DecodeWorker::DecodeWorker(const WorkerConfig& config) : config_(config) {
   const LayerWeights model = LayerWeights::generate(config_.shape, config_.model_seed);
   probe_ = run_convention_probe(
       batch, config_.shape, expected_tokens(batch, config_.shape, model, config_.model_mixing),
-      [this](const std::vector<float>& rows) { return run_rows(rows); }, config_.probe_tolerance);
+      [this](const std::vector<float>& rows) { return step_->run(rows); }, config_.probe_tolerance);
   convention_ = decide_convention(probe_);
 
   steady_input_.resize(config_.shape.activation_floats());
@@ -62,15 +61,6 @@ DecodeWorker::~DecodeWorker() {
     } catch (...) {
     }
   }
-}
-
-std::vector<float> DecodeWorker::run_rows(const std::vector<float>& rows) {
-  std::memcpy(step_->host_input(), rows.data(), step_->input_bytes());
-  step_->enqueue();
-  step_->wait();
-  std::vector<float> output(rows.size());
-  std::memcpy(output.data(), step_->host_output(), step_->output_bytes());
-  return output;
 }
 
 StepTimings DecodeWorker::run_latency(std::uint64_t steps) {
@@ -104,14 +94,7 @@ double DecodeWorker::verify_last_output() const {
   const LayerWeights weights = LayerWeights::generate(config_.shape, config_.executor_seed);
   const std::vector<float> expected =
       host_layer_forward(config_.shape, weights, config_.executor_mixing, steady_input_);
-  const auto* got = static_cast<const float*>(step_->host_output());
-  double max_error = 0.0;
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    const double error = std::fabs(static_cast<double>(got[i]) - expected[i]) /
-                         (1.0 + std::fabs(static_cast<double>(expected[i])));
-    max_error = std::isnan(error) ? INFINITY : std::max(max_error, error);
-  }
-  return max_error;
+  return max_relative_error(static_cast<const float*>(step_->host_output()), expected);
 }
 
 }  // namespace activekv::fabric

@@ -64,8 +64,6 @@ class DecodeWorker {
   double verify_last_output() const;
 
  private:
-  std::vector<float> run_rows(const std::vector<float>& rows);
-
   WorkerConfig config_;
   std::unique_ptr<DeviceBackend> backend_;
   std::unique_ptr<CublasExecutor> executor_;

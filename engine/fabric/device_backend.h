@@ -1,6 +1,6 @@
 // The device operations the fabric needs, behind one interface: the real CUDA backend
 // (cuda_backend.cpp) for the runtime and the GPU gate, and a host-memory fake for CPU tests of the
-// rules (tests/cpp/fake_backend.h). The rules themselves live above this interface.
+// rules (tests/cpp/test_fabric_fakes.h). The rules themselves live above this interface.
 #pragma once
 
 #include <cstddef>

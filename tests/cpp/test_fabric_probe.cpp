@@ -5,7 +5,6 @@
 
 #include "test_support.h"
 
-#include <cstring>
 #include <vector>
 
 #include "fabric/arena.h"
@@ -49,14 +48,7 @@ TensorConvention probe_with(TokenMixing executor_mixing, std::uint64_t executor_
   const auto model = fabric::LayerWeights::generate(shape, model_seed);
   const ProbeReport result = fabric::run_convention_probe(
       batch, shape, fabric::expected_tokens(batch, shape, model, model_mixing),
-      [&](const std::vector<float>& rows) {
-        std::memcpy(step.host_input(), rows.data(), step.input_bytes());
-        step.enqueue();
-        step.wait();
-        std::vector<float> output(rows.size());
-        std::memcpy(output.data(), step.host_output(), step.output_bytes());
-        return output;
-      },
+      [&](const std::vector<float>& rows) { return step.run(rows); },
       1e-4);
   if (out != nullptr) *out = result;
   CHECK(executor.steps == 2);  // one micro-batch under each convention
