@@ -344,7 +344,7 @@ NB_MODULE(_engine, m) {
            nb::arg("region_blocks"), nb::arg("num_device_blocks"), nb::arg("device") = "cpu")
       .def_prop_ro("device",
                    [](const BoundEngine& self) {
-                     return self.engine.route() == activekv::offload::Route::cuda ? "cuda" : "cpu";
+                     return activekv::offload::route_name(self.engine.route());
                    })
       .def_prop_ro("slot_bytes", [](const BoundEngine& self) { return self.engine.slot_bytes(); })
       .def_prop_ro("num_slots", [](const BoundEngine& self) { return self.engine.num_slots(); })

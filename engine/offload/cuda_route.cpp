@@ -196,10 +196,8 @@ int bus_priority() {
 }
 
 // Two bus-crossing launches (a load and a store) must fit on the GPU together.
-std::uint32_t bus_blocks() {
-  int device = 0;
+std::uint32_t bus_blocks(int device) {
   int processors = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute");
   return static_cast<std::uint32_t>(2 * processors);
@@ -235,7 +233,7 @@ struct CudaRoute::Resources {
         head_dim(layout.head_dim()),
         layer_bytes(stored_layer_bytes(layout, compression)),
         tensor_bytes(layout.bytes_per_tensor()),
-        max_blocks(bus_blocks()),
+        max_blocks(bus_blocks(device)),
         load_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::load)),
         store_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::store)),
         pinned(pool, pool_bytes),

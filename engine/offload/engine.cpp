@@ -53,6 +53,8 @@ Route parse_route(std::string_view name) {
   throw EngineInputError("device: expected \"cpu\" or \"cuda\"; got \"" + std::string(name) + "\"");
 }
 
+const char* route_name(Route route) { return route == Route::cuda ? "cuda" : "cpu"; }
+
 const char* event_kind_name(EventKind kind) {
   switch (kind) {
     case EventKind::lookup:
@@ -213,7 +215,6 @@ std::vector<std::size_t> Engine::wait_for_layer_load(std::int64_t layer_argument
 
 void Engine::save_kv_layer(std::int64_t layer_argument, void* compute_stream) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  compute_stream_ = compute_stream;
   const std::uint32_t layer = checked_layer(layer_argument);
   if (phase_ != Phase::running || layers_loaded_ != layer + 1 || layers_saved_ != layer) {
     out_of_order("save_kv_layer(" + std::to_string(layer) + ")");
@@ -223,10 +224,10 @@ void Engine::save_kv_layer(std::int64_t layer_argument, void* compute_stream) {
   // With no region free, layer n - 1 is completed first (which frees one) and layer n is tried
   // once more.
   std::optional<InFlight> issued;
-  if (!issue_store(layer, /*final_attempt=*/false, issued)) {
+  if (!issue_store(layer, /*final_attempt=*/false, compute_stream, issued)) {
     if (store_lease_) complete_store(*store_lease_);
     store_lease_.reset();
-    issue_store(layer, /*final_attempt=*/true, issued);
+    issue_store(layer, /*final_attempt=*/true, compute_stream, issued);
   }
   if (store_lease_) complete_store(*store_lease_);
   store_lease_ = std::move(issued);
@@ -378,10 +379,10 @@ void Engine::copy_in(std::uint32_t layer, std::size_t region,
 // Written into the slots at transfer: a store whose fence is lost is dropped, and a dropped slot
 // is freed without ever being read, so nothing unfenced is ever observed.
 void Engine::copy_out(std::uint32_t layer, std::size_t region,
-                      const std::vector<BlockTransfer>& list) {
+                      const std::vector<BlockTransfer>& list, void* compute_stream) {
   if (cuda_) {
     cuda_->issue(Direction::store, region, layer, list, kv_[layer].data, num_device_blocks_,
-                 slot_bytes_, compute_stream_);
+                 slot_bytes_, compute_stream);
     return;
   }
   const std::uint8_t* const keys = static_cast<const std::uint8_t*>(kv_[layer].data);
@@ -502,7 +503,7 @@ void Engine::allocate_stores() {
   carried_stores_.reset();
 }
 
-bool Engine::issue_store(std::uint32_t layer, bool final_attempt,
+bool Engine::issue_store(std::uint32_t layer, bool final_attempt, void* compute_stream,
                          std::optional<InFlight>& issued) {
   const std::shared_ptr<const Carried> carried = carried_stores();
   if (carried->entries.empty()) return true;
@@ -517,7 +518,7 @@ bool Engine::issue_store(std::uint32_t layer, bool final_attempt,
   const FenceOutcome fence =
       take_fault(Direction::store, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
   if (!transferred(prepared.lease, fence, [&](const std::vector<BlockTransfer>& list) {
-        copy_out(layer, prepared.lease.region, list);
+        copy_out(layer, prepared.lease.region, list, compute_stream);
       })) {
     for (const std::size_t index : carried->entries) mark_dropped(index);
     return true;

@@ -48,6 +48,7 @@ Direction parse_direction(std::string_view name);
 enum class Route : std::uint8_t { cpu, cuda };
 // "cpu" | "cuda"; EngineInputError naming `device` for anything else.
 Route parse_route(std::string_view name);
+const char* route_name(Route route);
 
 // A non-owning view of one layer's device KV cache (host memory on the CPU route, GPU memory on
 // the CUDA route): C-contiguous
@@ -194,7 +195,9 @@ class Engine {
 
   // One layer's copies: slots -> device KV (decoding), device KV -> slots (encoding).
   void copy_in(std::uint32_t layer, std::size_t region, const std::vector<BlockTransfer>& list);
-  void copy_out(std::uint32_t layer, std::size_t region, const std::vector<BlockTransfer>& list);
+  // `compute_stream`: the save_kv_layer call's (CUDA route: the store waits for it).
+  void copy_out(std::uint32_t layer, std::size_t region, const std::vector<BlockTransfer>& list,
+                void* compute_stream);
   // The fence of an in-flight lease as observed: the armed outcome on the CPU route; on the CUDA
   // route, what waiting for its event says.
   FenceOutcome observe(Direction direction, const Lease& lease);
@@ -210,7 +213,8 @@ class Engine {
   void finish_loads();
   void allocate_stores();
   // The lease in flight, if one was made, goes to `issued`.
-  bool issue_store(std::uint32_t layer, bool final_attempt, std::optional<InFlight>& issued);
+  bool issue_store(std::uint32_t layer, bool final_attempt, void* compute_stream,
+                   std::optional<InFlight>& issued);
   void complete_store(const InFlight& in_flight);
   void finish_stores();
 
@@ -225,7 +229,6 @@ class Engine {
   const std::size_t slot_bytes_;
   std::uint8_t* const pool_base_;  // slot 0; slot s starts at pool_base_ + s * slot_bytes_
   std::unique_ptr<CudaRoute> cuda_;  // after store_: gone (streams drained) before the pool
-  void* compute_stream_ = nullptr;   // of the save_kv_layer call being served
   std::vector<DeviceKvLayer> kv_;
 
   bool fatal_ = false;
