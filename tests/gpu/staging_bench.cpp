@@ -164,16 +164,25 @@ Ways batch_memcpy(const Scatter& s, std::size_t batches, cudaStream_t stream, in
   return each_way(s, stream, repeats, [&](bool in) { enqueue_batches(s, in, batches, stream); });
 }
 
+// GB/s of `load()` and `store()`, which enqueue `bytes` in all on `in` and `out`, run at once.
+template <typename Load, typename Store>
+double both_ways(std::size_t bytes, cudaStream_t in, cudaStream_t out, int repeats, Load&& load,
+                 Store&& store) {
+  return gbps(bytes, median_seconds(repeats, [&] {
+                load();
+                store();
+                check(cudaStreamSynchronize(in), "sync");
+                check(cudaStreamSynchronize(out), "sync");
+              }));
+}
+
 // GB/s of per-layer batches loading `in` and storing `out` at once on two streams.
 double batch_both_ways(const Scatter& in, const Scatter& out, cudaStream_t load,
                        cudaStream_t store, int repeats) {
-  const std::size_t bytes = (in.host.size() + out.host.size()) * in.block;
-  return gbps(bytes, median_seconds(repeats, [&] {
-                enqueue_batches(in, true, kLayers, load);
-                enqueue_batches(out, false, kLayers, store);
-                check(cudaStreamSynchronize(load), "sync");
-                check(cudaStreamSynchronize(store), "sync");
-              }));
+  return both_ways(
+      (in.host.size() + out.host.size()) * in.block, load, store, repeats,
+      [&] { enqueue_batches(in, true, kLayers, load); },
+      [&] { enqueue_batches(out, false, kLayers, store); });
 }
 
 // ---- the staging kernels alone (exact mode), each launch one layer's share of the blocks ----
@@ -233,13 +242,9 @@ Ways kernels_one_way(const KernelPlan& plan, std::uint32_t max_blocks, cudaStrea
 // `max_blocks` thread blocks wide.
 double kernels_both_ways(const KernelPlan& in, const KernelPlan& out, std::uint32_t max_blocks,
                          cudaStream_t load, cudaStream_t store, int repeats) {
-  const std::size_t bytes = (in.s.host.size() + out.s.host.size()) * in.s.block;
-  return gbps(bytes, median_seconds(repeats, [&] {
-                in.launch(true, max_blocks, load);
-                out.launch(false, max_blocks, store);
-                check(cudaStreamSynchronize(load), "sync");
-                check(cudaStreamSynchronize(store), "sync");
-              }));
+  return both_ways(
+      (in.s.host.size() + out.s.host.size()) * in.s.block, load, store, repeats,
+      [&] { in.launch(true, max_blocks, load); }, [&] { out.launch(false, max_blocks, store); });
 }
 
 // ---- the engine ----
@@ -368,20 +373,17 @@ int main(int argc, char** argv) {
       std::memset(pool.data, 0x5A, pool_bytes);  // touch every page before timing
       std::uint8_t* const second = static_cast<std::uint8_t*>(device.data) + moved;
       std::uint8_t* const pool_second = static_cast<std::uint8_t*>(pool.data) + moved;
-      ceiling.h2d = gbps(moved, median_seconds(repeats, [&] {
-        check(cudaMemcpyAsync(device.data, pool.data, moved, cudaMemcpyHostToDevice, stream), "copy");
-        check(cudaStreamSynchronize(stream), "sync");
-      }));
-      ceiling.d2h = gbps(moved, median_seconds(repeats, [&] {
-        check(cudaMemcpyAsync(pool.data, device.data, moved, cudaMemcpyDeviceToHost, stream), "copy");
-        check(cudaStreamSynchronize(stream), "sync");
-      }));
-      ceiling_both = gbps(2 * moved, median_seconds(repeats, [&] {
-        check(cudaMemcpyAsync(device.data, pool.data, moved, cudaMemcpyHostToDevice, stream), "copy");
-        check(cudaMemcpyAsync(pool_second, second, moved, cudaMemcpyDeviceToHost, other), "copy");
-        check(cudaStreamSynchronize(stream), "sync");
-        check(cudaStreamSynchronize(other), "sync");
-      }));
+      ceiling = per_block_memcpy(Scatter{{pool.data}, {device.data}, moved}, stream, repeats);
+      ceiling_both = both_ways(
+          2 * moved, stream, other, repeats,
+          [&] {
+            check(cudaMemcpyAsync(device.data, pool.data, moved, cudaMemcpyHostToDevice, stream),
+                  "copy");
+          },
+          [&] {
+            check(cudaMemcpyAsync(pool_second, second, moved, cudaMemcpyDeviceToHost, other),
+                  "copy");
+          });
       std::fprintf(stderr,
                    "ceiling (contiguous %zu GiB): H2D %.2f GB/s  D2H %.2f GB/s  both ways %.2f GB/s\n",
                    moved / kGiB, ceiling.h2d, ceiling.d2h, ceiling_both);
