@@ -85,16 +85,16 @@ def plan_targets(
             f"{list(declared)}; got {unknown}"
         )
     wanted = [version for version in declared if not only or version in only]
-    abi3_from = _version_tuple(manifest.build.stable_abi_from)
+    abi3_from = version_tuple(manifest.build.stable_abi_from)
     targets: list[BuildTarget] = []
     skipped: list[SkippedPython] = []
-    for version in [v for v in wanted if _version_tuple(v) < abi3_from]:
+    for version in [v for v in wanted if version_tuple(v) < abi3_from]:
         interpreter = find(version)
         if interpreter is None:
             skipped.append(SkippedPython(version, f"no python{version} on PATH or under pyenv"))
         else:
             targets.append(BuildTarget(version, interpreter, False, (version,)))
-    abi3_versions = [v for v in declared if _version_tuple(v) >= abi3_from]
+    abi3_versions = [v for v in declared if version_tuple(v) >= abi3_from]
     wanted_abi3 = [v for v in wanted if v in abi3_versions]
     if wanted_abi3:
         # One abi3 wheel serves every version from stable_abi_from on; build it with the oldest.
@@ -117,7 +117,8 @@ def plan_targets(
     return targets, skipped
 
 
-def _version_tuple(version: str) -> tuple[int, int]:
+def version_tuple(version: str) -> tuple[int, int]:
+    """ "3.11" -> (3, 11)."""
     major, minor = version.split(".")
     return int(major), int(minor)
 

@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
 from release.atomic import atomic_write
 from release.build import _SOURCE_ROOTS as WHEEL_SOURCES
+from release.build import version_tuple
 from release.errors import ManifestError, ReleaseError
 from release.manifest import CiSettings, Manifest
-from release.pins import dependency_group
+from release.pins import pinned_version
 from release.report import GPU_STAGING_RECORD as GPU_STAGING
 
 HEADER = (
@@ -77,10 +77,10 @@ DOWNLOAD = ActionPin(
 def cibuildwheel_action() -> ActionPin:
     """The action of the cibuildwheel version pinned in the build group (the action installs
     itself, so its tag is the tool's version); no commit of that tag could be resolved here."""
-    for requirement in map(Requirement, dependency_group("build")):
-        if requirement.name == "cibuildwheel":
-            return ActionPin("pypa/cibuildwheel", "v" + str(requirement.specifier).lstrip("="))
-    raise ReleaseError("pyproject.toml: dependency-groups.build: expected a cibuildwheel pin")
+    version = pinned_version("build", "cibuildwheel")
+    if version is None:
+        raise ReleaseError("pyproject.toml: dependency-groups.build: expected a cibuildwheel pin")
+    return ActionPin("pypa/cibuildwheel", "v" + version)
 
 
 def ci_settings(manifest: Manifest) -> CiSettings:
@@ -92,15 +92,10 @@ def ci_settings(manifest: Manifest) -> CiSettings:
     return manifest.ci
 
 
-def _version_tuple(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")
-    return int(major), int(minor)
-
-
 def wheel_pythons(manifest: Manifest) -> list[str]:
     """The interpreters that build a wheel: each below the stable ABI, and the abi3 builder."""
-    abi3 = _version_tuple(manifest.build.stable_abi_from)
-    below = [v for v in manifest.build.python if _version_tuple(v) < abi3]
+    abi3 = version_tuple(manifest.build.stable_abi_from)
+    below = [v for v in manifest.build.python if version_tuple(v) < abi3]
     return [*below, manifest.build.stable_abi_from]
 
 

@@ -1,4 +1,5 @@
-"""The pinned frameworks that shims cite, fetched once with ``pip download --no-deps``.
+"""Pinned wheels (the frameworks that shims cite, and the build requirements whose digests the
+provenance records), fetched once with ``pip download --no-deps``.
 
 Wheels are kept in ``<cache>/frameworks/`` and found again by name and version, so the payload
 gate downloads a framework (vLLM's wheel is ~340 MB) once per cache, not once per run.
@@ -53,8 +54,8 @@ def framework_wheel(
         if result.returncode != 0:
             tail = " ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
             raise GateError(
-                f"{name}=={version}: expected `pip download --no-deps` to fetch the framework "
-                f"wheel the shims cite; pip exited {result.returncode}: {tail}"
+                f"{name}=={version}: expected `pip download --no-deps` to fetch its wheel; pip "
+                f"exited {result.returncode}: {tail}"
             )
         downloaded = cached_wheel(Path(scratch), name, version)
         if downloaded is None:

@@ -22,8 +22,8 @@ from release.gpu import NO_GPU_RUNNER, detect_gpu
 from release.gpu_gates import gpu_identity
 from release.manifest import Manifest
 from release.progress import console
+from release.records import GPU_STAGING_RECORD, write_record
 
-RECORD = "gpu-staging.json"
 TARGET = "activekv_staging_bench"
 
 
@@ -59,6 +59,5 @@ def run_gpu_staging(
         wheel_sha256=sha256_file(wheel),
         command="python -m release gpu-staging --wheel " + wheel.name,
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    write_record(out_dir, GPU_STAGING_RECORD, record)
     return record

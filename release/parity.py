@@ -21,9 +21,9 @@ import numpy as np
 
 from release.digests import sha256_file
 from release.errors import GateError
-from release.evidence import Evidence, write_evidence
+from release.evidence import Evidence, runner_identity, write_evidence
 from release.manifest import Manifest
-from release.private_site import install_private, wheel_for_tags
+from release.private_site import install_private
 from release.progress import console, tracked
 from release.trace import Lookup, Step, Trace, generate
 
@@ -282,14 +282,15 @@ def run_parity_gate(
                       + (f" — {difference}" if difference else ""))  # fmt: skip
         results.append(result)
     failures = [r for r in results if r.difference]
-    runner: dict[str, Any] = {}
     if device == "cuda":
         from release.gpu_gates import gpu_identity
 
-        runner = {"runner": gpu_identity()}
+        runner = gpu_identity()
+    else:
+        runner = runner_identity()
     evidence = Evidence(
         gate="gpu-parity" if device == "cuda" else "parity",
-        **runner,
+        runner=runner,
         verdict="fail" if failures else "pass",
         artefacts={wheel.name: sha256_file(wheel)},
         figures={
@@ -319,16 +320,3 @@ def _count(results: list[CellResult], *, exact: bool) -> str:
     group = [r for r in results if (r.mode == "exact") == exact]
     same = sum(r.difference is None for r in group)
     return f"{same} of {len(group)} bit-identical"
-
-
-def wheel_for_this_interpreter(wheels: Sequence[Path]) -> Path:
-    """The built wheel that installs on the interpreter running the gate."""
-    from packaging.tags import sys_tags
-
-    chosen = wheel_for_tags(wheels, [str(tag) for tag in sys_tags()])
-    if chosen is None:
-        raise GateError(
-            f"no built wheel installs on Python {sys.version.split()[0]}: "
-            f"{[w.name for w in wheels]}"
-        )
-    return chosen

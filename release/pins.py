@@ -36,3 +36,13 @@ def dependency_group(name: str) -> list[str]:
         else:
             requirements.append(entry)
     return requirements
+
+
+def pinned_version(group: str, name: str) -> str | None:
+    """The exact version `name==X` pins in a dependency group, or None."""
+    from packaging.requirements import Requirement
+
+    for requirement in map(Requirement, dependency_group(group)):
+        if requirement.name == name and str(requirement.specifier).startswith("=="):
+            return str(requirement.specifier)[2:]
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,3 +49,16 @@ def wheel_for_tags(wheels: Sequence[Path], tags: Sequence[str]) -> Path | None:
         if any(str(t) in tags for t in parse_wheel_filename(w.name)[3])
     ]
     return min(ranked)[1] if ranked else None
+
+
+def wheel_for_this_interpreter(wheels: Sequence[Path]) -> Path:
+    """The built wheel that installs on the interpreter running the gate."""
+    from packaging.tags import sys_tags
+
+    chosen = wheel_for_tags(wheels, [str(tag) for tag in sys_tags()])
+    if chosen is None:
+        raise GateError(
+            f"no built wheel installs on Python {sys.version.split()[0]}: "
+            f"{[w.name for w in wheels]}"
+        )
+    return chosen

@@ -15,15 +15,11 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from release.build import source_date_epoch
+from release.build import source_date_epoch, version_tuple
 from release.digests import sha256_file
 from release.errors import BuildError
 from release.manifest import Manifest
-from release.pins import dependency_group
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
+from release.pins import pinned_version
 
 
 def served_versions(manifest: Manifest, wheel: Path) -> tuple[str, tuple[str, ...]]:
@@ -40,18 +36,12 @@ def served_versions(manifest: Manifest, wheel: Path) -> tuple[str, tuple[str, ..
     (version,) = built_for
     if not stable_abi:
         return version, (version,)
-    return version, tuple(v for v in declared if _version(v) >= _version(version))
-
-
-def _cibuildwheel_version() -> str:
-    for requirement in dependency_group("build"):
-        if requirement.startswith("cibuildwheel=="):
-            return requirement.split("==", 1)[1]
-    return "unknown"
+    return version, tuple(v for v in declared if version_tuple(v) >= version_tuple(version))
 
 
 def record_build(manifest: Manifest, source_dir: Path, wheels: Sequence[Path]) -> dict[str, Any]:
     now = datetime.now(timezone.utc).isoformat()
+    cibuildwheel = pinned_version("build", "cibuildwheel") or "unknown"
     entries = []
     for wheel in wheels:
         python, serves = served_versions(manifest, wheel)
@@ -63,7 +53,7 @@ def record_build(manifest: Manifest, source_dir: Path, wheels: Sequence[Path]) -
         "started": now,
         "finished": now,
         "source_date_epoch": source_date_epoch(source_dir),
-        "toolchain": {"kind": "cibuildwheel", "cibuildwheel": _cibuildwheel_version()},
+        "toolchain": {"kind": "cibuildwheel", "cibuildwheel": cibuildwheel},
         "wheels": entries,
         "skipped": [],
     }

@@ -9,6 +9,9 @@ from typing import Any
 from release.atomic import atomic_write
 from release.errors import ReleaseError
 
+# The GPU staging benchmark's record (`python -m release gpu-staging`, read by the report).
+GPU_STAGING_RECORD = "gpu-staging"
+
 
 def write_record(out_dir: Path, name: str, data: dict[str, Any]) -> Path:
     path = out_dir / f"{name}.json"

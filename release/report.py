@@ -26,11 +26,11 @@ from release.errors import ReleaseError
 from release.evidence import Evidence, read_evidence
 from release.manifest import Manifest
 from release.pins import project_version
+from release.records import GPU_STAGING_RECORD
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 STAGING_PLOT = "report-gpu-staging.png"
-GPU_STAGING_RECORD = "gpu-staging"
 SERVED_PATH_GATE = "served-path"
 VERDICT_MARK = {"pass": "✓", "fail": "✗", "not-run": "○"}
 

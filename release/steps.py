@@ -28,6 +28,7 @@ from release.manifest import ChannelSpec, Manifest
 from release.payload import run_payload_gate
 from release.pins import project_version
 from release.policy import run_policy_gate
+from release.private_site import wheel_for_this_interpreter
 from release.progress import console
 from release.publish import envelope_path_for, publish
 from release.records import read_record, write_record
@@ -63,16 +64,16 @@ class Context:
         return Path(os.environ.get("ACTIVEKV_CACHE_DIR") or self.state_dir / "cache").resolve()
 
     @property
-    def metadata_dir(self) -> Path:
-        return self.state_dir / "index" / "metadata"
-
-    @property
     def envelope_path(self) -> Path:
         return (
             self.out_dir
             / "provenance"
             / f"{self.manifest.release.name}-{project_version()}.intoto.json"
         )
+
+    def wheel_under_test(self, wheel: Path | None) -> Path:
+        """`wheel` as given, else the built wheel this interpreter installs."""
+        return wheel.resolve() if wheel else wheel_for_this_interpreter(self.built_wheels())
 
     def channel(self, name: str | None) -> tuple[str, ChannelSpec]:
         chosen = name or self.manifest.release.default_channel
@@ -170,9 +171,9 @@ def step_served_path(context: Context, args: argparse.Namespace) -> int:
 
 
 def step_parity(context: Context, wheel: Path | None, cells: list[str], device: str = "cpu") -> int:
-    from release.parity import run_parity_gate, wheel_for_this_interpreter
+    from release.parity import run_parity_gate
 
-    chosen = wheel.resolve() if wheel else wheel_for_this_interpreter(context.built_wheels())
+    chosen = context.wheel_under_test(wheel)
     console.print(f"parity: engine of {chosen.name} ({device} route) against the Python reference")
     return _print_verdict(
         run_parity_gate(context.manifest, chosen, context.out_dir, cells=cells, device=device)
@@ -229,12 +230,13 @@ def check_channel_evidence(context: Context, channel: str, spec: ChannelSpec) ->
         )
 
 
-def check_publishable(context: Context, channel: str, spec: ChannelSpec) -> None:
-    """Evidence and signature checks, all made before any index is started or contacted."""
+def check_publishable(context: Context, channel: str, spec: ChannelSpec) -> TufRepository:
+    """Evidence and signature checks, all made before any index is started or contacted; the
+    TUF repository to publish with (its keys loaded: stable has no generated ones)."""
     check_channel_evidence(context, channel, spec)
     _, public_key = _signing(context, channel, spec)
     read_and_verify_envelope(context.envelope_path, public_key)
-    _tuf_repository(context, channel)  # its keys load (and stable has no generated ones)
+    return _tuf_repository(context, channel)
 
 
 def _tuf_repository(context: Context, channel: str) -> TufRepository:
@@ -244,10 +246,10 @@ def _tuf_repository(context: Context, channel: str) -> TufRepository:
     )  # fmt: skip
 
 
-def _publish_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
+def _publish_with(context: Context, index: EmbeddedIndex, channel: str, tuf: TufRepository) -> None:
     report = publish(
         context.built_wheels(), index, envelope=context.envelope_path,
-        metadata_dir=context.metadata_dir, tuf=_tuf_repository(context, channel),
+        metadata_dir=index.provenance_dir, tuf=tuf,
     )  # fmt: skip
     console.print(escape(report.message))
     write_record(context.out_dir, "publish", {
@@ -266,7 +268,7 @@ def _publish_with(context: Context, index: EmbeddedIndex, channel: str, spec: Ch
 def _verify_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
     _, public_key = _signing(context, channel, spec)
     version = project_version()
-    stored = envelope_path_for(context.metadata_dir, context.manifest.release.name, version)
+    stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
     statement = read_and_verify_envelope(stored, public_key)
     interpreters = [p for v in context.manifest.build.python if (p := find_interpreter(v))]
     # What pip downloads must also be the TUF target the publisher signed (the cache in the
@@ -293,9 +295,9 @@ def _verify_with(context: Context, index: EmbeddedIndex, channel: str, spec: Cha
 
 def step_publish(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
-    check_publishable(context, channel, spec)
+    tuf = check_publishable(context, channel, spec)
     with context.index() as index:
-        _publish_with(context, index, channel, spec)
+        _publish_with(context, index, channel, tuf)
     return 0
 
 
@@ -396,10 +398,10 @@ def step_run(context: Context, channel_name: str | None) -> int:
         check_channel_evidence(context, channel, spec)
         console.rule("sign")
         step_sign(context, channel)
-        check_publishable(context, channel, spec)
+        tuf = check_publishable(context, channel, spec)
         with context.index() as index:
             console.rule(f"publish to {index.simple_url}")
-            _publish_with(context, index, channel, spec)
+            _publish_with(context, index, channel, tuf)
             console.rule("verify")
             _verify_with(context, index, channel, spec)
     finally:
@@ -425,13 +427,8 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
         )  # fmt: skip
     if command == "bench":
         from release.bench import run_bench
-        from release.parity import wheel_for_this_interpreter
 
-        wheel = (
-            args.wheel.resolve()
-            if args.wheel
-            else wheel_for_this_interpreter(context.built_wheels())
-        )
+        wheel = context.wheel_under_test(args.wheel)
         write_record(
             context.out_dir, "bench", run_bench(wheel, context.out_dir, blocks=args.blocks)
         )
@@ -453,13 +450,8 @@ def dispatch(args: argparse.Namespace, context: Context) -> int:
         return 0
     if command == "gpu-staging":
         from release.gpu_staging import run_gpu_staging
-        from release.parity import wheel_for_this_interpreter
 
-        wheel = (
-            args.wheel.resolve()
-            if args.wheel
-            else wheel_for_this_interpreter(context.built_wheels())
-        )
+        wheel = context.wheel_under_test(args.wheel)
         run_gpu_staging(
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
             out_dir=context.out_dir, wheel=wheel,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from release.digests import sha256_file
-from release.errors import BuildError
+from release.errors import BuildError, GateError
+from release.framework_cache import framework_wheel
 from release.manifest import Manifest
 from release.pins import dependency_group, pyproject
 
@@ -145,27 +146,13 @@ def _build_system_pins() -> dict[str, str]:
 
 def _distribution_file(name: str, version: str, cache_dir: Path) -> Path:
     """The file pip resolves for ``name==version`` (what the isolated build env installs),
-    downloaded once into the cache."""
-    target = cache_dir / "toolchain" / "build-requires" / f"{name}-{version}"
-    found = sorted(target.glob("*.whl")) if target.is_dir() else []
-    if len(found) != 1:
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--disable-pip-version-check", "--dest", str(staging), f"{name}=={version}"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        found = sorted(staging.glob("*.whl"))
-        if result.returncode != 0 or len(found) != 1:
-            raise BuildError(
-                f"toolchain: cannot fetch {name}=={version} to record its digest (pip download "
-                f"status {result.returncode}):\n{result.stderr.strip()[-2000:]}"
-            )
-        shutil.rmtree(target, ignore_errors=True)
-        staging.replace(target)
-        found = sorted(target.glob("*.whl"))
-    return found[0]
+    downloaded once into the cache (the framework cache's one download path)."""
+    try:
+        return framework_wheel(name, version, cache_dir)
+    except GateError as error:
+        raise BuildError(
+            f"toolchain: cannot fetch {name}=={version} to record its digest: {error}"
+        ) from None
 
 
 def _first_line(command: list[str], pick: re.Pattern[str] | None = None) -> str:
