@@ -271,7 +271,7 @@ def run_warmup_gate(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) -
 
 def step_gpu_gates(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) -> int:
     """`python -m release gpu-gates`: 0 on pass or "not run", 1 on fail (the reasons printed)."""
-    from release.progress import console
+    from release.progress import VERDICT_STYLE, console
 
     chosen = list(wheels) or sorted((out_dir / "wheels").glob("*.whl"))
     if not chosen:
@@ -280,7 +280,7 @@ def step_gpu_gates(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) ->
         if not wheel.is_file():
             raise GateError(f"--wheel {wheel}: no such file")
     evidence = run_warmup_gate(manifest, [wheel.resolve() for wheel in chosen], out_dir)
-    colour = {"pass": "green", "fail": "red", "not-run": "yellow"}[evidence.verdict]
+    colour = VERDICT_STYLE[evidence.verdict]
     console.print(f"[{colour}]{GATE}: {evidence.verdict}[/]", highlight=False)
     for problem in evidence.reason.split("; ") if evidence.reason else []:
         console.print(f"  {problem}", markup=False, highlight=False)

@@ -20,6 +20,9 @@ from rich.progress import (
 # Logs and CI are not terminals: give tables room for wheel names and digests there.
 _WIDTH = None if sys.stdout.isatty() else 180
 
+# How a gate verdict is coloured wherever one is printed.
+VERDICT_STYLE = {"pass": "green", "fail": "red", "not-run": "yellow"}
+
 console = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 error_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 

@@ -29,7 +29,7 @@ from release.payload import run_payload_gate
 from release.pins import project_version
 from release.policy import run_policy_gate
 from release.private_site import wheel_for_this_interpreter
-from release.progress import console
+from release.progress import VERDICT_STYLE, console
 from release.publish import envelope_path_for, publish
 from release.records import read_record, write_record
 from release.sign import (
@@ -97,7 +97,7 @@ class Context:
 
 
 def _print_verdict(evidence: Evidence) -> int:
-    colour = {"pass": "green", "fail": "red", "not-run": "yellow"}[evidence.verdict]
+    colour = VERDICT_STYLE[evidence.verdict]
     console.print(f"[{colour}]{evidence.gate}: {evidence.verdict}[/]")
     if evidence.reason:
         console.print("  " + escape(evidence.reason.replace("; ", "\n  ")))

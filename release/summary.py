@@ -14,10 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from release.manifest import Manifest
-from release.progress import console
+from release.progress import VERDICT_STYLE, console
 from release.report import describe
-
-_VERDICT_STYLE = {"pass": "green", "fail": "red", "not-run": "yellow"}
 
 
 def _load(out_dir: Path, name: str) -> dict[str, Any] | None:
@@ -69,7 +67,7 @@ def _gates(out_dir: Path, manifest: Manifest, channel: str) -> Table:
         elif record["figures"]:  # a gate this summary has no words of its own for
             shown = "; ".join(f"{k}: {describe(v)}" for k, v in record["figures"].items())
             detail = shown + (f"; {detail}" if detail else "")
-        style = _VERDICT_STYLE[verdict]
+        style = VERDICT_STYLE[verdict]
         runner = gate.runner if gate else "not in the manifest"
         table.add_row(name, runner, "yes" if name in required else "no",
                       f"[{style}]{verdict}[/]", escape(detail))  # fmt: skip
