@@ -94,9 +94,11 @@ struct Stream {
   explicit Stream(int priority = 0) {
     check(cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking, priority), "cudaStreamCreate");
   }
+  // Drained first (the pool is unregistered after the streams go), but bounded: a hung kernel
+  // must not hang the engine's destruction.
   ~Stream() {
     if (handle != nullptr) {
-      cudaStreamSynchronize(handle);
+      wait_bounded([this] { return cudaStreamQuery(handle); });
       cudaStreamDestroy(handle);
     }
   }
@@ -162,6 +164,8 @@ struct Region {
   // Compressed modes: the stored layers of one lease in device memory, and the event that hands
   // them between the bus and codec streams.
   Event handed_over;
+  // Set when a CUDA call of the lease's issue failed: its outcome is unknown (observe).
+  bool issue_failed = false;
   // The lease's transfer list: written here, copied to the device when it changes (a lease's
   // layers share one list). Kernels read it from device memory: read through the mapping, every
   // thread block would first wait one PCIe round trip, which made the codec latency-bound.
@@ -225,7 +229,8 @@ FenceQuery classify_fence_query(int cuda_status) {
 // pool unregistered last).
 struct CudaRoute::Resources {
   Resources(const KvBlockLayout& layout, CompressionMode compression, std::uint8_t* pool,
-            std::size_t pool_bytes, std::size_t num_regions, std::size_t blocks_per_region)
+            std::size_t pool_bytes, std::size_t slot_size, std::size_t num_regions,
+            std::size_t blocks_per_region, std::size_t device_blocks)
       : device(current_device()),
         mode(kernel_mode(compression)),
         dtype(kernel_dtype(layout.dtype())),
@@ -233,6 +238,8 @@ struct CudaRoute::Resources {
         head_dim(layout.head_dim()),
         layer_bytes(stored_layer_bytes(layout, compression)),
         tensor_bytes(layout.bytes_per_tensor()),
+        slot_bytes(slot_size),
+        num_device_blocks(device_blocks),
         max_blocks(bus_blocks(device)),
         load_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::load)),
         store_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::store)),
@@ -259,6 +266,8 @@ struct CudaRoute::Resources {
   const std::uint32_t head_dim;
   const std::size_t layer_bytes;
   const std::size_t tensor_bytes;
+  const std::size_t slot_bytes;
+  const std::size_t num_device_blocks;
   const std::uint32_t max_blocks;
   // Whether bus transfers go on the copy engines (large copies) or through the staging kernels.
   const bool load_on_copy_engines;
@@ -279,7 +288,7 @@ struct CudaRoute::Resources {
   // One layer of a lease across PCIe on `stream`: in, pool slots to the device KV (exact) or to
   // the staging buffer; out, the reverse.
   void cross_bus(const akv_stage_args& args, const std::vector<BlockTransfer>& transfers,
-                 std::size_t slot_bytes, bool in, cudaStream_t stream) {
+                 bool in, cudaStream_t stream) {
     if (!(in ? load_on_copy_engines : store_on_copy_engines)) {
       check(static_cast<cudaError_t>(akv_stage_bus(&args, in ? 1 : 0, stream)),
             in ? "staging (load)" : "staging (store)");
@@ -326,9 +335,10 @@ struct CudaRoute::Resources {
 };
 
 CudaRoute::CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
-                     std::size_t pool_bytes, std::size_t num_regions, std::size_t region_blocks)
-    : resources_(std::make_unique<Resources>(layout, mode, pool, pool_bytes, num_regions,
-                                             region_blocks)) {}
+                     std::size_t pool_bytes, std::size_t slot_bytes, std::size_t num_regions,
+                     std::size_t region_blocks, std::size_t num_device_blocks)
+    : resources_(std::make_unique<Resources>(layout, mode, pool, pool_bytes, slot_bytes,
+                                             num_regions, region_blocks, num_device_blocks)) {}
 
 CudaRoute::~CudaRoute() {
   const DeviceScope scope(resources_->device);
@@ -339,22 +349,19 @@ int CudaRoute::device() const { return resources_->device; }
 
 void CudaRoute::issue(Direction direction, std::size_t region_index, std::uint32_t layer,
                       const std::vector<BlockTransfer>& transfers, void* device_kv,
-                      std::size_t num_device_blocks, std::size_t slot_bytes,
                       void* compute_stream) {
   Resources& r = *resources_;
   const DeviceScope scope(r.device);
   try {
-    enqueue(direction, region_index, layer, transfers, device_kv, num_device_blocks, slot_bytes,
-            compute_stream);
+    enqueue(direction, region_index, layer, transfers, device_kv, compute_stream);
   } catch (const CudaRouteError&) {
     r.drain(direction);
-    throw;
+    r.regions.at(region_index)->issue_failed = true;
   }
 }
 
 void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint32_t layer,
                         const std::vector<BlockTransfer>& transfers, void* device_kv,
-                        std::size_t num_device_blocks, std::size_t slot_bytes,
                         void* compute_stream) {
   Resources& r = *resources_;
   Region& region = *r.regions.at(region_index);
@@ -377,7 +384,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
     auto* list = static_cast<akv_transfer*>(region.listed.data);
     bool changed = transfers.size() != region.listed_count;
     for (std::size_t i = 0; i < transfers.size(); ++i) {
-      const akv_transfer entry{transfers[i].slot * slot_bytes, transfers[i].device_block};
+      const akv_transfer entry{transfers[i].slot * r.slot_bytes, transfers[i].device_block};
       if (changed || std::memcmp(&list[i], &entry, sizeof entry) != 0) {
         list[i] = entry;
         changed = true;
@@ -396,7 +403,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
                             static_cast<std::uint8_t*>(r.pinned.device),
                             layer * r.layer_bytes,
                             static_cast<std::uint8_t*>(device_kv),
-                            num_device_blocks,
+                            r.num_device_blocks,
                             r.groups,
                             r.head_dim,
                             r.mode,
@@ -406,7 +413,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
                             r.max_blocks};
   if (load) {
     // bus -> (staged) -> codec -> fence; the codec stream runs one layer behind the bus.
-    r.cross_bus(args, transfers, slot_bytes, true, r.load_bus.handle);
+    r.cross_bus(args, transfers, true, r.load_bus.handle);
     cudaStream_t last = r.load_bus.handle;
     if (!exact) {
       check(cudaEventRecord(region.handed_over.handle, r.load_bus.handle), "cudaEventRecord (staged)");
@@ -426,7 +433,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
     check(cudaStreamWaitEvent(r.store_bus.handle, region.handed_over.handle, 0),
           "cudaStreamWaitEvent (staged)");
   }
-  r.cross_bus(args, transfers, slot_bytes, false, r.store_bus.handle);
+  r.cross_bus(args, transfers, false, r.store_bus.handle);
   check(cudaEventRecord(region.fence.handle, r.store_bus.handle), "cudaEventRecord (fence)");
 }
 
@@ -434,6 +441,7 @@ FenceOutcome CudaRoute::observe(Direction direction, std::size_t region_index, b
   Resources& r = *resources_;
   const DeviceScope scope(r.device);
   Region& region = *r.regions.at(region_index);
+  if (region.issue_failed) return FenceOutcome::unknown;  // drained when the issue failed
   const cudaError_t status =
       injected ? cudaErrorLaunchFailure
                : wait_bounded([&region] { return cudaEventQuery(region.fence.handle); });

@@ -36,10 +36,12 @@ bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
 
 class CudaRoute {
  public:
-  // Pins and maps `pool` (pool_bytes, page-aligned) and makes the streams, events and the
-  // regions' transfer lists: everything the route will ever allocate.
+  // Pins and maps `pool` (pool_bytes, page-aligned, slots of slot_bytes) and makes the streams,
+  // events and the regions' transfer lists: everything the route will ever allocate. Each layer's
+  // device KV holds num_device_blocks blocks.
   CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
-            std::size_t pool_bytes, std::size_t num_regions, std::size_t region_blocks);
+            std::size_t pool_bytes, std::size_t slot_bytes, std::size_t num_regions,
+            std::size_t region_blocks, std::size_t num_device_blocks);
   ~CudaRoute();
   CudaRoute(const CudaRoute&) = delete;
   // The CUDA device current at construction: every later call of the route runs on it.
@@ -47,26 +49,25 @@ class CudaRoute {
   CudaRoute& operator=(const CudaRoute&) = delete;
 
   // Enqueues one layer of a lease on the load (Direction::load) or store stream and records the
-  // region's fence behind it. When a call fails (CudaRouteError) the direction's streams are
-  // drained first, so nothing of the failed lease is left running. A store first waits for the work enqueued so far on
+  // region's fence behind it. A store first waits for the work enqueued so far on
   // `compute_stream` (a cudaStream_t; null is the legacy default stream): the layer's KV is
-  // final only once the forward has written it.
+  // final only once the forward has written it. A CUDA call that fails here leaves the lease's
+  // outcome unknown, as a failed fence query would: the direction's streams are drained, so
+  // nothing of it is left running, and observe answers unknown.
   void issue(Direction direction, std::size_t region, std::uint32_t layer,
-             const std::vector<BlockTransfer>& transfers, void* device_kv,
-             std::size_t num_device_blocks, std::size_t slot_bytes, void* compute_stream);
+             const std::vector<BlockTransfer>& transfers, void* device_kv, void* compute_stream);
 
-  // Waits for the region's fence: signalled, or unknown when the query answers anything but
-  // success or not-ready, or is still not ready after the timeout. `injected` (tests and traces)
-  // stands for a failed query (cudaErrorLaunchFailure) and goes through the same reading. After an
-  // unknown outcome the direction's stream is drained, so nothing of the lost lease can still
-  // write into memory the engine hands on.
+  // Waits for the region's fence: signalled, or unknown when the issue failed, when the query
+  // answers anything but success or not-ready, or is still not ready after the timeout.
+  // `injected` (tests and traces) stands for a failed query (cudaErrorLaunchFailure) and goes
+  // through the same reading. After an unknown outcome the direction's streams are drained, so
+  // nothing of the lost lease can still write into memory the engine hands on.
   FenceOutcome observe(Direction direction, std::size_t region, bool injected);
 
  private:
   struct Resources;
   void enqueue(Direction direction, std::size_t region, std::uint32_t layer,
-               const std::vector<BlockTransfer>& transfers, void* device_kv,
-               std::size_t num_device_blocks, std::size_t slot_bytes, void* compute_stream);
+               const std::vector<BlockTransfer>& transfers, void* device_kv, void* compute_stream);
 
   std::unique_ptr<Resources> resources_;
 };

@@ -99,7 +99,7 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
   for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
   if (route == Route::cuda) {
     cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots() * slot_bytes_,
-                                        num_regions, region_blocks);
+                                        slot_bytes_, num_regions, region_blocks, num_device_blocks);
   }
 }
 
@@ -357,8 +357,7 @@ void Engine::note_lost_region(std::size_t region) {
 void Engine::copy_in(std::uint32_t layer, std::size_t region,
                      const std::vector<BlockTransfer>& list) {
   if (cuda_) {
-    cuda_->issue(Direction::load, region, layer, list, kv_[layer].data, num_device_blocks_,
-                 slot_bytes_, nullptr);
+    cuda_->issue(Direction::load, region, layer, list, kv_[layer].data, nullptr);
     return;
   }
   std::uint8_t* const keys = static_cast<std::uint8_t*>(kv_[layer].data);
@@ -381,8 +380,7 @@ void Engine::copy_in(std::uint32_t layer, std::size_t region,
 void Engine::copy_out(std::uint32_t layer, std::size_t region,
                       const std::vector<BlockTransfer>& list, void* compute_stream) {
   if (cuda_) {
-    cuda_->issue(Direction::store, region, layer, list, kv_[layer].data, num_device_blocks_,
-                 slot_bytes_, compute_stream);
+    cuda_->issue(Direction::store, region, layer, list, kv_[layer].data, compute_stream);
     return;
   }
   const std::uint8_t* const keys = static_cast<const std::uint8_t*>(kv_[layer].data);
@@ -451,12 +449,9 @@ bool Engine::issue_load(std::uint32_t layer, bool final_attempt) {
   staging_.bind(prepared.lease, carried->transfers);
   const FenceOutcome fence =
       take_fault(Direction::load, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
-  if (!transferred(prepared.lease, fence, [&](const std::vector<BlockTransfer>& list) {
-        copy_in(layer, prepared.lease.region, list);
-      })) {
-    for (const std::size_t index : carried->entries) mark_lost(index);
-    return true;
-  }
+  staging_.transfer(prepared.lease, fence, [&](const std::vector<BlockTransfer>& list) {
+    copy_in(layer, prepared.lease.region, list);
+  });
   load_leases_.push_back({layer, prepared.lease, carried});
   return true;
 }
@@ -517,25 +512,11 @@ bool Engine::issue_store(std::uint32_t layer, bool final_attempt, void* compute_
   staging_.bind(prepared.lease, carried->transfers);
   const FenceOutcome fence =
       take_fault(Direction::store, layer) ? FenceOutcome::unknown : FenceOutcome::signalled;
-  if (!transferred(prepared.lease, fence, [&](const std::vector<BlockTransfer>& list) {
-        copy_out(layer, prepared.lease.region, list, compute_stream);
-      })) {
-    for (const std::size_t index : carried->entries) mark_dropped(index);
-    return true;
-  }
+  staging_.transfer(prepared.lease, fence, [&](const std::vector<BlockTransfer>& list) {
+    copy_out(layer, prepared.lease.region, list, compute_stream);
+  });
   issued = InFlight{layer, prepared.lease, carried};
   return true;
-}
-
-bool Engine::transferred(const Lease& lease, FenceOutcome fence, const RegionCopies& copies) {
-  try {
-    staging_.transfer(lease, fence, copies);
-    return true;
-  } catch (const CudaRouteError&) {
-    staging_.quarantine_bound(lease);
-    note_lost_region(lease.region);
-    return false;
-  }
 }
 
 FenceOutcome Engine::observe(Direction direction, const Lease& lease) {

@@ -201,9 +201,6 @@ class Engine {
   // The fence of an in-flight lease as observed: the armed outcome on the CPU route; on the CUDA
   // route, what waiting for its event says.
   FenceOutcome observe(Direction direction, const Lease& lease);
-  // Runs staging_.transfer; a CUDA launch that fails quarantines the region and returns false
-  // (its blocks are then lost or dropped by the caller), as an unknown fence would.
-  bool transferred(const Lease& lease, FenceOutcome fence, const RegionCopies& copies);
 
   // Issue one layer's transfer of every block not lost (loads) or dropped (stores). When no region
   // is free they return false and do nothing, unless `final_attempt`: then, as when every region

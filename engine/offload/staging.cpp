@@ -110,13 +110,6 @@ CompleteStatus StagingPool::complete(const Lease& lease, const RegionCopies& on_
 
 RegionState StagingPool::state(std::size_t region) const { return region_or_throw(region).state; }
 
-void StagingPool::quarantine_bound(const Lease& lease) {
-  Region& region = leased(lease, RegionState::bound, "quarantine_bound");
-  region.state = RegionState::quarantined;
-  region.transfers.clear();
-  ++quarantined_;
-}
-
 FenceOutcome StagingPool::armed_fence(std::size_t region) const {
   return region_or_throw(region).fence;
 }

@@ -77,17 +77,14 @@ class StagingPool {
   // prepared -> bound with this transfer list (at most region_blocks entries, else
   // StagingInputError and nothing changes).
   void bind(const Lease& lease, const std::vector<BlockTransfer>& transfers);
-  // bound -> in_flight: runs `copies` now (the CPU route's copies are synchronous) and arms the
-  // fence with `fence`. If `copies` throws, the region stays bound (see quarantine_bound).
+  // bound -> in_flight: runs `copies` now (the CPU route's copies are synchronous; the CUDA
+  // route's enqueue) and arms the fence with `fence`.
   void transfer(const Lease& lease, FenceOutcome fence, const RegionCopies& copies);
   // in_flight -> free (generation + 1) after running `on_signalled`, when the fence was
   // signalled; in_flight -> quarantined, for good, when its outcome is unknown: armed so at
   // transfer, or `observed` so by whoever waited for it (the CUDA route's event query).
   CompleteStatus complete(const Lease& lease, const RegionCopies& on_signalled,
                           FenceOutcome observed = FenceOutcome::signalled);
-  // bound -> quarantined, for good: a transfer that failed part way (a launch error) has an
-  // unknown outcome, like a fence that never answers.
-  void quarantine_bound(const Lease& lease);
 
   // Introspection (tests and diagnostics); StagingInputError for a region out of range.
   RegionState state(std::size_t region) const;
