@@ -13,7 +13,7 @@ from pathlib import Path
 
 from release.errors import BuildError
 from release.manifest import Manifest
-from release.toolchain import resolve_toolchain
+from release.toolchain import resolve_host_toolchain
 
 SANITIZERS = {"asan-ubsan": "address,undefined", "tsan": "thread"}
 
@@ -30,7 +30,7 @@ def host_configure(
 ) -> dict[str, str]:
     """Configures `build_dir` for the host g++ and nvcc (ccache when present); the environment
     to build and run in."""
-    toolchain = resolve_toolchain(manifest, cache_dir)
+    toolchain = resolve_host_toolchain(manifest, cache_dir)
     host = str(toolchain.cuda_host_compiler)
     configure = [
         "cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",

@@ -23,6 +23,31 @@ from release.pins import dependency_group, pyproject
 _NVCC_RELEASE = re.compile(r"release (\d+\.\d+)")
 
 
+def _ccache_environment(cache_dir: Path) -> dict[str, str]:
+    return {
+        "CCACHE_DIR": str(cache_dir / "ccache"),
+        # Objects are shared across build directories and interpreters: hash content, not paths.
+        "CCACHE_NOHASHDIR": "1",
+        "CCACHE_COMPILERCHECK": "content",
+        "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime,time_macros",
+    }
+
+
+@dataclass(frozen=True)
+class HostToolchain:
+    """nvcc and the host C++ compiler: what builds that run on this machine only (the C++ tests,
+    the GPU staging bench) need; no zig, so a GPU runner without the build group can build them."""
+
+    nvcc: Path
+    cuda_root: Path
+    cuda_host_compiler: Path
+    ccache: Path | None
+    cache_dir: Path
+
+    def environment(self) -> dict[str, str]:
+        return _ccache_environment(self.cache_dir)
+
+
 @dataclass(frozen=True)
 class Toolchain:
     """Resolved compilers and the settings that hand them to CMake."""
@@ -59,11 +84,7 @@ class Toolchain:
         return {
             "ZIG_GLOBAL_CACHE_DIR": str(self.cache_dir / "zig-global"),
             "ZIG_LOCAL_CACHE_DIR": str(self.cache_dir / "zig-local"),
-            "CCACHE_DIR": str(self.cache_dir / "ccache"),
-            # Objects are shared across build directories and interpreters: hash content, not paths.
-            "CCACHE_NOHASHDIR": "1",
-            "CCACHE_COMPILERCHECK": "content",
-            "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime,time_macros",
+            **_ccache_environment(self.cache_dir),
         }
 
     def identity(self) -> dict[str, str]:
@@ -233,14 +254,10 @@ def _install_cuda_wheels(target: Path) -> Path:
     return root
 
 
-def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
-    """Finds or installs every compiler the manifest's toolchain needs, caching under cache_dir."""
+def resolve_host_toolchain(manifest: Manifest, cache_dir: Path) -> HostToolchain:
+    """nvcc (the manifest's CUDA version; the pinned NVIDIA wheels where no toolkit is) and the
+    manifest's host compiler, caching under cache_dir."""
     tool_dir = cache_dir / "toolchain"
-    target = zig_target(manifest)
-    wrapper_dir = tool_dir / f"zig-{target}"
-    wrapper_dir.mkdir(parents=True, exist_ok=True)
-    zig = find_zig()
-
     # ACTIVEKV_CUDA_COMPILER=wheels uses the pinned NVIDIA wheels even where a toolkit exists.
     choice = os.environ.get("ACTIVEKV_CUDA_COMPILER", "auto")
     if choice not in ("auto", "wheels"):
@@ -267,6 +284,22 @@ def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
             f"{host_name!r} was not found"
         )
     ccache = shutil.which("ccache")
+    return HostToolchain(
+        nvcc=nvcc,
+        cuda_root=cuda_root,
+        cuda_host_compiler=Path(host),
+        ccache=Path(ccache) if ccache else None,
+        cache_dir=cache_dir,
+    )
+
+
+def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
+    """Finds or installs every compiler the manifest's toolchain needs, caching under cache_dir."""
+    target = zig_target(manifest)
+    wrapper_dir = cache_dir / "toolchain" / f"zig-{target}"
+    wrapper_dir.mkdir(parents=True, exist_ok=True)
+    zig = find_zig()
+    host = resolve_host_toolchain(manifest, cache_dir)
     return Toolchain(
         zig=zig,
         # The names contain "clang" so ccache treats the wrappers as the clang they are.
@@ -275,9 +308,9 @@ def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
         ar=_write_wrapper(wrapper_dir / "zig-ar", [str(zig), "ar"]),
         ranlib=_write_wrapper(wrapper_dir / "zig-ranlib", [str(zig), "ranlib"]),
         zig_target=target,
-        nvcc=nvcc,
-        cuda_root=cuda_root,
-        cuda_host_compiler=Path(host),
-        ccache=Path(ccache) if ccache else None,
+        nvcc=host.nvcc,
+        cuda_root=host.cuda_root,
+        cuda_host_compiler=host.cuda_host_compiler,
+        ccache=host.ccache,
         cache_dir=cache_dir,
     )
