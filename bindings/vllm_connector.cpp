@@ -39,6 +39,7 @@ using activekv::offload::DeviceKvLayer;
 using activekv::offload::Engine;
 using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
+using activekv::offload::Route;
 
 using activekv::bindings::c_contiguous;
 using activekv::bindings::list_text;
@@ -137,6 +138,7 @@ std::vector<std::int64_t> group0_block_ids(nb::handle groups, const std::string&
 struct Settings {
   KvBlockLayout layout;
   CompressionMode mode;
+  Route route;  // where the KV caches are: host memory (cpu) or the GPU (cuda)
   std::size_t cpu_bytes;
   std::size_t num_regions;
   std::size_t region_blocks;
@@ -181,6 +183,26 @@ std::string extra_str(nb::handle extra, const char* key, const char* fallback) {
   return value;
 }
 
+// kv_connector_extra_config[key] read by the engine's own parser (parse_mode, parse_route), its
+// error naming the key.
+template <typename Parse>
+auto extra_choice(nb::handle extra, const char* key, const char* fallback, Parse&& parse) {
+  const std::string value = extra_str(extra, key, fallback);
+  try {
+    return parse(value);
+  } catch (const std::invalid_argument& error) {
+    throw ConnectorConfigError(std::string("kv_transfer_config.kv_connector_extra_config[\"") +
+                               key + "\"]: " + error.what());
+  }
+}
+
+// Where vLLM keeps the KV caches: its device_config.device_type ("cuda" on GPUs).
+const char* vllm_device(nb::handle vllm_config) {
+  nb::object device = nb::getattr(nb::getattr(vllm_config, "device_config", nb::none()),
+                                  "device_type", nb::none());
+  return !device.is_none() && std::string(nb::str(device).c_str()) == "cuda" ? "cuda" : "cpu";
+}
+
 Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
   std::vector<nb::object> groups;
   for (nb::handle group : kv_cache_config.attr("kv_cache_groups")) groups.push_back(nb::borrow(group));
@@ -216,7 +238,8 @@ Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
   nb::object engine_id = nb::getattr(transfer, "engine_id", nb::none());
   return Settings{
       layout,
-      activekv::offload::parse_mode(extra_str(extra, "mode", "exact")),
+      extra_choice(extra, "mode", "exact", activekv::offload::parse_mode),
+      extra_choice(extra, "device", vllm_device(vllm_config), activekv::offload::parse_route),
       static_cast<std::size_t>(extra_int(extra, "cpu_bytes", kDefaultCpuBytes)),
       static_cast<std::size_t>(extra_int(extra, "num_regions", kDefaultNumRegions)),
       static_cast<std::size_t>(extra_int(extra, "region_blocks", kDefaultRegionBlocks)),
@@ -240,15 +263,15 @@ std::shared_ptr<Engine> shared_engine(const Settings& settings) {
   if (std::shared_ptr<Engine> existing = slot.lock()) {
     if (!same_layout(existing->layout(), settings.layout) ||
         existing->num_device_blocks() != settings.num_device_blocks ||
-        existing->mode() != settings.mode) {
+        existing->mode() != settings.mode || existing->route() != settings.route) {
       throw ConnectorConfigError("kv_transfer_config.engine_id: engine " + settings.engine_id +
-                                 " already exists in this process with another KV layout");
+                                 " already exists in this process with another KV layout, mode or device");
     }
     return existing;
   }
   auto engine = std::make_shared<Engine>(settings.layout, settings.mode, settings.cpu_bytes,
                                          settings.num_regions, settings.region_blocks,
-                                         settings.num_device_blocks);
+                                         settings.num_device_blocks, settings.route);
   slot = engine;
   return engine;
 }
@@ -441,8 +464,9 @@ class ConnectorCore {
                      nb::handle /*attn_metadata*/) {
     begin_step(connector);
     const std::int64_t layer = layer_of(layer_name);
+    void* const compute_stream = current_compute_stream();
     nb::gil_scoped_release release;
-    engine_->save_kv_layer(layer);
+    engine_->save_kv_layer(layer, compute_stream);
   }
 
   void wait_for_save(nb::handle connector) {
@@ -467,6 +491,17 @@ class ConnectorCore {
   }
 
   std::size_t planned_loads() const { return plan_.loads.size() + offered_loads_; }
+
+  // CUDA route: the stream the forward runs on, PyTorch's current stream (vLLM runs the model on
+  // it), so that a layer's store starts once the forward has written the layer. CPU route: none.
+  void* current_compute_stream() {
+    if (settings_.route != Route::cuda) return nullptr;
+    if (!current_stream_.is_valid()) {
+      current_stream_ = nb::module_::import_("torch").attr("cuda").attr("current_stream");
+    }
+    return reinterpret_cast<void*>(
+        nb::cast<std::uintptr_t>(current_stream_().attr("cuda_stream")));
+  }
 
   // Stores of every block that becomes full in this step and is not yet in the pool, at most
   // region_blocks per step (the rest waits for a later step).
@@ -494,8 +529,15 @@ class ConnectorCore {
     if (!nb::try_cast<nb::ndarray<>>(tensor, array, /*convert=*/false)) {
       throw ConnectorConfigError(name + ": expected a tensor (DLPack); got " + type_of(tensor));
     }
-    if (array.device_type() != nb::device::cpu::value) {
-      throw ConnectorConfigError(name + ": expected a tensor in host memory (the CPU route)");
+    if (settings_.route == Route::cpu && array.device_type() != nb::device::cpu::value) {
+      throw ConnectorConfigError(name + ": expected a tensor in host memory (device \"cpu\")");
+    }
+    if (settings_.route == Route::cuda &&
+        (array.device_type() != nb::device::cuda::value ||
+         array.device_id() != static_cast<std::int32_t>(engine_->cuda_device()))) {
+      throw ConnectorConfigError(name + ": expected a tensor on cuda:" +
+                                 std::to_string(engine_->cuda_device()) +
+                                 " (device \"cuda\": the engine's GPU)");
     }
     const KvBlockLayout& layout = settings_.layout;
     const std::size_t bits = activekv::offload::dtype_bytes(layout.dtype()) * 8;
@@ -564,13 +606,16 @@ class ConnectorCore {
 
   Settings settings_;
   std::string role_;
+  // Worker half: the KV caches the engine's views point into, released after the engine (members
+  // go in reverse order), so that its last owner never drains transfers into freed memory.
+  std::vector<nb::ndarray<>> kv_arrays_;
   std::shared_ptr<Engine> engine_;
   // Scheduler half.
   std::unordered_map<std::string, TrackedRequest> requests_;
   StepPlan plan_;
   std::size_t offered_loads_ = 0;  // offered by lookups this step, not yet allocated
   // Worker half.
-  std::vector<nb::ndarray<>> kv_arrays_;
+  nb::object current_stream_;  // torch.cuda.current_stream (CUDA route), looked up once
   std::unordered_map<std::string, std::int64_t> layer_index_;
   bool step_running_ = false;
   std::set<std::int64_t> load_errors_;

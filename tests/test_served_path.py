@@ -171,12 +171,19 @@ def fnv1a(data: bytes) -> int:
     return key
 
 
-def configs(engine_id: str, **spec_changes: Any) -> tuple[Any, Any]:
+def configs(
+    engine_id: str,
+    *,
+    device_type: str = "cpu",
+    extra: dict[str, Any] | None = None,
+    **spec_changes: Any,
+) -> tuple[Any, Any]:
     spec = {"block_size": BLOCK, "num_kv_heads": HEADS, "head_size": HEAD_DIM,
             "head_size_v": HEAD_DIM, "dtype": "torch.float16", **spec_changes}  # fmt: skip
-    extra = {"cpu_bytes": 1 << 20, "num_regions": 2, "region_blocks": 8}
+    extra = {"cpu_bytes": 1 << 20, "num_regions": 2, "region_blocks": 8, **(extra or {})}
     vllm_config = SimpleNamespace(
-        kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra, engine_id=engine_id)
+        kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra, engine_id=engine_id),
+        device_config=SimpleNamespace(device_type=device_type),
     )
     group = SimpleNamespace(layer_names=LAYERS, kv_cache_spec=SimpleNamespace(**spec))
     return vllm_config, SimpleNamespace(num_blocks=BLOCKS, kv_cache_groups=[group])
@@ -270,6 +277,100 @@ def test_core_names_the_config_it_cannot_serve(
     vllm_config, kv_cache_config = configs("duck-bad", **change)
     with pytest.raises(ValueError, match=re.escape(expected)):
         native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("device", "gpu", 'device: expected "cpu" or "cuda"; got "gpu"'),
+        ("mode", "int4", 'mode: expected "exact", "int8" or "fp8_e4m3"; got "int4"'),
+        ("device", 1, "expected a string; got 1"),
+    ],
+)
+def test_core_names_the_extra_config_key_it_cannot_use(
+    native: Any, key: str, value: Any, expected: str
+) -> None:
+    vllm_config, kv_cache_config = configs("duck-extra", extra={key: value})
+    with pytest.raises(
+        ValueError, match=re.escape(f'kv_connector_extra_config["{key}"]: {expected}')
+    ):
+        native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+
+
+def gpu_present() -> bool:
+    torch = sys.modules.get("torch") or (
+        __import__("torch") if importlib.util.find_spec("torch") else None
+    )
+    return bool(torch is not None and torch.cuda.is_available())
+
+
+def test_core_on_a_cuda_vllm_takes_the_cuda_route(native: Any) -> None:
+    """vLLM on GPUs (device_type "cuda") gets the CUDA route: without a GPU that is the CUDA
+    route's construction error, never a silent fall back to host tensors."""
+    if gpu_present():
+        pytest.skip("a GPU is present: test_core_cuda_route_stores_then_loads covers it")
+    vllm_config, kv_cache_config = configs("duck-cuda-nogpu", device_type="cuda")
+    with pytest.raises(RuntimeError, match="CUDA route: cuda"):
+        native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+    vllm_config, kv_cache_config = configs("duck-cuda-host", device_type="cuda",
+                                           extra={"device": "cpu"})  # fmt: skip
+    worker = native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+    worker.register_kv_caches(
+        {name: np.zeros((2, BLOCKS, BLOCK, HEADS, HEAD_DIM), dtype=np.uint16) for name in LAYERS}
+    )
+
+
+def test_core_cuda_route_stores_then_loads(native: Any) -> None:
+    """GPU runners: the connector on GPU KV caches (torch tensors on cuda:0, stores ordered after
+    the forward's stream) stores three blocks and loads them back into other blocks bit for bit;
+    a host tensor is refused by name."""
+    if not gpu_present():
+        pytest.skip("not run: no GPU runner")
+    import torch
+
+    vllm_config, kv_cache_config = configs("duck-cuda", device_type="cuda")
+    scheduler = native.ConnectorCore(
+        vllm_config, SimpleNamespace(name="SCHEDULER"), kv_cache_config
+    )
+    worker = native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+    host = {name: torch.zeros((2, BLOCKS, BLOCK, HEADS, HEAD_DIM), dtype=torch.float16)
+            for name in LAYERS}  # fmt: skip
+    with pytest.raises(
+        ValueError, match=re.escape(f'kv_caches["{LAYERS[0]}"]: expected a tensor on cuda:0')
+    ):
+        worker.register_kv_caches(host)
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    kv = {name: torch.randn((2, BLOCKS, BLOCK, HEADS, HEAD_DIM), dtype=torch.float16,
+                            device="cuda", generator=generator) for name in LAYERS}  # fmt: skip
+    worker.register_kv_caches(kv)
+    hashes = [b"gpu-0", b"gpu-1", b"gpu-2"]
+    first = request("a", hashes, 13)
+    scheduler.get_num_new_matched_tokens(first, 0)
+    scheduler.update_state_after_alloc(first, SimpleNamespace(), 0)
+    # The forward writes blocks 3-5 on its own stream just before the store hook: the store must
+    # wait for it (it would copy the old values otherwise).
+    forward = torch.cuda.Stream()
+    expected = {name: torch.randn_like(layer[:, 3:6]) for name, layer in kv.items()}
+    torch.cuda.synchronize()
+    with torch.cuda.stream(forward):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time before the writes land
+        for name, layer in kv.items():
+            layer[:, 3:6].copy_(expected[name])
+        run_worker_step(worker, scheduler.build_connector_meta(
+            scheduled([("a", [3, 4, 5, 6], 0)], {"a": 13})))  # fmt: skip
+    second = request("b", hashes, 13)
+    assert scheduler.get_num_new_matched_tokens(second, 0) == (12, False)
+    scheduler.update_state_after_alloc(
+        second, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 12
+    )
+    plan = scheduler.build_connector_meta(scheduled([("b", [9, 10, 11, 12], 12)], {"b": 1}))
+    for layer in kv.values():
+        layer[:, 9:12] = 0
+    torch.cuda.synchronize()
+    run_worker_step(worker, plan)
+    for name, layer in kv.items():
+        assert torch.equal(layer[:, 9:12], expected[name])
+    assert worker.get_block_ids_with_load_errors() == set()
 
 
 def test_core_names_bad_worker_input(native: Any) -> None:
