@@ -467,11 +467,16 @@ def _staging_targets(staging: dict[str, Any]) -> list[Text | Table]:
                 Cell(str(r["bus"])),
                 Cell(f"{float(r['engine_both_ways_gbps']):.1f} GB/s"),
                 Cell(f"{float(r['kernels_both_ways_gbps']):.1f} GB/s"),
+                # Records of older wheels have no bulk copy kernel.
+                Cell(f"{float(r['bulk_both_ways_gbps']):.1f} GB/s")
+                if "bulk_both_ways_gbps" in r
+                else Cell("—"),
                 Cell(f"{float(r['batches_both_ways_gbps']):.1f} GB/s"),
             )
             for r in overlapped
         )
-        headers = ("block", "engine bus", "engine", "kernels alone", "per-layer batches alone")
+        headers = ("block", "engine bus", "engine", "kernels alone", "bulk copy kernel alone",
+                   "per-layer batches alone")  # fmt: skip
         blocks.append(Table(headers, rows))
     compressed = staging.get("int8_vs_exact", [])
     if compressed:

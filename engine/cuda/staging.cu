@@ -76,6 +76,110 @@ __global__ void move_stored(akv_stage_args a, bool in) {
   }
 }
 
+// ---- bulk: the bus crossing through the SM's bulk copy unit (cp.async.bulk, sm_90 and up) ----
+//
+// One thread per thread block moves pieces (at most a stage's bytes) host -> shared memory ->
+// destination, `stages` pieces in flight. Few, large requests in flight per SM cross PCIe both
+// ways at once far better than the ordinary loads and stores of stage_exact / move_stored, which
+// flood the bus with 128-byte reads and writes (measurements in cuda_route.cpp).
+// Every address and size is a multiple of 16 bytes (bulk_fits).
+
+struct Segment {
+  uint8_t* host;    // in the mapped pool
+  uint8_t* device;  // device KV (exact) or the staging buffer (compressed)
+  uint64_t bytes;
+};
+
+// Segment `s` of transfer `t`: exact mode, K (0) and V (1); compressed modes, the stored layer.
+__device__ __forceinline__ Segment segment(const akv_stage_args& a, uint32_t t, unsigned s) {
+  uint8_t* stored = a.pool + a.transfers[t].slot_offset + a.layer_offset;
+  if (a.mode == AKV_MODE_EXACT) {
+    const uint64_t bytes = tensor_bytes(a);
+    return {stored + s * bytes, device_tensor(a, a.transfers[t].device_block, s), bytes};
+  }
+  return {stored, a.scratch + uint64_t{t} * a.layer_bytes, a.layer_bytes};
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+constexpr unsigned kMaxStages = 8;
+
+__global__ void stage_bulk(akv_stage_args a, bool in, uint32_t piece, unsigned stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) uint8_t staged[];
+  __shared__ __align__(8) uint64_t arrived[kMaxStages];
+  if (threadIdx.x != 0) return;
+  for (unsigned s = 0; s < stages; ++s) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&arrived[s])));
+  }
+  // The barriers are then used by the bulk copy unit (the async proxy).
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  const unsigned segments = a.mode == AKV_MODE_EXACT ? 2 : 1;
+  const uint64_t segment_bytes = a.mode == AKV_MODE_EXACT ? tensor_bytes(a) : a.layer_bytes;
+  const uint64_t pieces = (segment_bytes + piece - 1) / piece;  // per segment
+  const uint64_t per_transfer = segments * pieces;
+  const uint64_t items = uint64_t{a.count} * per_transfer;
+  // Item i: piece p of segment s of transfer t; `source` and `destination` its two ends.
+  const auto locate = [&](uint64_t i, uint8_t*& source, uint8_t*& destination, uint32_t& bytes) {
+    const uint64_t within = i % per_transfer;
+    const Segment seg = segment(a, static_cast<uint32_t>(i / per_transfer),
+                                static_cast<unsigned>(within / pieces));
+    const uint64_t offset = (within % pieces) * piece;
+    const uint64_t left = seg.bytes - offset;
+    bytes = static_cast<uint32_t>(left < piece ? left : piece);
+    source = (in ? seg.host : seg.device) + offset;
+    destination = (in ? seg.device : seg.host) + offset;
+  };
+  uint32_t phases = 0;  // bit s: the parity stage s waits for next
+  for (uint64_t first = blockIdx.x; first < items; first += uint64_t{gridDim.x} * stages) {
+    unsigned issued = 0;
+    for (; issued < stages; ++issued) {
+      const uint64_t i = first + uint64_t{issued} * gridDim.x;
+      if (i >= items) break;
+      uint8_t* source;
+      uint8_t* destination;
+      uint32_t bytes;
+      locate(i, source, destination, bytes);
+      const uint32_t barrier = shared_address(&arrived[issued]);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
+                   "r"(bytes)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+              "r"(shared_address(staged + uint64_t{issued} * piece)),
+          "l"(source), "r"(bytes), "r"(barrier)
+          : "memory");
+    }
+    for (unsigned s = 0; s < issued; ++s) {
+      uint8_t* source;
+      uint8_t* destination;
+      uint32_t bytes;
+      locate(first + uint64_t{s} * gridDim.x, source, destination, bytes);
+      asm volatile(
+          "{\n .reg .pred done;\n wait%=:\n"
+          " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra wait%=;\n}" ::
+              "r"(shared_address(&arrived[s])),
+          "r"((phases >> s) & 1u)
+          : "memory");
+      phases ^= 1u << s;
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(destination),
+                   "r"(shared_address(staged + uint64_t{s} * piece)), "r"(bytes)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+    // The stages' shared memory is read out before the next round overwrites it.
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  }
+  // The writes are complete (visible) before the kernel ends, so its stream's events fence them.
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+  __trap();  // the route launches it on sm_90 and up only; elsewhere a failed fence, not silence
+#endif
+}
+
 // ---- compressed: codes K, codes V, scales K, scales V (SPEC.md §5) ----
 
 __device__ __forceinline__ uint32_t load_f32_bits(int dtype, const uint8_t* words, uint64_t i) {
@@ -298,12 +402,33 @@ void launch_units(unsigned unit, dim3 grid, cudaStream_t stream, const akv_stage
   }
 }
 
+// Shared memory above this needs the kernel's limit raised first.
+constexpr uint64_t kDefaultSharedBytes = 48 * 1024;
+
+int launch_bulk(const akv_stage_args& a, cudaStream_t stream, bool in) {
+  const uint64_t shared = uint64_t{a.bulk_piece} * a.bulk_stages;
+  if (shared > kDefaultSharedBytes) {
+    const cudaError_t raised = cudaFuncSetAttribute(
+        stage_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (raised != cudaSuccess) return static_cast<int>(raised);
+  }
+  const unsigned blocks = a.count < a.bulk_blocks ? a.count : a.bulk_blocks;
+  stage_bulk<<<blocks, 32, shared, stream>>>(a, in, a.bulk_piece, a.bulk_stages);
+  return static_cast<int>(cudaGetLastError());
+}
+
 int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   if (a.count == 0) return static_cast<int>(cudaSuccess);
   const uint64_t bases = reinterpret_cast<uint64_t>(a.pool) | a.layer_offset;
+  const uint64_t segment = a.mode == AKV_MODE_EXACT ? tensor_bytes(a) : a.layer_bytes;
+  const uint64_t device = reinterpret_cast<uint64_t>(a.mode == AKV_MODE_EXACT ? a.kv : a.scratch);
+  // Slot offsets are multiples of the slot size, itself a multiple of the stored layer's bytes
+  // (2 * tensor bytes in exact mode); device blocks are multiples of the tensor bytes.
+  if (a.bulk_piece != 0 && a.bulk_stages <= kMaxStages &&
+      widest_unit(bases | device | segment | a.bulk_piece) == 16) {
+    return launch_bulk(a, stream, in);
+  }
   if (a.mode == AKV_MODE_EXACT) {
-    // Slot offsets are multiples of the slot size, itself a multiple of the layer's 2 * tensor
-    // bytes, and device blocks are multiples of `tensor`.
     const uint64_t tensor = tensor_bytes(a);
     const unsigned unit = widest_unit(bases | reinterpret_cast<uint64_t>(a.kv) | tensor);
     launch_units<ExactKernel>(unit, bus_grid(a, 2 * tensor / unit), stream, a, in);

@@ -40,7 +40,17 @@ typedef struct akv_stage_args {
   // Upper bound on the thread blocks of a bus-crossing launch, so that a load and a store
   // launched on two streams run side by side instead of one after the other.
   uint32_t max_blocks;
+  // The bus crossing through the bulk copy unit (sm_90 and up; bulk_piece 0: the plain kernels,
+  // also used where an address or size is not a multiple of 16 bytes): pieces of at most
+  // bulk_piece bytes, bulk_stages of them in flight per thread block, bulk_blocks thread blocks.
+  uint32_t bulk_piece;
+  uint32_t bulk_stages;
+  uint32_t bulk_blocks;
 } akv_stage_args;
+
+// The bulk copy plan the CUDA route uses on sm_90 and up, one thread block per SM (measured on an
+// H200: engine/offload/cuda_route.cpp).
+enum { AKV_BULK_PIECE = 16384, AKV_BULK_STAGES = 4 };
 
 // The bus-crossing half of one lease's layer, enqueued on `stream`: in (in != 0) slots -> device
 // KV (exact) or -> the staging buffer (compressed), out the reverse. Returns the cudaError_t of

@@ -199,12 +199,30 @@ int bus_priority() {
   return greatest;
 }
 
+int device_attribute(cudaDeviceAttr attribute, int device) {
+  int value = 0;
+  check(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
 // Two bus-crossing launches (a load and a store) must fit on the GPU together.
 std::uint32_t bus_blocks(int device) {
-  int processors = 0;
-  check(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute");
-  return static_cast<std::uint32_t>(2 * processors);
+  return static_cast<std::uint32_t>(2 * device_attribute(cudaDevAttrMultiProcessorCount, device));
+}
+
+// How the bulk copy unit crosses the bus (akv_stage_args.bulk_*), sm_90 and up; none before.
+// BULK_PLAN_MEASUREMENTS
+struct BulkPlan {
+  std::uint32_t piece = 0;
+  std::uint32_t stages = 0;
+  std::uint32_t blocks = 0;
+};
+
+BulkPlan bulk_plan(int device) {
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9) return {};
+  const auto processors =
+      static_cast<std::uint32_t>(device_attribute(cudaDevAttrMultiProcessorCount, device));
+  return {AKV_BULK_PIECE, AKV_BULK_STAGES, processors};
 }
 
 }  // namespace
@@ -241,6 +259,7 @@ struct CudaRoute::Resources {
         slot_bytes(slot_size),
         num_device_blocks(device_blocks),
         max_blocks(bus_blocks(device)),
+        bulk(bulk_plan(device)),
         load_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::load)),
         store_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::store)),
         pinned(pool, pool_bytes),
@@ -269,6 +288,7 @@ struct CudaRoute::Resources {
   const std::size_t slot_bytes;
   const std::size_t num_device_blocks;
   const std::uint32_t max_blocks;
+  const BulkPlan bulk;
   // Whether bus transfers go on the copy engines (large copies) or through the staging kernels.
   const bool load_on_copy_engines;
   const bool store_on_copy_engines;
@@ -410,7 +430,10 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
                             r.dtype,
                             static_cast<std::uint8_t*>(region.staged.data),
                             r.layer_bytes,
-                            r.max_blocks};
+                            r.max_blocks,
+                            r.bulk.piece,
+                            r.bulk.stages,
+                            r.bulk.blocks};
   if (load) {
     // bus -> (staged) -> codec -> fence; the codec stream runs one layer behind the bus.
     r.cross_bus(args, transfers, true, r.load_bus.handle);

@@ -187,6 +187,15 @@ double batch_both_ways(const Scatter& in, const Scatter& out, cudaStream_t load,
 
 // ---- the staging kernels alone (exact mode), each launch one layer's share of the blocks ----
 
+// How a launch crosses the bus (akv_stage_args): the plain kernels at most max_blocks wide, or,
+// with bulk_piece > 0, the bulk copy kernel.
+struct BusLaunch {
+  std::uint32_t max_blocks;
+  std::uint32_t bulk_piece = 0;
+  std::uint32_t bulk_stages = 0;
+  std::uint32_t bulk_blocks = 0;
+};
+
 // One direction's kernel launches over a Scatter: its transfer list in device memory (as the
 // engine keeps it), K and V of block i at i and count + i tensors into the Scatter's device range.
 struct KernelPlan {
@@ -212,7 +221,7 @@ struct KernelPlan {
   KernelPlan(const KernelPlan&) = delete;
   KernelPlan& operator=(const KernelPlan&) = delete;
 
-  void launch(bool in, std::uint32_t max_blocks, cudaStream_t stream) const {
+  void launch(bool in, const BusLaunch& bus, cudaStream_t stream) const {
     for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
       const akv_stage_args args{static_cast<const akv_transfer*>(list) + layer * per_layer,
                                 static_cast<std::uint32_t>(per_layer),
@@ -226,25 +235,26 @@ struct KernelPlan {
                                 AKV_DTYPE_FP16,
                                 nullptr,
                                 s.block,
-                                max_blocks};
+                                bus.max_blocks,
+                                bus.bulk_piece,
+                                bus.bulk_stages,
+                                bus.bulk_blocks};
       check(static_cast<cudaError_t>(akv_stage_bus(&args, in ? 1 : 0, stream)), "akv_stage_bus");
     }
   }
 };
 
-Ways kernels_one_way(const KernelPlan& plan, std::uint32_t max_blocks, cudaStream_t stream,
+Ways kernels_one_way(const KernelPlan& plan, const BusLaunch& bus, cudaStream_t stream,
                      int repeats) {
-  return each_way(plan.s, stream, repeats,
-                  [&](bool in) { plan.launch(in, max_blocks, stream); });
+  return each_way(plan.s, stream, repeats, [&](bool in) { plan.launch(in, bus, stream); });
 }
 
-// GB/s of the kernels loading `in` and storing `out` at once on two streams, each launch at most
-// `max_blocks` thread blocks wide.
-double kernels_both_ways(const KernelPlan& in, const KernelPlan& out, std::uint32_t max_blocks,
+// GB/s of the kernels loading `in` and storing `out` at once on two streams.
+double kernels_both_ways(const KernelPlan& in, const KernelPlan& out, const BusLaunch& bus,
                          cudaStream_t load, cudaStream_t store, int repeats) {
   return both_ways(
       (in.s.host.size() + out.s.host.size()) * in.s.block, load, store, repeats,
-      [&] { in.launch(true, max_blocks, load); }, [&] { out.launch(false, max_blocks, store); });
+      [&] { in.launch(true, bus, load); }, [&] { out.launch(false, bus, store); });
 }
 
 // ---- the engine ----
@@ -359,14 +369,24 @@ int main(int argc, char** argv) {
 
     int processors = 0;
     check(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, 0), "attribute");
-    const auto width = static_cast<std::uint32_t>(2 * processors);  // as the engine launches
+    // The plain kernels and the bulk copy kernel, launched as the engine launches them.
+    const BusLaunch plain{static_cast<std::uint32_t>(2 * processors)};
+    const bool has_bulk = properties.major >= 9;
+    const BusLaunch bulk{plain.max_blocks, AKV_BULK_PIECE, AKV_BULK_STAGES,
+                         static_cast<std::uint32_t>(processors)};
     cudaStream_t other = nullptr;
     check(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
 
     Ways ceiling{};
     double ceiling_both = 0;
-    // Loads and stores at once, raw, by block size: the kernels and per-layer batches.
-    std::unordered_map<std::size_t, std::pair<double, double>> raw_both;
+    // Loads and stores at once, raw, by block size: the plain kernels, the bulk copy kernel and
+    // per-layer batches.
+    struct RawBoth {
+      double kernels;
+      double bulk;
+      double batches;
+    };
+    std::unordered_map<std::size_t, RawBoth> raw_both;
     {
       PinnedBuffer pool(pool_bytes);
       DeviceBuffer device(2 * moved);  // loads into the first half, stores from the second
@@ -393,29 +413,48 @@ int main(int argc, char** argv) {
         row(block, "cudaMemcpyBatchAsync", batch_memcpy(s, 1, stream, repeats));
         row(block, "cudaMemcpyBatchAsync per layer", batch_memcpy(s, kLayers, stream, repeats));
         const KernelPlan loads(s, pool.data);
-        row(block, "staging kernels", kernels_one_way(loads, width, stream, repeats));
+        row(block, "staging kernels", kernels_one_way(loads, plain, stream, repeats));
+        if (has_bulk) row(block, "bulk copy kernel", kernels_one_way(loads, bulk, stream, repeats));
         // Half the bytes each way, from other slots into other device blocks.
         const Scatter in = scatter(pool.data, pool_bytes, device.data, moved / 2, block, random);
         const Scatter out = scatter(pool.data, pool_bytes, second, moved / 2, block, random);
         const KernelPlan kernel_in(in, pool.data);
         const KernelPlan kernel_out(out, pool.data);
-        raw_both[block] = {kernels_both_ways(kernel_in, kernel_out, width, stream, other, repeats),
-                           batch_both_ways(in, out, stream, other, repeats)};
-        std::fprintf(stderr, "%8zu KiB  both ways: kernels %.2f GB/s  per-layer batches %.2f GB/s\n",
-                     block / kKiB, raw_both[block].first, raw_both[block].second);
-        if (block == 64 * kKiB && std::getenv("ACTIVEKV_BENCH_LAUNCH_WIDTHS") != nullptr) {
-          for (const std::uint32_t launch : {66u, 132u, 264u, 528u, 1056u, 4096u}) {
-            std::fprintf(stderr, "kernels, 64 KiB blocks, launches <= %4u blocks: both ways %.2f GB/s\n",
-                         launch, kernels_both_ways(kernel_in, kernel_out, launch, stream, other, repeats));
+        const RawBoth both{
+            kernels_both_ways(kernel_in, kernel_out, plain, stream, other, repeats),
+            has_bulk ? kernels_both_ways(kernel_in, kernel_out, bulk, stream, other, repeats) : 0,
+            batch_both_ways(in, out, stream, other, repeats)};
+        raw_both[block] = both;
+        std::fprintf(stderr,
+                     "%8zu KiB  both ways: kernels %.2f GB/s  bulk %.2f GB/s  per-layer batches "
+                     "%.2f GB/s\n",
+                     block / kKiB, both.kernels, both.bulk, both.batches);
+        // The bulk plan's neighbourhood (ACTIVEKV_BENCH_BULK_SWEEP=1): piece, stages in flight
+        // per thread block, thread blocks per SM.
+        if (has_bulk && block <= 64 * kKiB && std::getenv("ACTIVEKV_BENCH_BULK_SWEEP") != nullptr) {
+          for (const std::uint32_t piece : {8 * 1024u, 16 * 1024u, 32 * 1024u}) {
+            for (const std::uint32_t stages : {2u, 4u, 8u}) {
+              for (const std::uint32_t per_sm : {1u, 2u}) {
+                if (piece > block / 2 || piece * stages > 200 * 1024u) continue;
+                const BusLaunch swept{plain.max_blocks, piece, stages,
+                                      per_sm * static_cast<std::uint32_t>(processors)};
+                const Ways one = kernels_one_way(kernel_in, swept, stream, repeats);
+                std::fprintf(stderr,
+                             "%8zu KiB  bulk piece %2u KiB x %u stages, %u/SM: H2D %.2f  D2H %.2f  "
+                             "both ways %.2f GB/s\n",
+                             block / kKiB, piece / 1024, stages, per_sm, one.h2d, one.d2h,
+                             kernels_both_ways(kernel_in, kernel_out, swept, stream, other, repeats));
+              }
+            }
           }
         }
       }
     }
 
-    const auto bus = [](const KvBlockLayout& layout, CompressionMode mode) {
+    const auto bus = [&](const KvBlockLayout& layout, CompressionMode mode) {
       const auto way = [&](activekv::offload::Direction direction) {
-        return std::string(crosses_on_copy_engines(layout, mode, direction) ? "copy engines"
-                                                                            : "kernels");
+        if (crosses_on_copy_engines(layout, mode, direction)) return std::string("copy engines");
+        return std::string(has_bulk ? "bulk copy kernel" : "kernels");
       };
       const std::string load = way(activekv::offload::Direction::load);
       const std::string store = way(activekv::offload::Direction::store);
@@ -437,8 +476,9 @@ int main(int argc, char** argv) {
                     std::to_string(block) + ", \"bus\": \"" +
                     bus(exact.layout, CompressionMode::exact) + "\", \"engine_both_ways_gbps\": " +
                     number(gbps(2 * bytes, both)) + ", \"kernels_both_ways_gbps\": " +
-                    number(raw_both.at(block).first) + ", \"batches_both_ways_gbps\": " +
-                    number(raw_both.at(block).second) + "}";
+                    number(raw_both.at(block).kernels) + ", \"bulk_both_ways_gbps\": " +
+                    number(raw_both.at(block).bulk) + ", \"batches_both_ways_gbps\": " +
+                    number(raw_both.at(block).batches) + "}";
       std::fprintf(stderr, "%8zu KiB  engine (%s), loads and stores overlapped: %.2f GB/s\n",
                    block / kKiB, bus(exact.layout, CompressionMode::exact).c_str(),
                    gbps(2 * bytes, both));
