@@ -90,6 +90,20 @@ struct Segment {
   uint64_t bytes;
 };
 
+// Exact mode crosses K and V of a block apart (they are apart in the device KV); compressed modes
+// cross the stored layer whole.
+__host__ __device__ __forceinline__ unsigned segments_per_transfer(const akv_stage_args& a) {
+  return a.mode == AKV_MODE_EXACT ? 2 : 1;
+}
+
+__host__ __device__ __forceinline__ uint64_t segment_bytes(const akv_stage_args& a) {
+  return a.mode == AKV_MODE_EXACT ? tensor_bytes(a) : a.layer_bytes;
+}
+
+__host__ __device__ __forceinline__ uint64_t pieces_per_segment(const akv_stage_args& a) {
+  return (segment_bytes(a) + a.bulk_piece - 1) / a.bulk_piece;
+}
+
 // Segment `s` of transfer `t`: exact mode, K (0) and V (1); compressed modes, the stored layer.
 __device__ __forceinline__ Segment segment(const akv_stage_args& a, uint32_t t, unsigned s) {
   uint8_t* stored = a.pool + a.transfers[t].slot_offset + a.layer_offset;
@@ -106,21 +120,21 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
 
 constexpr unsigned kMaxStages = 8;
 
-__global__ void stage_bulk(akv_stage_args a, bool in, uint32_t piece, unsigned stages) {
+__global__ void stage_bulk(akv_stage_args a, bool in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t staged[];
   __shared__ __align__(8) uint64_t arrived[kMaxStages];
   if (threadIdx.x != 0) return;
+  const uint32_t piece = a.bulk_piece;
+  const unsigned stages = a.bulk_stages;
   for (unsigned s = 0; s < stages; ++s) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&arrived[s])));
   }
   // The barriers are then used by the bulk copy unit (the async proxy).
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  const unsigned segments = a.mode == AKV_MODE_EXACT ? 2 : 1;
-  const uint64_t segment_bytes = a.mode == AKV_MODE_EXACT ? tensor_bytes(a) : a.layer_bytes;
-  const uint64_t pieces = (segment_bytes + piece - 1) / piece;  // per segment
-  const uint64_t per_transfer = segments * pieces;
+  const uint64_t pieces = pieces_per_segment(a);
+  const uint64_t per_transfer = segments_per_transfer(a) * pieces;
   const uint64_t items = uint64_t{a.count} * per_transfer;
   // Item i: piece p of segment s of transfer t; `source` and `destination` its two ends.
   const auto locate = [&](uint64_t i, uint8_t*& source, uint8_t*& destination, uint32_t& bytes) {
@@ -412,20 +426,21 @@ int launch_bulk(const akv_stage_args& a, cudaStream_t stream, bool in) {
         stage_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (raised != cudaSuccess) return static_cast<int>(raised);
   }
-  const unsigned blocks = a.count < a.bulk_blocks ? a.count : a.bulk_blocks;
-  stage_bulk<<<blocks, 32, shared, stream>>>(a, in, a.bulk_piece, a.bulk_stages);
+  // As many thread blocks as pieces, up to bulk_blocks: few large blocks still spread out.
+  const uint64_t pieces = uint64_t{a.count} * segments_per_transfer(a) * pieces_per_segment(a);
+  const auto blocks = static_cast<unsigned>(pieces < a.bulk_blocks ? pieces : a.bulk_blocks);
+  stage_bulk<<<blocks, 32, shared, stream>>>(a, in);
   return static_cast<int>(cudaGetLastError());
 }
 
 int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   if (a.count == 0) return static_cast<int>(cudaSuccess);
   const uint64_t bases = reinterpret_cast<uint64_t>(a.pool) | a.layer_offset;
-  const uint64_t segment = a.mode == AKV_MODE_EXACT ? tensor_bytes(a) : a.layer_bytes;
   const uint64_t device = reinterpret_cast<uint64_t>(a.mode == AKV_MODE_EXACT ? a.kv : a.scratch);
   // Slot offsets are multiples of the slot size, itself a multiple of the stored layer's bytes
   // (2 * tensor bytes in exact mode); device blocks are multiples of the tensor bytes.
   if (a.bulk_piece != 0 && a.bulk_stages <= kMaxStages &&
-      widest_unit(bases | device | segment | a.bulk_piece) == 16) {
+      widest_unit(bases | device | segment_bytes(a) | a.bulk_piece) == 16) {
     return launch_bulk(a, stream, in);
   }
   if (a.mode == AKV_MODE_EXACT) {
