@@ -29,7 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONTROLS = ("device_allocation", "compute_stream_sync", "capture")
+# Each negative control (a violation planted behind the boundary's back), and the rule of the
+# gate (release/gpu_gates.py) its violation must break.
+CONTROLS = {
+    "device_allocation": "allocations",
+    "compute_stream_sync": "compute_stream_syncs",
+    "capture": "runtime_stream_captures",
+}
 CONTROL_STEPS = 16
 # The decode layer of the cuBLAS executor: 8 sequences x 16 slots, hidden 512, ffn 2048.
 SHAPE = {"batch": 8, "slots": 16, "hidden": 512, "ffn": 2048}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from release.cupti_warmup import CONTROLS
 from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import Evidence, runner_identity, write_evidence
@@ -33,12 +34,6 @@ from release.private_site import install_private
 GATE = "warmup"
 # Phases after seal that must be clean (release/cupti_warmup.py lists every phase).
 STEADY_PHASES = ("first-second", "steady", "refusals", "engine-staging")
-# Each negative control, and the rule its planted violation breaks.
-CONTROLS = {
-    "device_allocation": "allocations",
-    "compute_stream_sync": "compute_stream_syncs",
-    "capture": "runtime_stream_captures",
-}
 ALLOCATION_CATEGORIES = frozenset({
     "device_allocation", "async_allocation", "pool_allocation", "vmm_allocation",
     "pinned_allocation", "host_register",

@@ -147,10 +147,8 @@ def test_tuf_repository_bad_state(case: dict[str, Any], workspace: Path) -> None
     assert after == before, "the refused update left files changed"
 
 
-def test_the_corpus_has_at_least_40_cases_with_the_manifest_corpus() -> None:
-    from test_manifest import CASES
-
+def test_the_corpus_has_at_least_40_cases() -> None:
     ours = len(_cases("cli")) + len(_cases("tuf"))
-    assert ours >= 40 and ours + len(CASES) >= 40
+    assert ours >= 40, f"the corpus has {ours} cases"
     names = [c.id for c in _cases("cli") + _cases("tuf")]
     assert len(names) == len(set(names)), "case names must be unique"

@@ -189,7 +189,9 @@ def test_signer_uri_loads_through_securesystemslib_and_signs_for_stable(tmp_path
     envelope = tmp_path / "e.json"
     wheel = build_wheel(tmp_path / "dist")
     write_envelope(sign_statement(_statement([wheel], tmp_path), signer), envelope)
-    assert subject_digests(read_and_verify_envelope(envelope, key))
+    assert subject_digests(read_and_verify_envelope(envelope, key)) == {
+        wheel.name: hashlib.sha256(wheel.read_bytes()).hexdigest()
+    }
 
 
 def test_signer_uri_without_its_public_key_is_refused(tmp_path: Path) -> None:
