@@ -430,19 +430,19 @@ int main(int argc, char** argv) {
                      "%.2f GB/s\n",
                      block / kKiB, both.kernels, both.bulk, both.batches);
         // The bulk plan's neighbourhood (ACTIVEKV_BENCH_BULK_SWEEP=1): piece, stages in flight
-        // per thread block, thread blocks per SM.
+        // per thread block, thread blocks per SM (1/2, 1, 2).
         if (has_bulk && block <= 64 * kKiB && std::getenv("ACTIVEKV_BENCH_BULK_SWEEP") != nullptr) {
           for (const std::uint32_t piece : {8 * 1024u, 16 * 1024u, 32 * 1024u}) {
             for (const std::uint32_t stages : {2u, 4u, 8u}) {
-              for (const std::uint32_t per_sm : {1u, 2u}) {
+              for (const std::uint32_t halves_per_sm : {1u, 2u, 4u}) {
                 if (piece > block / 2 || piece * stages > 200 * 1024u) continue;
                 const BusLaunch swept{plain.max_blocks, piece, stages,
-                                      per_sm * static_cast<std::uint32_t>(processors)};
+                                      halves_per_sm * static_cast<std::uint32_t>(processors) / 2};
                 const Ways one = kernels_one_way(kernel_in, swept, stream, repeats);
                 std::fprintf(stderr,
-                             "%8zu KiB  bulk piece %2u KiB x %u stages, %u/SM: H2D %.2f  D2H %.2f  "
-                             "both ways %.2f GB/s\n",
-                             block / kKiB, piece / 1024, stages, per_sm, one.h2d, one.d2h,
+                             "%8zu KiB  bulk piece %2u KiB x %u stages, %.1f/SM: H2D %.2f  D2H "
+                             "%.2f  both ways %.2f GB/s\n",
+                             block / kKiB, piece / 1024, stages, halves_per_sm / 2.0, one.h2d, one.d2h,
                              kernels_both_ways(kernel_in, kernel_out, swept, stream, other, repeats));
               }
             }
