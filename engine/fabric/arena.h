@@ -42,8 +42,7 @@ class DeviceArena {
  private:
   struct Block {
     void* base = nullptr;
-    std::size_t capacity = 0;
-    ArenaPlan plan;
+    ArenaPlan plan;  // bounded by the block's capacity
   };
   Block& block(MemoryKind kind) { return kind == MemoryKind::device ? device_ : pinned_; }
   const Block& block(MemoryKind kind) const {
@@ -53,9 +52,7 @@ class DeviceArena {
   DeviceBackend& backend_;
   Block device_;
   Block pinned_;
-  bool sealed_ = false;
-  std::uint64_t refused_after_seal_ = 0;
-  std::string last_refusal_;
+  std::string last_refusal_;  // of either block
   // TensorRT may call its allocator from its own threads.
   mutable std::mutex mutex_;
 };

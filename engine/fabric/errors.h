@@ -4,15 +4,9 @@
 
 #include <stdexcept>
 
-#include "fabric/arena_plan.h"  // ArenaSealedError
+#include "fabric/arena_plan.h"  // ArenaSealedError, ArenaExhaustedError
 
 namespace activekv::fabric {
-
-// The arena cannot hold a reservation made during warm-up (a sizing error, not a rule violation).
-class ArenaExhaustedError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // A stream rule was broken: a compute-stream sync, a capture on a runtime stream, or an enqueue
 // onto a runtime stream that is capturing.
