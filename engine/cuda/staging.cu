@@ -78,44 +78,93 @@ __global__ void move_stored(akv_stage_args a, bool in) {
 
 // ---- bulk: the bus crossing through the SM's bulk copy unit (cp.async.bulk, sm_90 and up) ----
 //
-// One thread per thread block moves pieces (at most a stage's bytes) host -> shared memory ->
-// destination, `stages` pieces in flight. Few, large requests in flight per SM cross PCIe both
-// ways at once far better than the ordinary loads and stores of stage_exact / move_stored, which
-// flood the bus with 128-byte reads and writes (measurements in cuda_route.cpp).
-// Every address and size is a multiple of 16 bytes (bulk_fits).
+// One thread per thread block moves pieces (at most a stage, bulk_piece bytes, each) source ->
+// shared memory -> destination, bulk_stages pieces in flight. Few, large requests in flight per SM
+// cross PCIe both ways at once far better than the plain kernels' 16-byte loads and stores, which
+// flood the bus with small requests (measurements in cuda_route.cpp). Every address and size is
+// a multiple of 16 bytes (launch_bus checks).
 
-struct Segment {
-  uint8_t* host;    // in the mapped pool
-  uint8_t* device;  // device KV (exact) or the staging buffer (compressed)
-  uint64_t bytes;
+// One piece: contiguous bytes in the pool, and one range on the device, or two (exact mode's
+// whole stored layer of a block: K then V, which are apart in the device KV).
+struct Piece {
+  uint8_t* host;
+  uint8_t* device[2];
+  uint32_t device_bytes[2];  // [1] is 0 for one range
 };
 
-// Exact mode crosses K and V of a block apart (they are apart in the device KV); compressed modes
-// cross the stored layer whole.
+// Exact mode moves a block's whole stored layer (K and V) as one piece when it fits in a stage.
+__host__ __device__ __forceinline__ bool whole_layers(const akv_stage_args& a) {
+  return a.mode == AKV_MODE_EXACT && 2 * tensor_bytes(a) <= a.bulk_piece;
+}
+
+// What of a transfer is cut into pieces: exact mode, the stored layer whole or K and V apart;
+// compressed modes, the stored layer.
 __host__ __device__ __forceinline__ unsigned segments_per_transfer(const akv_stage_args& a) {
-  return a.mode == AKV_MODE_EXACT ? 2 : 1;
+  return a.mode == AKV_MODE_EXACT && !whole_layers(a) ? 2 : 1;
 }
 
 __host__ __device__ __forceinline__ uint64_t segment_bytes(const akv_stage_args& a) {
-  return a.mode == AKV_MODE_EXACT ? tensor_bytes(a) : a.layer_bytes;
+  if (a.mode != AKV_MODE_EXACT) return a.layer_bytes;
+  return whole_layers(a) ? 2 * tensor_bytes(a) : tensor_bytes(a);
 }
 
 __host__ __device__ __forceinline__ uint64_t pieces_per_segment(const akv_stage_args& a) {
   return (segment_bytes(a) + a.bulk_piece - 1) / a.bulk_piece;
 }
 
-// Segment `s` of transfer `t`: exact mode, K (0) and V (1); compressed modes, the stored layer.
-__device__ __forceinline__ Segment segment(const akv_stage_args& a, uint32_t t, unsigned s) {
-  uint8_t* stored = a.pool + a.transfers[t].slot_offset + a.layer_offset;
-  if (a.mode == AKV_MODE_EXACT) {
-    const uint64_t bytes = tensor_bytes(a);
-    return {stored + s * bytes, device_tensor(a, a.transfers[t].device_block, s), bytes};
+__host__ __device__ __forceinline__ uint64_t pieces_per_transfer(const akv_stage_args& a) {
+  return segments_per_transfer(a) * pieces_per_segment(a);
+}
+
+// Piece `i` of the launch (pieces_per_transfer per transfer, in transfer order).
+__device__ __forceinline__ Piece piece_of(const akv_stage_args& a, uint64_t i) {
+  const uint64_t per_transfer = pieces_per_transfer(a);
+  const uint64_t pieces = pieces_per_segment(a);
+  const akv_transfer transfer = a.transfers[i / per_transfer];
+  const uint64_t within = i % per_transfer;
+  const unsigned segment = static_cast<unsigned>(within / pieces);
+  const uint64_t offset = (within % pieces) * a.bulk_piece;
+  const uint64_t left = segment_bytes(a) - offset;
+  const auto bytes = static_cast<uint32_t>(left < a.bulk_piece ? left : a.bulk_piece);
+  uint8_t* stored = a.pool + transfer.slot_offset + a.layer_offset;
+  if (a.mode != AKV_MODE_EXACT) {
+    return {stored + offset, {a.scratch + (i / per_transfer) * a.layer_bytes + offset, nullptr},
+            {bytes, 0}};
   }
-  return {stored, a.scratch + uint64_t{t} * a.layer_bytes, a.layer_bytes};
+  const auto tensor = static_cast<uint32_t>(tensor_bytes(a));
+  if (whole_layers(a)) {
+    return {stored,
+            {device_tensor(a, transfer.device_block, 0), device_tensor(a, transfer.device_block, 1)},
+            {tensor, tensor}};
+  }
+  return {stored + segment * tensor + offset,
+          {device_tensor(a, transfer.device_block, segment) + offset, nullptr},
+          {bytes, 0}};
 }
 
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Global -> shared memory, completing `bytes` on the mbarrier.
+__device__ __forceinline__ void bulk_read(uint32_t shared, const uint8_t* global, uint32_t bytes,
+                                          uint32_t barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(shared),
+      "l"(global), "r"(bytes), "r"(barrier)
+      : "memory");
+#endif
+}
+
+// Shared -> global memory, in the thread's current bulk group.
+__device__ __forceinline__ void bulk_write(uint8_t* global, uint32_t shared, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(global),
+               "r"(shared), "r"(bytes)
+               : "memory");
+#endif
 }
 
 constexpr unsigned kMaxStages = 8;
@@ -125,7 +174,6 @@ __global__ void stage_bulk(akv_stage_args a, bool in) {
   extern __shared__ __align__(128) uint8_t staged[];
   __shared__ __align__(8) uint64_t arrived[kMaxStages];
   if (threadIdx.x != 0) return;
-  const uint32_t piece = a.bulk_piece;
   const unsigned stages = a.bulk_stages;
   for (unsigned s = 0; s < stages; ++s) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&arrived[s])));
@@ -133,45 +181,31 @@ __global__ void stage_bulk(akv_stage_args a, bool in) {
   // The barriers are then used by the bulk copy unit (the async proxy).
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  const uint64_t pieces = pieces_per_segment(a);
-  const uint64_t per_transfer = segments_per_transfer(a) * pieces;
-  const uint64_t items = uint64_t{a.count} * per_transfer;
-  // Item i: piece p of segment s of transfer t; `source` and `destination` its two ends.
-  const auto locate = [&](uint64_t i, uint8_t*& source, uint8_t*& destination, uint32_t& bytes) {
-    const uint64_t within = i % per_transfer;
-    const Segment seg = segment(a, static_cast<uint32_t>(i / per_transfer),
-                                static_cast<unsigned>(within / pieces));
-    const uint64_t offset = (within % pieces) * piece;
-    const uint64_t left = seg.bytes - offset;
-    bytes = static_cast<uint32_t>(left < piece ? left : piece);
-    source = (in ? seg.host : seg.device) + offset;
-    destination = (in ? seg.device : seg.host) + offset;
-  };
+  const uint64_t pieces = uint64_t{a.count} * pieces_per_transfer(a);
   uint32_t phases = 0;  // bit s: the parity stage s waits for next
-  for (uint64_t first = blockIdx.x; first < items; first += uint64_t{gridDim.x} * stages) {
+  for (uint64_t first = blockIdx.x; first < pieces; first += uint64_t{gridDim.x} * stages) {
     unsigned issued = 0;
     for (; issued < stages; ++issued) {
       const uint64_t i = first + uint64_t{issued} * gridDim.x;
-      if (i >= items) break;
-      uint8_t* source;
-      uint8_t* destination;
-      uint32_t bytes;
-      locate(i, source, destination, bytes);
+      if (i >= pieces) break;
+      const Piece p = piece_of(a, i);
+      const uint32_t shared = shared_address(staged + uint64_t{issued} * a.bulk_piece);
       const uint32_t barrier = shared_address(&arrived[issued]);
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
-                   "r"(bytes)
+                   "r"(p.device_bytes[0] + p.device_bytes[1])
                    : "memory");
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-              "r"(shared_address(staged + uint64_t{issued} * piece)),
-          "l"(source), "r"(bytes), "r"(barrier)
-          : "memory");
+      if (in) {
+        bulk_read(shared, p.host, p.device_bytes[0] + p.device_bytes[1], barrier);
+      } else {
+        bulk_read(shared, p.device[0], p.device_bytes[0], barrier);
+        if (p.device_bytes[1] != 0) {
+          bulk_read(shared + p.device_bytes[0], p.device[1], p.device_bytes[1], barrier);
+        }
+      }
     }
     for (unsigned s = 0; s < issued; ++s) {
-      uint8_t* source;
-      uint8_t* destination;
-      uint32_t bytes;
-      locate(first + uint64_t{s} * gridDim.x, source, destination, bytes);
+      const Piece p = piece_of(a, first + uint64_t{s} * gridDim.x);
+      const uint32_t shared = shared_address(staged + uint64_t{s} * a.bulk_piece);
       asm volatile(
           "{\n .reg .pred done;\n wait%=:\n"
           " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra wait%=;\n}" ::
@@ -179,9 +213,14 @@ __global__ void stage_bulk(akv_stage_args a, bool in) {
           "r"((phases >> s) & 1u)
           : "memory");
       phases ^= 1u << s;
-      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(destination),
-                   "r"(shared_address(staged + uint64_t{s} * piece)), "r"(bytes)
-                   : "memory");
+      if (in) {
+        bulk_write(p.device[0], shared, p.device_bytes[0]);
+        if (p.device_bytes[1] != 0) {
+          bulk_write(p.device[1], shared + p.device_bytes[0], p.device_bytes[1]);
+        }
+      } else {
+        bulk_write(p.host, shared, p.device_bytes[0] + p.device_bytes[1]);
+      }
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
     // The stages' shared memory is read out before the next round overwrites it.
@@ -427,7 +466,7 @@ int launch_bulk(const akv_stage_args& a, cudaStream_t stream, bool in) {
     if (raised != cudaSuccess) return static_cast<int>(raised);
   }
   // As many thread blocks as pieces, up to bulk_blocks: few large blocks still spread out.
-  const uint64_t pieces = uint64_t{a.count} * segments_per_transfer(a) * pieces_per_segment(a);
+  const uint64_t pieces = uint64_t{a.count} * pieces_per_transfer(a);
   const auto blocks = static_cast<unsigned>(pieces < a.bulk_blocks ? pieces : a.bulk_blocks);
   stage_bulk<<<blocks, 32, shared, stream>>>(a, in);
   return static_cast<int>(cudaGetLastError());
@@ -436,14 +475,16 @@ int launch_bulk(const akv_stage_args& a, cudaStream_t stream, bool in) {
 int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   if (a.count == 0) return static_cast<int>(cudaSuccess);
   const uint64_t bases = reinterpret_cast<uint64_t>(a.pool) | a.layer_offset;
-  const uint64_t device = reinterpret_cast<uint64_t>(a.mode == AKV_MODE_EXACT ? a.kv : a.scratch);
+  const bool exact = a.mode == AKV_MODE_EXACT;
+  const uint64_t device = reinterpret_cast<uint64_t>(exact ? a.kv : a.scratch);
   // Slot offsets are multiples of the slot size, itself a multiple of the stored layer's bytes
   // (2 * tensor bytes in exact mode); device blocks are multiples of the tensor bytes.
+  const uint64_t sizes = exact ? tensor_bytes(a) : a.layer_bytes;
   if (a.bulk_piece != 0 && a.bulk_stages <= kMaxStages &&
-      widest_unit(bases | device | segment_bytes(a) | a.bulk_piece) == 16) {
+      widest_unit(bases | device | sizes | a.bulk_piece) == 16) {
     return launch_bulk(a, stream, in);
   }
-  if (a.mode == AKV_MODE_EXACT) {
+  if (exact) {
     const uint64_t tensor = tensor_bytes(a);
     const unsigned unit = widest_unit(bases | reinterpret_cast<uint64_t>(a.kv) | tensor);
     launch_units<ExactKernel>(unit, bus_grid(a, 2 * tensor / unit), stream, a, in);

@@ -182,11 +182,13 @@ TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mo
     MESSAGE("not run: no GPU");
     return;
   }
-  // (tokens, heads, head_dim): the bulk copy kernel (sm_90 and up) with the four-wide codec, and
-  // with the one-wide codec (head_dim not a multiple of 4); the plain kernels (3 x 6 fp16 words,
-  // 36 bytes, are no multiple of 16); the copy engines (compressed: loads only at 64 tokens, both
-  // ways at 128).
-  const std::uint32_t shapes[][3] = {{4, 2, 32}, {4, 2, 6}, {3, 1, 6}, {64, 8, 128}, {128, 8, 128}};
+  // (tokens, heads, head_dim): the bulk copy kernel (sm_90 and up) moving whole stored layers,
+  // with the four-wide codec and with the one-wide codec (head_dim not a multiple of 4), and
+  // moving pieces of K and V (32 KiB each in fp16; int8 layers of 33 KiB end in a short piece);
+  // the plain kernels (3 x 6 fp16 words, 36 bytes, are no multiple of 16); the copy engines
+  // (compressed: loads only at 64 tokens, both ways at 128).
+  const std::uint32_t shapes[][3] = {{4, 2, 32},   {4, 2, 6},    {16, 8, 128},
+                                     {3, 1, 6},    {64, 8, 128}, {128, 8, 128}};
   for (const auto& shape : shapes) {
     for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
       for (const CompressionMode mode :

@@ -435,7 +435,7 @@ int main(int argc, char** argv) {
           for (const std::uint32_t piece : {8 * 1024u, 16 * 1024u, 32 * 1024u}) {
             for (const std::uint32_t stages : {2u, 4u, 8u}) {
               for (const std::uint32_t halves_per_sm : {1u, 2u, 4u}) {
-                if (piece > block / 2 || piece * stages > 200 * 1024u) continue;
+                if (piece > block || piece * stages > 200 * 1024u) continue;
                 const BusLaunch swept{plain.max_blocks, piece, stages,
                                       halves_per_sm * static_cast<std::uint32_t>(processors) / 2};
                 const Ways one = kernels_one_way(kernel_in, swept, stream, repeats);
