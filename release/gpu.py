@@ -41,7 +41,7 @@ def record_gpu_gates(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) 
         if gpu is not None and name == "warmup":
             from release.gpu_gates import run_warmup_gate  # imports this module
 
-            records.append(run_warmup_gate(manifest, wheels, out_dir))
+            records.append(run_warmup_gate(manifest, wheels, out_dir, artefacts=artefacts, gpu=gpu))
             continue
         reason = NO_GPU_RUNNER if gpu is None else f"not run: no implementation of {name!r} ({gpu})"
         evidence = Evidence(gate=name, verdict="not-run", artefacts=artefacts, reason=reason)

@@ -236,16 +236,25 @@ def _judge_wheel(wheel: Path, spec: GateSpec) -> tuple[list[str], dict[str, Any]
     return judgement.problems, judgement.figures
 
 
-def run_warmup_gate(manifest: Manifest, wheels: Sequence[Path], out_dir: Path) -> Evidence:
+def run_warmup_gate(
+    manifest: Manifest,
+    wheels: Sequence[Path],
+    out_dir: Path,
+    *,
+    artefacts: dict[str, str] | None = None,
+    gpu: str | None = None,
+) -> Evidence:
     """Runs the gate on every wheel and writes one evidence record naming all their digests;
-    "not run: no GPU runner" where there is no GPU."""
+    "not run: no GPU runner" where there is no GPU. `artefacts` (wheel name to sha256) and `gpu`
+    (detect_gpu's answer), when the caller has them already."""
     spec = manifest.gates.get(GATE)
     if spec is None or spec.runner != "gpu":
         raise GateError(f'{manifest.path}: gates.{GATE}: expected a gate with runner = "gpu"')
     if not wheels:
         raise GateError("gpu-gates: expected at least one wheel to judge")
-    artefacts = {wheel.name: sha256_file(wheel) for wheel in wheels}
-    if detect_gpu() is None:
+    if artefacts is None:
+        artefacts = {wheel.name: sha256_file(wheel) for wheel in wheels}
+    if (gpu or detect_gpu()) is None:
         evidence = Evidence(gate=GATE, verdict="not-run", artefacts=artefacts, reason=NO_GPU_RUNNER)
         write_evidence(out_dir, evidence)
         return evidence
