@@ -50,7 +50,7 @@ typedef struct akv_stage_args {
 
 // The bulk copy plan the CUDA route uses on sm_90 and up, one thread block per SM (measured on an
 // H200: engine/offload/cuda_route.cpp).
-enum { AKV_BULK_PIECE = 16384, AKV_BULK_STAGES = 4 };
+enum { AKV_BULK_PIECE = 16384, AKV_BULK_STAGES = 2 };
 
 // The bus-crossing half of one lease's layer, enqueued on `stream`: in (in != 0) slots -> device
 // KV (exact) or -> the staging buffer (compressed), out the reverse. Returns the cudaError_t of
