@@ -31,22 +31,14 @@ def host_configure(
     """Configures `build_dir` for the host g++ and nvcc (ccache when present); the environment
     to build and run in."""
     toolchain = resolve_host_toolchain(manifest, cache_dir)
-    host = str(toolchain.cuda_host_compiler)
     configure = [
         "cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
         *options, f"-DCMAKE_BUILD_TYPE={build_type}",
-        f"-DCMAKE_CXX_COMPILER={host}",
-        f"-DCMAKE_CUDA_COMPILER={toolchain.nvcc}",
-        f"-DCMAKE_CUDA_HOST_COMPILER={host}",
-        f"-DCUDAToolkit_ROOT={toolchain.cuda_root}",
+        *(f"-D{key}={value}" for key, value in toolchain.cmake_defines().items()),
         f"-DACTIVEKV_CUDA_ARCHITECTURES={';'.join(manifest.build.cuda.architectures)}",
     ]  # fmt: skip
     if flags is not None:
         configure += [f"-DCMAKE_CXX_FLAGS={flags}", f"-DCMAKE_EXE_LINKER_FLAGS={flags}"]
-    if toolchain.ccache is not None:
-        configure += [
-            f"-DCMAKE_{lang}_COMPILER_LAUNCHER={toolchain.ccache}" for lang in ("CXX", "CUDA")
-        ]
     env = {**os.environ, **toolchain.environment()}
     _run(configure, env)
     return env

@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from release.digests import sha256_file
@@ -44,13 +44,27 @@ class HostToolchain:
     ccache: Path | None
     cache_dir: Path
 
+    def cmake_defines(self) -> dict[str, str]:
+        """The host compiler for C++, nvcc with it for CUDA, ccache in front of both."""
+        defines = {
+            "CMAKE_CXX_COMPILER": str(self.cuda_host_compiler),
+            "CMAKE_CUDA_COMPILER": str(self.nvcc),
+            "CMAKE_CUDA_HOST_COMPILER": str(self.cuda_host_compiler),
+            "CUDAToolkit_ROOT": str(self.cuda_root),
+        }
+        if self.ccache is not None:
+            for lang in ("CXX", "CUDA"):
+                defines[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = str(self.ccache)
+        return defines
+
     def environment(self) -> dict[str, str]:
+        """Variables the compilers read: ccache's cache lives in the cache directory."""
         return _ccache_environment(self.cache_dir)
 
 
 @dataclass(frozen=True)
-class Toolchain:
-    """Resolved compilers and the settings that hand them to CMake."""
+class Toolchain(HostToolchain):
+    """The hermetic toolchain: the host one, with zig compiling and linking C and C++."""
 
     zig: Path
     cc: Path
@@ -58,25 +72,17 @@ class Toolchain:
     ar: Path
     ranlib: Path
     zig_target: str
-    nvcc: Path
-    cuda_root: Path
-    cuda_host_compiler: Path
-    ccache: Path | None
-    cache_dir: Path
 
     def cmake_defines(self) -> dict[str, str]:
-        defines = {
+        defines = super().cmake_defines()
+        defines.update({
             "CMAKE_C_COMPILER": str(self.cc),
             "CMAKE_CXX_COMPILER": str(self.cxx),
             "CMAKE_AR": str(self.ar),
             "CMAKE_RANLIB": str(self.ranlib),
-            "CMAKE_CUDA_COMPILER": str(self.nvcc),
-            "CMAKE_CUDA_HOST_COMPILER": str(self.cuda_host_compiler),
-            "CUDAToolkit_ROOT": str(self.cuda_root),
-        }
+        })  # fmt: skip
         if self.ccache is not None:
-            for lang in ("C", "CXX", "CUDA"):
-                defines[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = str(self.ccache)
+            defines["CMAKE_C_COMPILER_LAUNCHER"] = str(self.ccache)
         return defines
 
     def environment(self) -> dict[str, str]:
@@ -84,7 +90,7 @@ class Toolchain:
         return {
             "ZIG_GLOBAL_CACHE_DIR": str(self.cache_dir / "zig-global"),
             "ZIG_LOCAL_CACHE_DIR": str(self.cache_dir / "zig-local"),
-            **_ccache_environment(self.cache_dir),
+            **super().environment(),
         }
 
     def identity(self) -> dict[str, str]:
@@ -301,6 +307,7 @@ def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
     zig = find_zig()
     host = resolve_host_toolchain(manifest, cache_dir)
     return Toolchain(
+        **{field.name: getattr(host, field.name) for field in fields(host)},
         zig=zig,
         # The names contain "clang" so ccache treats the wrappers as the clang they are.
         cc=_write_wrapper(wrapper_dir / "zig-clang", [str(zig), "cc", "-target", target]),
@@ -308,9 +315,4 @@ def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
         ar=_write_wrapper(wrapper_dir / "zig-ar", [str(zig), "ar"]),
         ranlib=_write_wrapper(wrapper_dir / "zig-ranlib", [str(zig), "ranlib"]),
         zig_target=target,
-        nvcc=host.nvcc,
-        cuda_root=host.cuda_root,
-        cuda_host_compiler=host.cuda_host_compiler,
-        ccache=host.ccache,
-        cache_dir=cache_dir,
     )
