@@ -298,10 +298,12 @@ def test_core_names_the_extra_config_key_it_cannot_use(
 
 
 def gpu_present() -> bool:
-    torch = sys.modules.get("torch") or (
-        __import__("torch") if importlib.util.find_spec("torch") else None
-    )
-    return bool(torch is not None and torch.cuda.is_available())
+    """A GPU that PyTorch (which holds the test's GPU KV caches) can use."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def test_core_on_a_cuda_vllm_takes_the_cuda_route(native: Any) -> None:
@@ -312,6 +314,7 @@ def test_core_on_a_cuda_vllm_takes_the_cuda_route(native: Any) -> None:
     vllm_config, kv_cache_config = configs("duck-cuda-nogpu", device_type="cuda")
     with pytest.raises(RuntimeError, match="CUDA route: cuda"):
         native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
+    # `device` overrides it: host tensors are taken (the CPU route), no GPU needed.
     vllm_config, kv_cache_config = configs("duck-cuda-host", device_type="cuda",
                                            extra={"device": "cpu"})  # fmt: skip
     worker = native.ConnectorCore(vllm_config, SimpleNamespace(name="WORKER"), kv_cache_config)
