@@ -4,9 +4,10 @@
 //   memcpy    one cudaMemcpyAsync per block;
 //   batch     one cudaMemcpyBatchAsync for all blocks, and one per layer (what the engine's copy
 //             engine path issues);
-//   kernels   the staging kernels alone (the engine's zero-copy path);
+//   kernels   the plain staging kernels alone, and (sm_90 and up) the bulk copy kernel alone, as
+//             the engine launches them (its zero-copy paths);
 //   engine    whole engine steps (plans, hooks, kernels or copies, fences) moving the same bytes.
-// Loads and stores overlapped are measured for the contiguous copy, both raw paths and the engine.
+// Loads and stores overlapped are measured for the contiguous copy, the raw paths and the engine.
 // A "block" is one layer of one KV block (K and V): the unit a lease scatters. Prints one JSON
 // object (the shape release/report.py reads as gpu-staging.json) on stdout; progress on stderr.
 //
