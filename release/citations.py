@@ -34,6 +34,7 @@ import io
 import re
 import tokenize
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,15 +181,18 @@ def check_against_wheel(
 
 
 def verify_shim(
-    shim: str, source: bytes, framework: str, version: str, framework_wheel: Path | None
+    shim: str,
+    source: bytes,
+    framework: str,
+    version: str,
+    framework_wheel: Callable[[], Path] | None,
 ) -> list[CitationProblem]:
-    """Every problem of one shim's citations; ``framework_wheel`` None skips the line checks
-    (when the pins already fail, fetching the framework would prove nothing)."""
+    """Every problem of one shim's citations. ``framework_wheel`` fetches the framework's wheel
+    for the line checks; it is not called when a citation names another version (fetching the
+    pinned framework would prove nothing), and None skips the line checks."""
     citations, problems = parse_shim(shim, source)
     mismatched = pin_problems(shim, citations, framework, version)
     problems += mismatched
-    if framework_wheel is not None:
-        wrong_pin = {p.line for p in mismatched}
-        pinned = [c for c in citations if c.shim_line not in wrong_pin]
-        problems += check_against_wheel(shim, pinned, framework_wheel)
+    if framework_wheel is not None and not mismatched:
+        problems += check_against_wheel(shim, citations, framework_wheel())
     return sorted(problems, key=lambda p: p.line)

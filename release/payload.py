@@ -73,10 +73,8 @@ def _shim_problem(shim: Shim, source: bytes, frameworks: FrameworkSource | None)
             f"{shim.path}: its citations of {shim.framework}=={shim.version} need the framework's "
             "wheel; expected a framework cache directory (framework_cache)"
         )
-    problems = verify_shim(shim.path, source, shim.framework, shim.version, None)
-    if not problems:  # the pins hold: check each cited line in the framework's files
-        wheel = frameworks(shim.framework, shim.version)
-        problems = verify_shim(shim.path, source, shim.framework, shim.version, wheel)
+    fetch = partial(frameworks, shim.framework, shim.version)
+    problems = verify_shim(shim.path, source, shim.framework, shim.version, fetch)
     return "; ".join(f"line {p.line}: {p.message}" for p in problems)
 
 

@@ -64,7 +64,8 @@ def framework(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def problems_of(source: bytes, framework: Path, version: str = "1.0") -> list[str]:
-    return [str(p) for p in verify_shim("activekv/shim.py", source, "fakefw", version, framework)]
+    problems = verify_shim("activekv/shim.py", source, "fakefw", version, lambda: framework)
+    return [str(p) for p in problems]
 
 
 def test_line_digest_is_sha256_of_the_stripped_line() -> None:
