@@ -4,36 +4,28 @@
 ``devpi-server --offline-mode`` and creates a user and a non-volatile stage index through devpi's
 HTTP API. A non-volatile index refuses to overwrite or delete a file (409), which the publisher
 relies on besides its own check. It offers what :class:`release.publish.IndexTarget` needs (twine
-uploads with HTTP basic authentication to the index URL; listing from ``+simple/``).
+uploads with HTTP basic authentication to the index URL; listing from ``+simple/``). A server
+directory is reopened as it was left, with the password kept beside it (mode 0600).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
 from release.errors import PackageIndexError
-from release.index import answers, free_port
+from release.server_process import HOST, ServerProcess
 
-_HOST = "127.0.0.1"
-_STOP_TIMEOUT_S = 15.0
 _HTTP_TIMEOUT_S = 30.0
-_PORT_ATTEMPTS = 3
-_LOG_TAIL_LINES = 20
-
-
-class _ExitedEarly(Exception):
-    """devpi-server ended before it answered (e.g. its port was taken meanwhile)."""
 
 
 class DevpiIndex:
@@ -50,11 +42,8 @@ class DevpiIndex:
         self._dir = server_dir
         self._username = username
         self._index = index
-        self._password = secrets.token_urlsafe(24)
-        self._startup_timeout = startup_timeout
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._port: int | None = None
+        self._password: str | None = None
+        self._server = ServerProcess("devpi-server", self.log_path, startup_timeout=startup_timeout)
 
     @property
     def log_path(self) -> Path:
@@ -62,9 +51,10 @@ class DevpiIndex:
 
     @property
     def base_url(self) -> str:
-        if self._port is None:
+        port = self._server.port
+        if port is None:
             raise PackageIndexError("the devpi index is not running (use it as `with` block)")
-        return f"http://{_HOST}:{self._port}"
+        return f"http://{HOST}:{port}"
 
     @property
     def url(self) -> str:
@@ -80,29 +70,23 @@ class DevpiIndex:
         return self._username
 
     @property
+    def password_path(self) -> Path:
+        """The publisher's password, made with the server directory and kept beside it."""
+        return self._dir.with_name(self._dir.name + ".password")
+
+    @property
     def password(self) -> str:
+        if self._password is None:
+            raise PackageIndexError("the devpi index is not open (use it as `with` block)")
         return self._password
 
     def __enter__(self) -> DevpiIndex:
         self._initialise()
-        for attempt in range(_PORT_ATTEMPTS):
-            try:
-                self._start()
-                break
-            except _ExitedEarly:
-                self._stop()
-                if attempt == _PORT_ATTEMPTS - 1:
-                    raise PackageIndexError(
-                        f"devpi-server exited before serving, {_PORT_ATTEMPTS} times (a port "
-                        f"taken?); tail of {self.log_path}:\n{self._log_tail()}"
-                    ) from None
-            except BaseException:
-                self._stop()
-                raise
+        self._server.start(self._command, lambda port: f"http://{HOST}:{port}/+api")
         try:
             self._create_user_and_index()
         except BaseException:
-            self._stop()
+            self._server.stop()
             raise
         return self
 
@@ -112,7 +96,7 @@ class DevpiIndex:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop()
+        self._server.stop()
 
     def _tool(self, name: str) -> str:
         tool = Path(sys.executable).with_name(name)
@@ -127,8 +111,18 @@ class DevpiIndex:
         return found
 
     def _initialise(self) -> None:
-        if (self._dir / ".serverversion").exists():
-            return
+        """Make the server directory and the password on first use; read the password."""
+        if not (self._dir / ".serverversion").exists():
+            self._init_server_dir()
+        try:
+            self._password = self.password_path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise PackageIndexError(
+                f"{self.password_path}: cannot read the publisher's password of {self._dir} "
+                f"({exc.strerror}); expected the server directory to be made by DevpiIndex"
+            ) from None
+
+    def _init_server_dir(self) -> None:
         command = [self._tool("devpi-init"), "--serverdir", str(self._dir), "--no-root-pypi",
                    "--root-passwd", secrets.token_urlsafe(24)]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -137,38 +131,16 @@ class DevpiIndex:
                 f"devpi-init --serverdir {self._dir} failed with status {result.returncode}:\n"
                 f"{result.stderr[-2000:]}"
             )
+        fd = os.open(self.password_path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(secrets.token_urlsafe(24) + "\n")
 
-    def _start(self) -> None:
-        port = free_port()
-        command = [self._tool("devpi-server"), "--serverdir", str(self._dir), "--host", _HOST,
-                   "--port", str(port), "--offline-mode"]  # fmt: skip
-        self._log = self.log_path.open("ab")
-        self._log.write(f"--- starting devpi-server on {_HOST}:{port}\n".encode())
-        self._log.flush()
-        self._process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
-        )
-        self._port = port
-        deadline = time.monotonic() + self._startup_timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise _ExitedEarly()
-            if answers(f"{self.base_url}/+api"):
-                return
-            time.sleep(0.2)
-        raise PackageIndexError(
-            f"devpi-server did not answer on {self.base_url} within "
-            f"{self._startup_timeout:.0f} s; tail of {self.log_path}:\n{self._log_tail()}"
-        )
-
-    def _log_tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(lines[-_LOG_TAIL_LINES:])
+    def _command(self, port: int) -> list[str]:
+        return [self._tool("devpi-server"), "--serverdir", str(self._dir), "--host", HOST,
+                "--port", str(port), "--offline-mode"]  # fmt: skip
 
     def _create_user_and_index(self) -> None:
+        # A reopened server directory has both already (409): its files stay as they are.
         self._put(f"/{self._username}", {"password": self._password}, auth=False)
         self._put(
             f"/{self._username}/{self._index}",
@@ -190,20 +162,8 @@ class DevpiIndex:
             with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S):
                 return
         except urllib.error.HTTPError as exc:
+            if exc.code == 409:
+                return
             raise PackageIndexError(
                 f"devpi: PUT {path} answered HTTP {exc.code} {exc.reason}"
             ) from None
-
-    def _stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        self._port = None

@@ -16,11 +16,8 @@ import json
 import os
 import re
 import secrets
-import socket
 import stat
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,20 +25,16 @@ import warnings
 from html.parser import HTMLParser
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
 from release.errors import PackageIndexError
+from release.server_process import HOST, ServerProcess
 
 with warnings.catch_warnings():
     # passlib 1.7.4 imports the stdlib `crypt` module, deprecated since Python 3.11.
     warnings.simplefilter("ignore", DeprecationWarning)
     from passlib.apache import HtpasswdFile
 
-_HOST = "127.0.0.1"
-_STOP_TIMEOUT_S = 10.0
 _HTTP_TIMEOUT_S = 30.0
-_PORT_ATTEMPTS = 3
-_LOG_TAIL_LINES = 30
 
 
 class EmbeddedIndex:
@@ -54,12 +47,8 @@ class EmbeddedIndex:
     def __init__(self, state_dir: Path, username: str, *, startup_timeout: float = 30.0) -> None:
         self._dir = state_dir / "index"
         self._username = username
-        self._startup_timeout = startup_timeout
         self._password: str | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._port: int | None = None
-        self._process_status: int | None = None
+        self._server = ServerProcess("pypiserver", self.log_path, startup_timeout=startup_timeout)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -150,9 +139,10 @@ class EmbeddedIndex:
 
     @property
     def url(self) -> str:
-        if self._port is None:
+        port = self._server.port
+        if port is None:
             raise PackageIndexError("the embedded index is not running (use it as `with` block)")
-        return f"http://{_HOST}:{self._port}"
+        return f"http://{HOST}:{port}"
 
     @property
     def simple_url(self) -> str:
@@ -165,15 +155,8 @@ class EmbeddedIndex:
 
     def __enter__(self) -> EmbeddedIndex:
         self._password = self._ensure_state()
-        last_error: PackageIndexError | None = None
-        for _ in range(_PORT_ATTEMPTS):
-            try:
-                self._start(free_port())
-                return self
-            except _PortTaken as exc:
-                last_error = PackageIndexError(str(exc))
-        assert last_error is not None
-        raise last_error
+        self._server.start(self._command, lambda port: f"http://{HOST}:{port}/simple/")
+        return self
 
     def __exit__(
         self,
@@ -181,10 +164,10 @@ class EmbeddedIndex:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop()
+        self._server.stop()
 
-    def _start(self, port: int) -> None:
-        command = [
+    def _command(self, port: int) -> list[str]:
+        return [
             sys.executable,
             # By path: the server needs only pypiserver, wherever this package is importable.
             str(Path(__file__).with_name("index_server.py")),
@@ -196,7 +179,7 @@ class EmbeddedIndex:
             "run",
             "-v",
             "--host",
-            _HOST,
+            HOST,
             "--port",
             str(port),
             "--passwords",
@@ -210,81 +193,6 @@ class EmbeddedIndex:
             "wsgiref",
             str(self.packages_dir),
         ]
-        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self._log = self.log_path.open("ab")
-        self._log.write(f"--- starting pypiserver on {_HOST}:{port}\n".encode())
-        self._log.flush()
-        self._process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
-        )
-        self._port = port
-        deadline = time.monotonic() + self._startup_timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                tail = self._log_tail(log_start)
-                self._stop()
-                if "Address already in use" in tail:
-                    raise _PortTaken(f"port {port} was taken:\n{tail}")
-                raise PackageIndexError(
-                    f"pypiserver exited with status {self._process_status} before serving; "
-                    f"tail of {self.log_path}:\n{tail}"
-                )
-            if answers(self.simple_url):
-                return
-            time.sleep(0.1)
-        tail = self._log_tail(log_start)
-        self._stop()
-        raise PackageIndexError(
-            f"pypiserver did not answer on http://{_HOST}:{port}/simple/ within "
-            f"{self._startup_timeout:.0f} s; tail of {self.log_path}:\n{tail}"
-        )
-
-    def _stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            self._process_status = process.returncode
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        self._port = None
-
-    def _log_tail(self, start: int) -> str:
-        if self._log is not None:
-            self._log.flush()
-        try:
-            with self.log_path.open("rb") as stream:
-                stream.seek(start)
-                text = stream.read().decode("utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
-
-
-class _PortTaken(Exception):
-    pass
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that was free a moment ago (a server may still race for it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def answers(url: str) -> bool:
-    """Whether `url` answers 200 within a second."""
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 # ------------------------------------------------------------------------------- listing

@@ -15,7 +15,7 @@ from fixtures_wheels import build_wheel
 
 from release.devpi import DevpiIndex
 from release.digests import sha256_file
-from release.errors import PublishError
+from release.errors import PackageIndexError, PublishError
 from release.index import list_project_files
 from release.publish import ALREADY_PRESENT, UPLOADED, publish
 from release.tuf_metadata import PROVENANCE_PREFIX, TufRepository
@@ -79,3 +79,39 @@ def test_devpi_itself_refuses_to_overwrite_a_file(devpi: DevpiIndex, tmp_path: P
     assert "already exists in non-volatile index" in result.stdout + result.stderr
     listed = list_project_files(devpi.simple_url, "activekv")
     assert listed[original.name] == sha256_file(original)
+
+
+def test_a_reopened_server_directory_keeps_its_files_and_password(tmp_path: Path) -> None:
+    server_dir = tmp_path / "devpi" / "server"
+    server_dir.parent.mkdir()
+    wheel = build_wheel(tmp_path / "dist", version="3.0.0")
+    state = tmp_path / "state"
+    envelope = signed_envelope([wheel], state, tmp_path / "3.0.0.intoto.json", version="3.0.0")
+    with DevpiIndex(server_dir) as first:
+        password = first.password
+        publish([wheel], first, envelope=envelope, metadata_dir=state / "metadata")
+    assert oct(DevpiIndex(server_dir).password_path.stat().st_mode & 0o777) == "0o600"
+    with DevpiIndex(server_dir) as reopened:
+        assert reopened.password == password
+        assert list_project_files(reopened.simple_url, "activekv") == {
+            wheel.name: sha256_file(wheel)
+        }
+        again = publish([wheel], reopened, envelope=envelope, metadata_dir=state / "metadata")
+        assert {f.outcome for f in again.files} == {ALREADY_PRESENT}
+        # the reopened index still authenticates uploads with the kept password
+        later = build_wheel(tmp_path / "later", version="3.0.0", tag="cp311-cp311-linux_x86_64")
+        both = signed_envelope([wheel, later], state, tmp_path / "b.intoto.json", version="3.0.0")
+        published = publish([wheel, later], reopened, envelope=both, metadata_dir=tmp_path / "m")
+        assert {f.filename: f.outcome for f in published.files} == {
+            wheel.name: ALREADY_PRESENT,
+            later.name: UPLOADED,
+        }
+
+
+def test_a_server_directory_without_its_password_is_refused_by_name(tmp_path: Path) -> None:
+    server_dir = tmp_path / "server"
+    with DevpiIndex(server_dir):
+        pass
+    (tmp_path / "server.password").unlink()
+    with pytest.raises(PackageIndexError, match=r"server\.password: cannot read the publisher"):
+        DevpiIndex(server_dir).__enter__()

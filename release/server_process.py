@@ -1,0 +1,125 @@
+"""A local index server's process: started on a free port of 127.0.0.1, its output appended to a
+log, ready once a URL answers, stopped (terminate, then kill) when done.
+
+A port found free may be taken before the server binds it; a server that exits saying so is
+started again on another port, a few times.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from release.errors import PackageIndexError
+
+HOST = "127.0.0.1"
+_STOP_TIMEOUT_S = 15.0
+_PORT_ATTEMPTS = 3
+_LOG_TAIL_LINES = 30
+
+
+class ServerProcess:
+    """One server subprocess at a time, named ``name`` in errors, logging to ``log_path``."""
+
+    def __init__(self, name: str, log_path: Path, *, startup_timeout: float) -> None:
+        self._name = name
+        self._log_path = log_path
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int | None:
+        """The port it serves on while running, else None."""
+        return self._port
+
+    def start(self, command: Callable[[int], list[str]], ready_url: Callable[[int], str]) -> None:
+        """Run ``command(port)`` until ``ready_url(port)`` answers 200."""
+        for _ in range(_PORT_ATTEMPTS):
+            port = free_port()
+            if self._start_on(port, command(port), ready_url(port)):
+                return
+        raise PackageIndexError(
+            f"{self._name} found its port taken {_PORT_ATTEMPTS} times; tail of "
+            f"{self._log_path}:\n{self._log_tail(0)}"
+        )
+
+    def _start_on(self, port: int, command: list[str], ready_url: str) -> bool:
+        """Whether it serves on ``port``; False when the port was taken meanwhile."""
+        log_start = self._log_path.stat().st_size if self._log_path.exists() else 0
+        self._log = self._log_path.open("ab")
+        self._log.write(f"--- starting {self._name} on {HOST}:{port}\n".encode())
+        self._log.flush()
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        self._port = port
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            status = self._process.poll()
+            if status is not None:
+                tail = self._log_tail(log_start)
+                self.stop()
+                if "Address already in use" in tail:
+                    return False
+                raise PackageIndexError(
+                    f"{self._name} exited with status {status} before serving; tail of "
+                    f"{self._log_path}:\n{tail}"
+                )
+            if answers(ready_url):
+                return True
+            time.sleep(0.1)
+        tail = self._log_tail(log_start)
+        self.stop()
+        raise PackageIndexError(
+            f"{self._name} did not answer on {ready_url} within {self._startup_timeout:.0f} s; "
+            f"tail of {self._log_path}:\n{tail}"
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self._port = None
+
+    def _log_tail(self, start: int) -> str:
+        if self._log is not None:
+            self._log.flush()
+        try:
+            with self._log_path.open("rb") as stream:
+                stream.seek(start)
+                text = stream.read().decode("utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (a server may still race for it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 within a second."""
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
