@@ -249,25 +249,52 @@ def _judged(evidence: Evidence, built: dict[str, str]) -> Cell:
     return Cell("", "code", tuple(lines) or ("none",))
 
 
+@dataclass(frozen=True)
+class GateRow:
+    """One gate as the summary and the report show it: declared, recorded, or both."""
+
+    name: str
+    runner: str  # the manifest's runner, or "not in the manifest"
+    required: bool  # by the channel
+    verdict: str  # the evidence's, or "not-run"
+    reason: str  # the evidence's, or why there is none
+    evidence: Evidence | None
+
+
+def gate_rows(manifest: Manifest, channel: str, evidence: dict[str, Evidence]) -> list[GateRow]:
+    """Every gate of the manifest and every gate with evidence, by name."""
+    required = set(manifest.channel(channel).requires)
+    rows = []
+    for name in sorted(set(manifest.gates) | set(evidence)):
+        declared = manifest.gates.get(name)
+        recorded = evidence.get(name)
+        rows.append(
+            GateRow(
+                name=name,
+                runner=declared.runner if declared else "not in the manifest",
+                required=name in required,
+                verdict=recorded.verdict if recorded else "not-run",
+                reason=recorded.reason if recorded else "no evidence in this run",
+                evidence=recorded,
+            )
+        )
+    return rows
+
+
 def _gates(manifest: Manifest, channel: str, records: Records) -> Section:
     section = Section(f"Gates (channel {channel})", "gates")
-    required = set(manifest.channel(channel).requires)
     built = _artefact_digests(records)
-    names = sorted(set(manifest.gates) | set(records.evidence))
     rows = []
-    for name in names:
-        declared = manifest.gates.get(name)
-        evidence = records.evidence.get(name)
-        verdict = evidence.verdict if evidence else "not-run"
-        reason = evidence.reason if evidence else "no evidence in this run"
+    for gate in gate_rows(manifest, channel, records.evidence):
+        evidence = gate.evidence
         figures = _figure_text(evidence.figures) if evidence else ()
         rows.append(
             (
-                Cell(name, "name"),
-                Cell(declared.runner if declared else "not in the manifest"),
-                Cell("yes" if name in required else "no"),
-                Cell(f"{VERDICT_MARK[verdict]} {verdict}", f"{verdict} nowrap"),
-                Cell("", "", (*figures, *([reason] if reason else ())) or ("—",)),
+                Cell(gate.name, "name"),
+                Cell(gate.runner),
+                Cell("yes" if gate.required else "no"),
+                Cell(f"{VERDICT_MARK[gate.verdict]} {gate.verdict}", f"{gate.verdict} nowrap"),
+                Cell("", "", (*figures, *([gate.reason] if gate.reason else ())) or ("—",)),
                 _judged(evidence, built) if evidence else Cell("—"),
                 Cell(_runner(evidence) if evidence else "—"),
             )

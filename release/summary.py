@@ -6,7 +6,7 @@ the steps that did not run.
 
 from __future__ import annotations
 
-import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,7 @@ from rich.table import Table
 
 from release.manifest import Manifest
 from release.progress import VERDICT_STYLE, console
-from release.report import describe
-
-
-def _load(out_dir: Path, name: str) -> dict[str, Any] | None:
-    path = out_dir / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+from release.report import GateRow, Records, describe, gate_rows, load_records
 
 
 def install_hint(simple_url: str, project: str) -> str:
@@ -38,52 +33,52 @@ def _artefacts(build: dict[str, Any]) -> Table:
     return table
 
 
-def _gates(out_dir: Path, manifest: Manifest, channel: str) -> Table:
-    required = set(manifest.channel(channel).requires)
+def _detail(gate: GateRow) -> str:
+    """The gate's own words for its evidence: a short line, not every figure."""
+    record = gate.evidence
+    if record is None:
+        return gate.reason
+    figures, reason = record.figures, record.reason
+    if gate.name == "policy" and gate.verdict == "pass":
+        shown = {w["auditwheel_show"] for w in figures["wheels"].values()}
+        return f"auditwheel show: {', '.join(sorted(shown))}; no CUDA library vendored"
+    if gate.name == "parity":
+        judged = ", ".join(record.artefacts)
+        return (f"exact {figures['exact']}, compressed {figures['compressed']} "
+                f"(engine of {judged})") + (f"; {reason}" if reason else "")  # fmt: skip
+    if gate.name == "payload" and gate.verdict == "pass":
+        kinds = Counter(entry["kind"] for entry in figures["files"])
+        return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+    if figures:  # a gate this summary has no words of its own for
+        shown = "; ".join(f"{k}: {describe(v)}" for k, v in figures.items())
+        return shown + (f"; {reason}" if reason else "")
+    return reason
+
+
+def _gates(records: Records, manifest: Manifest, channel: str) -> Table:
     table = Table(title=f"Gates (channel {channel})", title_justify="left")
     for column in ("gate", "runner", f"required by {channel}", "verdict", "detail"):
         table.add_column(column, overflow="fold")
-    recorded = {path.stem for path in (out_dir / "evidence").glob("*.json")}
-    for name in sorted(set(manifest.gates) | recorded):
-        gate = manifest.gates.get(name)
-        record = _load(out_dir / "evidence", name)
-        verdict = record["verdict"] if record else "not-run"
-        detail = record["reason"] if record and record["reason"] else ""
-        if record is None:
-            detail = "no evidence in this run"
-        elif name == "policy" and verdict == "pass":
-            shown = {w["auditwheel_show"] for w in record["figures"]["wheels"].values()}
-            detail = f"auditwheel show: {', '.join(sorted(shown))}; no CUDA library vendored"
-        elif name == "parity":
-            figures = record["figures"]
-            judged = ", ".join(record["artefacts"])
-            detail = (f"exact {figures['exact']}, compressed {figures['compressed']} "
-                      f"(engine of {judged})") + (f"; {detail}" if detail else "")  # fmt: skip
-        elif name == "payload" and verdict == "pass":
-            kinds: dict[str, int] = {}
-            for entry in record["figures"]["files"]:
-                kinds[entry["kind"]] = kinds.get(entry["kind"], 0) + 1
-            detail = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
-        elif record["figures"]:  # a gate this summary has no words of its own for
-            shown = "; ".join(f"{k}: {describe(v)}" for k, v in record["figures"].items())
-            detail = shown + (f"; {detail}" if detail else "")
-        style = VERDICT_STYLE[verdict]
-        runner = gate.runner if gate else "not in the manifest"
-        table.add_row(name, runner, "yes" if name in required else "no",
-                      f"[{style}]{verdict}[/]", escape(detail))  # fmt: skip
+    for gate in gate_rows(manifest, channel, records.evidence):
+        table.add_row(gate.name, gate.runner, "yes" if gate.required else "no",
+                      f"[{VERDICT_STYLE[gate.verdict]}]{gate.verdict}[/]",
+                      escape(_detail(gate)))  # fmt: skip
     return table
 
 
 def print_summary(out_dir: Path, manifest: Manifest, channel: str) -> None:
     console.rule("summary")
-    build = _load(out_dir, "build")
+    records = load_records(out_dir)
+    for problem in records.unreadable:
+        console.print(f"[red]unreadable record[/]: {escape(problem)}")
+    build = records.build
     if build:
         console.print(_artefacts(build))
         for skipped in build["skipped"]:
             console.print(f"python {skipped['python']}: no wheel of its own, {skipped['reason']}")
-    console.print(_gates(out_dir, manifest, channel))
+    console.print(_gates(records, manifest, channel))
 
-    sign = _load(out_dir, "sign")
+    sign = records.sign
     if sign:
         console.print(
             f"signed statement: {sign['envelope']}\n  sha256 {sign['envelope_sha256']}, "
@@ -94,9 +89,9 @@ def print_summary(out_dir: Path, manifest: Manifest, channel: str) -> None:
     else:
         console.print("signed statement: not made in this run")
 
-    publish = _load(out_dir, "publish")
+    publish = records.publish
     console.print(escape(f"publish: {publish['message']}") if publish else "publish: not run")
-    verify = _load(out_dir, "verify")
+    verify = records.verify
     if verify:
         for check in verify["checks"]:
             console.print(f"verify: python {check['python']} installed {check['wheel']} "

@@ -418,3 +418,25 @@ def test_a_blank_page_fails_the_picture_check(tmp_path: Path) -> None:
     png = screenshot(blank, tmp_path / "blank.png", "800,600")
     problems = page_problems(png, (800, 600))
     assert any("one colour" in p for p in problems) and any("no pass" in p for p in problems)
+
+
+def test_the_terminal_summary_shows_the_same_gates_in_short(
+    tmp_path: Path, manifest: Manifest
+) -> None:
+    from release.progress import console
+    from release.summary import print_summary
+
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=True)
+    (out / "verify.json").write_text("{not json")
+    with console.capture() as captured:
+        print_summary(out, manifest, "stable")
+    text = captured.get()
+    lines = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 4}
+    assert "auditwheel show: manylinux_2_17_x86_64; no CUDA library vendored" in lines["policy"]
+    assert "6 extension, 6 stub" in lines["payload"]
+    assert "exact 13 of 13 bit-identical" in lines["parity"] and "fail" in lines["parity"]
+    assert "not-run" in lines["warmup"] and NO_GPU_RUNNER[:30] in lines["warmup"]
+    # declared, required by stable, never run: shown as such
+    assert "no evidence in this run" in lines["served-path"] and "yes" in lines["served-path"]
+    assert "unreadable record" in text and "verify.json" in text
+    assert "publish: uploaded 3 file(s) of activekv 0.1.0" in text
