@@ -11,6 +11,8 @@ import hashlib
 import zipfile
 from pathlib import Path
 
+from release.citations import line_digest
+
 _DATE_TIME = (2020, 2, 2, 0, 0, 0)
 
 
@@ -97,3 +99,38 @@ def build_files_wheel(
         (f"{dist_info}/WHEEL", wheel.encode()),
     ]
     return _write_wheel(dest_dir / f"{name}-{version}-{tag}.whl", dist_info, members)
+
+
+# The fixture framework ``fakefw==1.0`` whose lines the test shims cite (tests/test_citations.py
+# has the citation format's details).
+FAKEFW_FILES = {
+    "fakefw/base.py": (
+        b"import abc\n"
+        b"\n"
+        b"class Base(abc.ABC):\n"
+        b"    @abc.abstractmethod\n"
+        b"    def hook(self, x):\n"
+        b"        pass\n"
+    ),
+    "fakefw/caller.py": b"def run(connector, x):\n    return connector.hook(x)\n",
+}
+
+
+def fakefw_cite(path: str, line: int, version: str = "1.0", digest: str | None = None) -> str:
+    """The citation of line ``line`` of FAKEFW_FILES[path] (``digest`` overrides its hash)."""
+    text = FAKEFW_FILES[path].decode().splitlines()[line - 1]
+    return f"# cites: fakefw=={version} {path}:{line} {digest or line_digest(text)}"
+
+
+def fakefw_shim(**override: str) -> bytes:
+    """A clean shim of fakefw (its code on lines 3-6); ``override`` replaces whole lines by their
+    key (l1..l4)."""
+    lines = {
+        "l1": f"from fakefw.base import Base  {fakefw_cite('fakefw/base.py', 3)}",
+        "l2": f"class Shim(Base):  {fakefw_cite('fakefw/base.py', 3)}",
+        "l3": f"    def hook(self, x):  {fakefw_cite('fakefw/base.py', 5)}",
+        "l4": f"        return x  {fakefw_cite('fakefw/caller.py', 2)}",
+    }
+    lines.update(override)
+    body = "\n".join(lines.values())
+    return f"# A shim of fakefw: comments and blank lines need no citation.\n\n{body}\n".encode()

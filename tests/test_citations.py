@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures_wheels import build_files_wheel
+from fixtures_wheels import FAKEFW_FILES, build_files_wheel, fakefw_cite, fakefw_shim
 
 from release.citations import line_digest, parse_shim, verify_shim
 from release.errors import GateError
@@ -27,40 +27,14 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 REPO = Path(__file__).resolve().parents[1]
 REAL_SHIM = REPO / "shims" / "activekv" / "vllm_connector.py"
 
-FRAMEWORK_FILES = {
-    "fakefw/base.py": (
-        b"import abc\n"
-        b"\n"
-        b"class Base(abc.ABC):\n"
-        b"    @abc.abstractmethod\n"
-        b"    def hook(self, x):\n"
-        b"        pass\n"
-    ),
-    "fakefw/caller.py": b"def run(connector, x):\n    return connector.hook(x)\n",
-}
 
-
-def cite(path: str, line: int, version: str = "1.0", digest: str | None = None) -> str:
-    text = FRAMEWORK_FILES[path].decode().splitlines()[line - 1]
-    return f"# cites: fakefw=={version} {path}:{line} {digest or line_digest(text)}"
-
-
-def shim_source(**override: str) -> bytes:
-    """A clean shim of fakefw; ``override`` replaces whole lines by their key (l1..l4)."""
-    lines = {
-        "l1": f"from fakefw.base import Base  {cite('fakefw/base.py', 3)}",
-        "l2": f"class Shim(Base):  {cite('fakefw/base.py', 3)}",
-        "l3": f"    def hook(self, x):  {cite('fakefw/base.py', 5)}",
-        "l4": f"        return x  {cite('fakefw/caller.py', 2)}",
-    }
-    lines.update(override)
-    body = "\n".join(lines.values())
-    return f"# A shim of fakefw: comments and blank lines need no citation.\n\n{body}\n".encode()
+# the citation of base.py:5 with its line number changed to 4
+WRONG_LINE = fakefw_cite("fakefw/base.py", 5).replace(":5 ", ":4 ")
 
 
 @pytest.fixture(scope="module")
 def framework(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_files_wheel(tmp_path_factory.mktemp("fw"), FRAMEWORK_FILES)
+    return build_files_wheel(tmp_path_factory.mktemp("fw"), FAKEFW_FILES)
 
 
 def problems_of(source: bytes, framework: Path, version: str = "1.0") -> list[str]:
@@ -74,7 +48,7 @@ def test_line_digest_is_sha256_of_the_stripped_line() -> None:
 
 
 def test_a_clean_shim_verifies(framework: Path) -> None:
-    citations, problems = parse_shim("activekv/shim.py", shim_source())
+    citations, problems = parse_shim("activekv/shim.py", fakefw_shim())
     assert problems == []
     assert [(c.shim_line, c.path, c.line) for c in citations] == [
         (3, "fakefw/base.py", 3),
@@ -82,7 +56,7 @@ def test_a_clean_shim_verifies(framework: Path) -> None:
         (5, "fakefw/base.py", 5),
         (6, "fakefw/caller.py", 2),
     ]
-    assert problems_of(shim_source(), framework) == []
+    assert problems_of(fakefw_shim(), framework) == []
 
 
 @pytest.mark.parametrize(
@@ -104,17 +78,17 @@ def test_a_clean_shim_verifies(framework: Path) -> None:
             id="malformed",
         ),
         pytest.param(
-            {"l3": f"    def hook(self, x):  {cite('fakefw/base.py', 5).replace(':5 ', ':4 ')}"},
+            {"l3": "    def hook(self, x):  " + WRONG_LINE},
             "activekv/shim.py:5: cites fakefw/base.py:4 with hash",
             id="wrong-line-number",
         ),
         pytest.param(
-            {"l2": f"class Shim(Base):  {cite('fakefw/base.py', 3, digest='0badc0de')}"},
+            {"l2": f"class Shim(Base):  {fakefw_cite('fakefw/base.py', 3, digest='0badc0de')}"},
             "no line of the file has the cited hash (changed line)",
             id="changed-line",
         ),
         pytest.param(
-            {"l2": f"class Shim(Base):  {cite('fakefw/base.py', 3, version='2.0')}"},
+            {"l2": f"class Shim(Base):  {fakefw_cite('fakefw/base.py', 3, version='2.0')}"},
             "activekv/shim.py:4: cites fakefw==2.0, but the manifest pins this shim to fakefw==1.0",
             id="other-version",
         ),
@@ -130,7 +104,7 @@ def test_a_clean_shim_verifies(framework: Path) -> None:
             id="past-the-end",
         ),
         pytest.param(
-            {"l4": f'        return """x\n"""  {cite("fakefw/caller.py", 2)}'},
+            {"l4": f'        return """x\n"""  {fakefw_cite("fakefw/caller.py", 2)}'},
             "activekv/shim.py:6: uncited line",
             id="multi-line-string",
         ),
@@ -139,24 +113,24 @@ def test_a_clean_shim_verifies(framework: Path) -> None:
 def test_each_violation_names_the_shim_line(
     framework: Path, override: dict[str, str], expected: str
 ) -> None:
-    problems = problems_of(shim_source(**override), framework)
+    problems = problems_of(fakefw_shim(**override), framework)
     assert len(problems) == 1, problems
     assert expected in problems[0]
 
 
 def test_wrong_line_number_points_at_the_cited_text(framework: Path) -> None:
-    citation = cite("fakefw/base.py", 5).replace(":5 ", ":6 ")
-    source = shim_source(l3=f"    def hook(self, x):  {citation}")
+    citation = fakefw_cite("fakefw/base.py", 5).replace(":5 ", ":6 ")
+    source = fakefw_shim(l3=f"    def hook(self, x):  {citation}")
     (problem,) = problems_of(source, framework)
     assert "that line is 'pass'" in problem
     assert "the cited text is at line 5 (wrong line number)" in problem
 
 
 def test_a_framework_that_changed_the_cited_line_fails(tmp_path: Path) -> None:
-    changed = dict(FRAMEWORK_FILES)
-    changed["fakefw/base.py"] = FRAMEWORK_FILES["fakefw/base.py"].replace(b"x):", b"x, y):")
+    changed = dict(FAKEFW_FILES)
+    changed["fakefw/base.py"] = FAKEFW_FILES["fakefw/base.py"].replace(b"x):", b"x, y):")
     wheel = build_files_wheel(tmp_path, changed)
-    (problem,) = problems_of(shim_source(), wheel)
+    (problem,) = problems_of(fakefw_shim(), wheel)
     assert problem.startswith("activekv/shim.py:5: cites fakefw/base.py:5 with hash")
     assert "'def hook(self, x, y):'" in problem
     assert "(changed line)" in problem

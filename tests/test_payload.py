@@ -13,9 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures_wheels import build_files_wheel
+from fixtures_wheels import FAKEFW_FILES, build_files_wheel, fakefw_cite, fakefw_shim
 
-from release.citations import line_digest
 from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import Evidence, evidence_path
@@ -25,25 +24,9 @@ from release.payload import classify, list_wheel, run_payload_gate
 REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
 DIST_INFO = "activekv-0.1.0.dist-info"
 SHIM_PATH = "activekv/connector.py"
-# The fixture framework the shims below cite (tests/test_citations.py has the format's details).
-FAKEFW_FILES = {
-    "fakefw/base.py": b"import abc\n\nclass Base(abc.ABC):\n    def hook(self, x):\n        pass\n",
-    "fakefw/caller.py": b"def run(connector, x):\n    return connector.hook(x)\n",
-}
-CITED_RETURN = b"        return x  # cites: fakefw==1.0 fakefw/caller.py:2 " + (
-    line_digest("return connector.hook(x)").encode() + b"\n"
-)
-SHIM_TEXT = (
-    b"# A shim: comments and blank lines need no citation.\n\n"
-    b"from fakefw.base import Base  # cites: fakefw==1.0 fakefw/base.py:3 "
-    + line_digest("class Base(abc.ABC):").encode()
-    + b"\nclass Shim(Base):  # cites: fakefw==1.0 fakefw/base.py:3 "
-    + line_digest("class Base(abc.ABC):").encode()
-    + b"\n    def hook(self, x):  # cites: fakefw==1.0 fakefw/base.py:4 "
-    + line_digest("def hook(self, x):").encode()
-    + b"\n"
-    + CITED_RETURN
-)
+CITED_RETURN = f"        return x  {fakefw_cite('fakefw/caller.py', 2)}\n".encode()
+SHIM_TEXT = fakefw_shim()
+assert SHIM_TEXT.endswith(CITED_RETURN)
 
 CLEAN = {
     "activekv/_engine.cpython-311-x86_64-linux-gnu.so": b"\x7fELF fake module",
