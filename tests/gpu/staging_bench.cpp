@@ -8,6 +8,8 @@
 //             the engine launches them (its zero-copy paths);
 //   engine    whole engine steps (plans, hooks, kernels or copies, fences) moving the same bytes.
 // Loads and stores overlapped are measured for the contiguous copy, the raw paths and the engine.
+// On request, on stderr only: ACTIVEKV_BENCH_BULK_SWEEP=1 sweeps the bulk copy kernel's plan;
+// ACTIVEKV_BENCH_RUNS=1 measures runs of consecutive slots (a layout the engine does not have).
 // A "block" is one layer of one KV block (K and V): the unit a lease scatters. Prints one JSON
 // object (the shape release/report.py reads as gpu-staging.json) on stdout; progress on stderr.
 //
@@ -184,6 +186,27 @@ double batch_both_ways(const Scatter& in, const Scatter& out, cudaStream_t load,
       (in.host.size() + out.host.size()) * in.block, load, store, repeats,
       [&] { enqueue_batches(in, true, kLayers, load); },
       [&] { enqueue_batches(out, false, kLayers, store); });
+}
+
+// ---- runs of consecutive slots (ACTIVEKV_BENCH_RUNS=1): what a pool layout or allocator that
+// kept a step's blocks together would give; the engine's slots are scattered ----
+
+// `bytes` of whole blocks (all layers) in consecutive slots from `slots` on, moved in (H2D) or
+// out as one pitched copy per layer between the pool and a contiguous device range: a slot holds
+// every layer of its block, so one layer's pieces lie kLayers * block apart. The copy engines'
+// cost per copy is paid per layer, not per block.
+void enqueue_runs(void* slots, void* device, std::size_t block, std::size_t bytes, bool in,
+                  cudaStream_t stream) {
+  const std::size_t per_layer = bytes / block / kLayers;
+  for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+    auto* host = static_cast<std::uint8_t*>(slots) + layer * block;
+    auto* dev = static_cast<std::uint8_t*>(device) + layer * per_layer * block;
+    check(in ? cudaMemcpy2DAsync(dev, block, host, kLayers * block, block, per_layer,
+                                 cudaMemcpyHostToDevice, stream)
+             : cudaMemcpy2DAsync(host, kLayers * block, dev, block, block, per_layer,
+                                 cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpy2DAsync");
+  }
 }
 
 // ---- the staging kernels alone (exact mode), each launch one layer's share of the blocks ----
@@ -447,6 +470,40 @@ int main(int argc, char** argv) {
                              kernels_both_ways(kernel_in, kernel_out, swept, stream, other, repeats));
               }
             }
+          }
+        }
+        // Runs of consecutive slots, alone and beside the bulk copy kernel moving the other way
+        // (SM-driven and copy-engine traffic on the bus at once).
+        if (block <= 128 * kKiB && std::getenv("ACTIVEKV_BENCH_RUNS") != nullptr) {
+          const std::size_t half = moved / 2;
+          void* const loads_from = pool.data;
+          void* const stores_to = static_cast<std::uint8_t*>(pool.data) + half;
+          const auto runs = [&](bool loading, cudaStream_t on) {
+            enqueue_runs(loading ? loads_from : stores_to, loading ? device.data : second, block,
+                         half, loading, on);
+          };
+          const auto one_way = [&](bool loading) {
+            return gbps(half, median_seconds(repeats, [&] {
+                          runs(loading, stream);
+                          check(cudaStreamSynchronize(stream), "sync");
+                        }));
+          };
+          std::fprintf(stderr,
+                       "%8zu KiB  runs of consecutive slots, one pitched copy per layer: H2D "
+                       "%.2f  D2H %.2f  both ways %.2f GB/s\n",
+                       block / kKiB, one_way(true), one_way(false),
+                       both_ways(moved, stream, other, repeats, [&] { runs(true, stream); },
+                                 [&] { runs(false, other); }));
+          if (has_bulk) {
+            std::fprintf(
+                stderr,
+                "%8zu KiB  bulk copy kernel loads + run stores: %.2f GB/s; run loads + bulk "
+                "copy kernel stores: %.2f GB/s\n",
+                block / kKiB,
+                both_ways(moved, stream, other, repeats, [&] { kernel_in.launch(true, bulk, stream); },
+                          [&] { runs(false, other); }),
+                both_ways(moved, stream, other, repeats, [&] { runs(true, stream); },
+                          [&] { kernel_out.launch(false, bulk, other); }));
           }
         }
       }
