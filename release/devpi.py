@@ -132,6 +132,7 @@ class DevpiIndex:
                 f"{result.stderr[-2000:]}"
             )
         fd = os.open(self.password_path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+        os.fchmod(fd, 0o600)  # whatever the umask, and a file left by an earlier attempt
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(secrets.token_urlsafe(24) + "\n")
 
