@@ -330,24 +330,72 @@ __device__ __forceinline__ float warp_amax(float amax) {
   return amax;
 }
 
-// One element per lane per step: any head_dim, any alignment.
+// Width consecutive elements of a group per lane per step. Width 1: any head_dim, any
+// alignment. Width 4 (head_dim % 4 == 0, aligned words; see vector_codec): one 32-bit access to
+// the codes and one wide access to the words. The arithmetic is the same element by element, so
+// the codes and words are the same at either width.
+template <unsigned Width>
+__device__ __forceinline__ void load_bits(int dtype, const uint8_t* words, uint64_t i,
+                                          uint32_t (&bits)[Width]) {
+  if constexpr (Width == 4) {
+    load_f32_bits4(dtype, words, i, bits);
+  } else {
+    bits[0] = load_f32_bits(dtype, words, i);
+  }
+}
+
+template <unsigned Width>
+__device__ __forceinline__ void store_words(int dtype, const float (&values)[Width],
+                                            uint8_t* words, uint64_t i) {
+  if constexpr (Width == 4) {
+    store_narrowed4(dtype, values, words, i);
+  } else {
+    store_narrowed(dtype, values[0], words, i);
+  }
+}
+
+// The Width codes from code i, packed little-endian.
+template <unsigned Width>
+__device__ __forceinline__ uint32_t load_codes(const uint8_t* codes, unsigned i) {
+  if constexpr (Width == 4) return *reinterpret_cast<const uint32_t*>(codes + i);
+  return codes[i];
+}
+
+template <unsigned Width>
+__device__ __forceinline__ void store_codes(uint8_t* codes, unsigned i, uint32_t packed) {
+  if constexpr (Width == 4) {
+    *reinterpret_cast<uint32_t*>(codes + i) = packed;
+  } else {
+    codes[i] = static_cast<uint8_t>(packed);
+  }
+}
+
+template <unsigned Width>
 __global__ void decode_groups(akv_stage_args a) {
   Group group;
   if (!locate_group(a, group)) return;
   const bool int8 = a.mode == AKV_MODE_INT8;
   const float scale = load_scale(group.scale);
-  for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-    store_narrowed(a.dtype, rules::decode_element(int8, group.codes[i], scale), group.words, i);
+  for (unsigned i = (threadIdx.x % 32) * Width; i < a.head_dim; i += 32 * Width) {
+    const uint32_t codes = load_codes<Width>(group.codes, i);
+    float values[Width];
+    for (unsigned k = 0; k < Width; ++k) {
+      values[k] = rules::decode_element(int8, static_cast<uint8_t>(codes >> (8 * k)), scale);
+    }
+    store_words<Width>(a.dtype, values, group.words, i);
   }
 }
 
+template <unsigned Width>
 __global__ void encode_groups(akv_stage_args a) {
   Group group;
   const bool active = locate_group(a, group);
   float amax = 0.0f;
+  uint32_t bits[Width];
   if (active) {
-    for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-      amax = fmaxf(amax, rules::finite_magnitude(load_f32_bits(a.dtype, group.words, i)));
+    for (unsigned i = (threadIdx.x % 32) * Width; i < a.head_dim; i += 32 * Width) {
+      load_bits<Width>(a.dtype, group.words, i, bits);
+      for (unsigned k = 0; k < Width; ++k) amax = fmaxf(amax, rules::finite_magnitude(bits[k]));
     }
   }
   amax = warp_amax(amax);
@@ -355,52 +403,13 @@ __global__ void encode_groups(akv_stage_args a) {
   const bool int8 = a.mode == AKV_MODE_INT8;
   const float scale = rules::group_scale(int8, amax);
   if (threadIdx.x % 32 == 0) store_scale(group.scale, scale);
-  for (unsigned i = threadIdx.x % 32; i < a.head_dim; i += 32) {
-    group.codes[i] = rules::encode_element(int8, load_f32_bits(a.dtype, group.words, i), scale);
-  }
-}
-
-// Four consecutive elements per lane per step (head_dim % 4 == 0, aligned words; see
-// vector_codec): one 32-bit access to the codes and one wide access to the words, the same
-// arithmetic element by element, so the codes and words are those of the kernels above.
-__global__ void decode_groups4(akv_stage_args a) {
-  Group group;
-  if (!locate_group(a, group)) return;
-  const bool int8 = a.mode == AKV_MODE_INT8;
-  const float scale = load_scale(group.scale);
-  for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
-    const uint32_t codes = *reinterpret_cast<const uint32_t*>(group.codes + i);
-    float values[4];
-    for (int k = 0; k < 4; ++k) {
-      values[k] = rules::decode_element(int8, static_cast<uint8_t>(codes >> (8 * k)), scale);
-    }
-    store_narrowed4(a.dtype, values, group.words, i);
-  }
-}
-
-__global__ void encode_groups4(akv_stage_args a) {
-  Group group;
-  const bool active = locate_group(a, group);
-  float amax = 0.0f;
-  uint32_t bits[4];
-  if (active) {
-    for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
-      load_f32_bits4(a.dtype, group.words, i, bits);
-      for (int k = 0; k < 4; ++k) amax = fmaxf(amax, rules::finite_magnitude(bits[k]));
-    }
-  }
-  amax = warp_amax(amax);
-  if (!active) return;
-  const bool int8 = a.mode == AKV_MODE_INT8;
-  const float scale = rules::group_scale(int8, amax);
-  if (threadIdx.x % 32 == 0) store_scale(group.scale, scale);
-  for (unsigned i = (threadIdx.x % 32) * 4; i < a.head_dim; i += 128) {
-    load_f32_bits4(a.dtype, group.words, i, bits);
+  for (unsigned i = (threadIdx.x % 32) * Width; i < a.head_dim; i += 32 * Width) {
+    load_bits<Width>(a.dtype, group.words, i, bits);
     uint32_t codes = 0;
-    for (int k = 0; k < 4; ++k) {
+    for (unsigned k = 0; k < Width; ++k) {
       codes |= uint32_t{rules::encode_element(int8, bits[k], scale)} << (8 * k);
     }
-    *reinterpret_cast<uint32_t*>(group.codes + i) = codes;
+    store_codes<Width>(group.codes, i, codes);
   }
 }
 
@@ -511,14 +520,14 @@ int launch_codec(const akv_stage_args& a, cudaStream_t stream, bool in) {
   const bool wide = vector_codec(a);
   if (in) {
     if (wide) {
-      decode_groups4<<<grid, kThreads, 0, stream>>>(a);
+      decode_groups<4><<<grid, kThreads, 0, stream>>>(a);
     } else {
-      decode_groups<<<grid, kThreads, 0, stream>>>(a);
+      decode_groups<1><<<grid, kThreads, 0, stream>>>(a);
     }
   } else if (wide) {
-    encode_groups4<<<grid, kThreads, 0, stream>>>(a);
+    encode_groups<4><<<grid, kThreads, 0, stream>>>(a);
   } else {
-    encode_groups<<<grid, kThreads, 0, stream>>>(a);
+    encode_groups<1><<<grid, kThreads, 0, stream>>>(a);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -9,9 +9,9 @@ ArenaPlan::ArenaPlan(std::string kind, std::size_t capacity)
     : kind_(std::move(kind)), capacity_(capacity) {}
 
 std::size_t ArenaPlan::reserve(const std::string& name, std::size_t bytes, std::size_t alignment) {
-  const std::string what = (kind_.empty() ? std::string("reservation") : kind_ + " allocation") +
-                           " '" + name + "' of " + std::to_string(bytes) + " bytes";
   if (sealed_) {
+    const std::string what = (kind_.empty() ? std::string("reservation") : kind_ + " allocation") +
+                             " '" + name + "' of " + std::to_string(bytes) + " bytes";
     ++refused_after_seal_;
     last_refusal_ = what;
     throw ArenaSealedError("arena is sealed: " + what +

@@ -205,9 +205,8 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
   return value;
 }
 
-// Two bus-crossing launches (a load and a store) must fit on the GPU together.
-std::uint32_t bus_blocks(int device) {
-  return static_cast<std::uint32_t>(2 * device_attribute(cudaDevAttrMultiProcessorCount, device));
+std::uint32_t processor_count(int device) {
+  return static_cast<std::uint32_t>(device_attribute(cudaDevAttrMultiProcessorCount, device));
 }
 
 // How the bulk copy unit crosses the bus (akv_stage_args.bulk_*), sm_90 and up; none before.
@@ -224,10 +223,8 @@ struct BulkPlan {
   std::uint32_t blocks = 0;
 };
 
-BulkPlan bulk_plan(int device) {
+BulkPlan bulk_plan(int device, std::uint32_t processors) {
   if (device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9) return {};
-  const auto processors =
-      static_cast<std::uint32_t>(device_attribute(cudaDevAttrMultiProcessorCount, device));
   return {AKV_BULK_PIECE, AKV_BULK_STAGES, processors};
 }
 
@@ -264,8 +261,9 @@ struct CudaRoute::Resources {
         tensor_bytes(layout.bytes_per_tensor()),
         slot_bytes(slot_size),
         num_device_blocks(device_blocks),
-        max_blocks(bus_blocks(device)),
-        bulk(bulk_plan(device)),
+        processors(processor_count(device)),
+        max_blocks(2 * processors),
+        bulk(bulk_plan(device, processors)),
         load_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::load)),
         store_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::store)),
         pinned(pool, pool_bytes),
@@ -293,6 +291,8 @@ struct CudaRoute::Resources {
   const std::size_t tensor_bytes;
   const std::size_t slot_bytes;
   const std::size_t num_device_blocks;
+  const std::uint32_t processors;  // the device's SMs
+  // Two bus-crossing launches (a load and a store) must fit on the GPU together.
   const std::uint32_t max_blocks;
   const BulkPlan bulk;
   // Whether bus transfers go on the copy engines (large copies) or through the staging kernels.
