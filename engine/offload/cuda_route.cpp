@@ -210,9 +210,9 @@ std::uint32_t processor_count(int device) {
 }
 
 // How the bulk copy unit crosses the bus (akv_stage_args.bulk_*), sm_90 and up; none before.
-// Measured on an H200 (tests/gpu/evidence/gpu-staging-8b4a7df8105c.json): alone, the bulk copy
-// kernel and the plain kernels both move 51-52 GB/s each way at every block size; loads and
-// stores at once, the bulk kernel 71-75 GB/s against the plain kernels' 62-63 (16 KiB to 1 MiB
+// Measured on an H200 (tests/gpu/evidence/gpu-staging-63cfc8e8d919.json): alone, the bulk copy
+// kernel and the plain kernels both move 50-52 GB/s each way at every block size; loads and
+// stores at once, the bulk kernel 69-74 GB/s against the plain kernels' 61-63 (16 KiB to 1 MiB
 // blocks), with one warp working per SM where the plain kernels take 2 x 256 threads per SM.
 // Its sweep (ACTIVEKV_BENCH_BULK_SWEEP, both ways, 16 / 64 KiB blocks, an earlier run): 16 KiB
 // pieces, 2 stages, 1 block per SM 70.9 / 71.9 GB/s, among the best (53-72 over 8-32 KiB pieces,
