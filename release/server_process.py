@@ -57,9 +57,13 @@ class ServerProcess:
         self._log = self._log_path.open("ab")
         self._log.write(f"--- starting {self._name} on {HOST}:{port}\n".encode())
         self._log.flush()
-        self._process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
-        )
+        try:
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            self.stop()
+            raise PackageIndexError(f"{self._name}: cannot run {command[0]}: {exc}") from None
         self._port = port
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
