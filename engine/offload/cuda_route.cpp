@@ -214,9 +214,9 @@ std::uint32_t processor_count(int device) {
 // kernel and the plain kernels both move 50-52 GB/s each way at every block size; loads and
 // stores at once, the bulk kernel 69-74 GB/s against the plain kernels' 61-63 (16 KiB to 1 MiB
 // blocks), with one warp working per SM where the plain kernels take 2 x 256 threads per SM.
-// Its sweep (ACTIVEKV_BENCH_BULK_SWEEP, both ways, 16 / 64 KiB blocks, an earlier run): 16 KiB
-// pieces, 2 stages, 1 block per SM 70.9 / 71.9 GB/s, among the best (53-72 over 8-32 KiB pieces,
-// 2-8 stages, 0.5-2 blocks per SM; more bytes in flight is worse), in 32 KiB of shared memory.
+// Its sweep (tests/gpu/evidence/staging-bulk-sweep-2026-12-03.txt, both ways, 16 / 64 KiB): 16
+// KiB pieces, 2 stages, 1 block per SM 71.8 / 73.4 GB/s, among the best (55-75 over 8-32 KiB
+// pieces, 2-8 stages, 0.5-2 blocks per SM; more in flight no better), in 32 KiB of shared memory.
 struct BulkPlan {
   std::uint32_t piece = 0;
   std::uint32_t stages = 0;
