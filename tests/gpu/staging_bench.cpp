@@ -9,7 +9,8 @@
 //   engine    whole engine steps (plans, hooks, kernels or copies, fences) moving the same bytes.
 // Loads and stores overlapped are measured for the contiguous copy, the raw paths and the engine.
 // On request, on stderr only: ACTIVEKV_BENCH_BULK_SWEEP=1 sweeps the bulk copy kernel's plan;
-// ACTIVEKV_BENCH_RUNS=1 measures runs of consecutive slots (a layout the engine does not have).
+// ACTIVEKV_BENCH_RUNS=1 measures runs of consecutive slots (a layout the engine does not have);
+// ACTIVEKV_BENCH_BOUNCE=1 measures host threads gathering slots into contiguous pinned chunks.
 // A "block" is one layer of one KV block (K and V): the unit a lease scatters. Prints one JSON
 // object (the shape release/report.py reads as gpu-staging.json) on stdout; progress on stderr.
 //
@@ -28,6 +29,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -207,6 +209,89 @@ void enqueue_runs(void* slots, void* device, std::size_t block, std::size_t byte
                                  cudaMemcpyDeviceToHost, stream),
           "cudaMemcpy2DAsync");
   }
+}
+
+// ---- host threads through bounce chunks (ACTIVEKV_BENCH_BOUNCE=1): CPU threads gather scattered
+// slots into contiguous pinned chunks that cross the bus as one copy each (and scatter stored
+// chunks back), so the copy engines pay their cost per chunk, not per block. The price is host
+// cores and host memory bandwidth, which a serving process needs for itself ----
+
+constexpr std::size_t kBounceChunk = 4 << 20;
+
+// One host thread's share: its own stream and a ring of two pinned chunks.
+struct BounceLane {
+  PinnedBuffer ring[2] = {PinnedBuffer(kBounceChunk), PinnedBuffer(kBounceChunk)};
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done[2] = {nullptr, nullptr};
+
+  BounceLane() {
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (cudaEvent_t& event : done) {
+      check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    }
+  }
+  ~BounceLane() {
+    for (cudaEvent_t event : done) cudaEventDestroy(event);
+    cudaStreamDestroy(stream);
+  }
+  BounceLane(const BounceLane&) = delete;
+  BounceLane& operator=(const BounceLane&) = delete;
+
+  // Chunks lane, lane + lanes, ... of `s` (its device blocks are consecutive), in or out; a
+  // chunk's copy overlaps the gather or scatter of the lane's previous one.
+  void move(const Scatter& s, bool in, std::size_t lane, std::size_t lanes) {
+    const std::size_t per_chunk = kBounceChunk / s.block;
+    const std::size_t chunks = (s.host.size() + per_chunk - 1) / per_chunk;
+    const auto blocks = [&](std::size_t chunk) {
+      return std::min(per_chunk, s.host.size() - chunk * per_chunk);
+    };
+    const auto copy_out = [&](std::size_t chunk, int slot) {
+      check(cudaMemcpyAsync(ring[slot].data, s.device[chunk * per_chunk], blocks(chunk) * s.block,
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync");
+      check(cudaEventRecord(done[slot], stream), "cudaEventRecord");
+    };
+    if (!in && lane < chunks) copy_out(lane, 0);
+    int slot = 0;
+    for (std::size_t chunk = lane, n = 0; chunk < chunks; chunk += lanes, ++n, slot ^= 1) {
+      auto* bytes = static_cast<std::uint8_t*>(ring[slot].data);
+      if (in) {
+        if (n >= 2) check(cudaEventSynchronize(done[slot]), "cudaEventSynchronize");
+        for (std::size_t i = 0; i < blocks(chunk); ++i) {
+          std::memcpy(bytes + i * s.block, s.host[chunk * per_chunk + i], s.block);
+        }
+        check(cudaMemcpyAsync(s.device[chunk * per_chunk], bytes, blocks(chunk) * s.block,
+                              cudaMemcpyHostToDevice, stream),
+              "cudaMemcpyAsync");
+        check(cudaEventRecord(done[slot], stream), "cudaEventRecord");
+      } else {
+        if (chunk + lanes < chunks) copy_out(chunk + lanes, slot ^ 1);
+        check(cudaEventSynchronize(done[slot]), "cudaEventSynchronize");
+        for (std::size_t i = 0; i < blocks(chunk); ++i) {
+          std::memcpy(s.host[chunk * per_chunk + i], bytes + i * s.block, s.block);
+        }
+      }
+    }
+    check(cudaStreamSynchronize(stream), "sync");
+  }
+};
+
+// GB/s of `threads` host threads per direction loading `in` (if any) and storing `out` (if any).
+double bounce(const Scatter* in, const Scatter* out, std::vector<std::unique_ptr<BounceLane>>& lanes,
+              std::size_t threads, int repeats) {
+  const std::size_t bytes = ((in ? in->host.size() : 0) + (out ? out->host.size() : 0)) *
+                            (in ? in : out)->block;
+  return gbps(bytes, median_seconds(repeats, [&] {
+                std::vector<std::thread> workers;
+                for (std::size_t t = 0; t < threads; ++t) {
+                  if (in) workers.emplace_back([&, t] { lanes[t]->move(*in, true, t, threads); });
+                  if (out) {
+                    workers.emplace_back(
+                        [&, t] { lanes[threads + t]->move(*out, false, t, threads); });
+                  }
+                }
+                for (std::thread& worker : workers) worker.join();
+              }));
 }
 
 // ---- the staging kernels alone (exact mode), each launch one layer's share of the blocks ----
@@ -470,6 +555,18 @@ int main(int argc, char** argv) {
                              kernels_both_ways(kernel_in, kernel_out, swept, stream, other, repeats));
               }
             }
+          }
+        }
+        if (block <= 128 * kKiB && std::getenv("ACTIVEKV_BENCH_BOUNCE") != nullptr) {
+          std::vector<std::unique_ptr<BounceLane>> lanes;
+          for (int i = 0; i < 16; ++i) lanes.push_back(std::make_unique<BounceLane>());
+          for (const std::size_t threads : {1u, 2u, 4u, 8u}) {
+            std::fprintf(stderr,
+                         "%8zu KiB  bounce chunks, %zu host thread(s) per direction: H2D %.2f  "
+                         "D2H %.2f  both ways %.2f GB/s\n",
+                         block / kKiB, threads, bounce(&s, nullptr, lanes, threads, repeats),
+                         bounce(nullptr, &s, lanes, threads, repeats),
+                         bounce(&in, &out, lanes, threads, repeats));
           }
         }
         // Runs of consecutive slots, alone and beside the bulk copy kernel moving the other way
