@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from release.interpreters import find_interpreter  # stdlib and packaging, which nox has
+from release.util.interpreters import find_interpreter  # stdlib and packaging, which nox has
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "venv"
@@ -109,10 +109,18 @@ def serve(session: nox.Session) -> None:
 
 
 @nox.session
+def unit(session: nox.Session) -> None:
+    """The edit loop's profile: lint and the unit tests (no wheel build, server or compiler)."""
+    _install(session, "test")
+    session.run("ruff", "check", "release", "tests", "reference", "noxfile.py")
+    session.run("pytest", "-m", "not integration", *session.posargs)
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """C++ tests (ctest), lint, then the pipeline's tests and the end-to-end release (pytest)."""
     _install(session, "test")
     session.run("python", "-m", "release", "cpp-tests")
-    session.run("ruff", "check", "release", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "release", "tests", "noxfile.py")
+    session.run("ruff", "check", "release", "tests", "reference", "noxfile.py")
+    session.run("ruff", "format", "--check", "release", "tests", "reference", "noxfile.py")
     session.run("pytest", *session.posargs)

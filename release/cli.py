@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from release.errors import ReleaseError
-from release.manifest import load_manifest
-from release.progress import console, error_console
+from rich.markup import escape
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MANIFEST = REPO_ROOT / "manifests" / "activekv.toml"
+from release.context import Context
+from release.errors import ReleaseError, VerifyError
+from release.gates.contract import GateOptions
+from release.manifest import load_manifest
+from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
+from release.util.progress import console, error_console
+from release.wheelset import WheelSet
+
+# Commands that run one gate of the registry, and the gate each runs.
+GATE_COMMANDS = {
+    "payload": "payload", "audit": "payload", "policy": "policy", "casters": "casters",
+    "served-path": "served-path", "parity": "parity", "reproduce": "reproducible",
+}  # fmt: skip
+# Command-line arguments of the gate commands, and the GateOptions field each fills.
+_GATE_OPTION_ARGS = {"cell": "cells", "device": "device", "vllm_python": "vllm_python",
+                     "layers": "layers", "steps": "steps", "python": "python"}  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -251,21 +263,70 @@ def _wheel_option(parser: argparse.ArgumentParser, what: str = "wheel under test
     )
 
 
+def _gate_options(args: argparse.Namespace) -> GateOptions:
+    """What a gate's command line gave (`--cell`, `--device`, `--vllm-python`, ...)."""
+    given = vars(args)
+    options = {option: given[arg] for arg, option in _GATE_OPTION_ARGS.items() if arg in given}
+    return GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+
+
+def _dispatch(args: argparse.Namespace, context: Context) -> int:
+    """One step per command; the gates go through the registry (release/gates/registry.py)."""
+    from release import steps
+
+    command = args.command
+    if command == "check-manifest":
+        console.print(f"{context.manifest.path}: valid")
+        return 0
+    if command in GATE_COMMANDS:
+        gate = GATE_COMMANDS[command]
+        wheel = getattr(args, "wheel", None)  # parity's --wheel; the others take WHEEL...
+        named = [wheel] if wheel else getattr(args, "wheels", [])
+        flag = "--wheel" if wheel else "wheel argument"
+        # The reproducible gate builds its own wheels from the sources.
+        wheels = WheelSet(()) if gate == "reproducible" else context.wheels_given(named, flag)
+        return steps.step_gate(context, gate, wheels, _gate_options(args))
+    if command == "gpu-gates":
+        return steps.step_gpu_gates(context, context.wheels_given(args.wheel))
+    if command == "build":
+        return steps.step_build(context, args.python, args.toolchain)
+    if command == "cpp-tests":
+        from release.build.cpptests import run_cpp_tests
+
+        return run_cpp_tests(
+            context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
+            sanitizer=args.sanitizer,
+        )  # fmt: skip
+    if command == "verify" and args.index is not None:
+        return steps.step_verify_index(context, args)
+    if command == "verify" and args.requirement is not None:
+        raise VerifyError(f"verify {args.requirement}: a requirement needs --index URL")
+    by_channel = {"sign": steps.step_sign, "publish": steps.step_publish,
+                  "verify": steps.step_verify, "run": steps.step_run,
+                  "report": steps.step_report}  # fmt: skip
+    if command in by_channel:
+        return by_channel[command](context, args.channel)
+    others: dict[str, Callable[[], int]] = {
+        "serve": lambda: steps.step_serve(context),
+        "ci": lambda: steps.step_ci(context, check=args.check),
+        "record-build": lambda: steps.step_record_build(context),
+        "bench": lambda: steps.step_bench(context, args.wheel, args.blocks),
+        "gpu-staging": lambda: steps.step_gpu_staging(context, args.wheel),
+    }
+    return others[command]()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         manifest = load_manifest(args.manifest)
-        if args.command == "gpu-gates":  # before `steps`: GPU machines lack the signing stack
-            from release.gpu_gates import step_gpu_gates
-
-            return step_gpu_gates(manifest, args.wheel, args.out.resolve())
-        from release import steps  # imported late: `--help` must not need every dependency
-
         state_dir = args.state_dir or (REPO_ROOT / manifest.publish.state_dir)
-        context = steps.Context(manifest, REPO_ROOT, args.out.resolve(), state_dir.resolve())
-        return steps.dispatch(args, context)
+        context = Context(manifest, REPO_ROOT, args.out.resolve(), state_dir.resolve())
+        return _dispatch(args, context)
     except ReleaseError as error:
-        error_console.print(f"[bold red]error:[/] {error}", markup=True, soft_wrap=True)
+        error_console.print(
+            f"[bold red]error:[/] {escape(str(error))}", markup=True, soft_wrap=True
+        )
         return 2
     except KeyboardInterrupt:
         error_console.print("interrupted")

@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from release.atomic import atomic_write
 from release.errors import GateError
+from release.util.atomic import atomic_write
 
 Verdict = Literal["pass", "fail", "not-run"]
 EVIDENCE_SCHEMA = "activekv.evidence/v1"

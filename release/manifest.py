@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from release.errors import ManifestError
+from release.gates import registry as gate_registry
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -371,7 +372,7 @@ class SignSpec(_Model):
     """``[sign.<name>]``: a key reference (never the key itself)."""
 
     key: Annotated[StrictStr, AfterValidator(_signing_key)]
-    # The signer's public key file (*.pub.json); a signer URI key needs it (release/sign.py).
+    # The signer's public key file (*.pub.json); a signer URI key needs it (release/trust/sign.py).
     public_key: Path | None = None
 
     @property
@@ -580,6 +581,7 @@ def _cross_references(m: Manifest) -> list[_Issue]:
         )
     if m.ci is not None:
         issues += _ci_references(m, m.ci)
+    issues += _gate_references(m)
     if "parity" in m.gates and not m.gates["parity"].cells:
         issues.append(
             _Issue(("gates", "parity", "cells"), "a non-empty array of parity cells", "nothing")
@@ -594,6 +596,31 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                         ("gates", name, key), "a positive integer (a gpu gate needs it)", "nothing"
                     )
                 )
+    return issues
+
+
+def _gate_references(m: Manifest) -> list[_Issue]:
+    """[gates.<name>] names a gate of the registry, on the runner that gate needs."""
+    issues: list[_Issue] = []
+    known = gate_registry.names()
+    for name, gate in m.gates.items():
+        if name not in known:
+            issues.append(
+                _Issue(
+                    ("gates", name),
+                    "a gate the pipeline has, " + _choices(known, "or"),
+                    "an unknown gate",
+                )
+            )
+        elif gate.runner != gate_registry.runner_of(name):
+            needed = gate_registry.runner_of(name)
+            issues.append(
+                _Issue(
+                    ("gates", name, "runner"),
+                    f'"{needed}" (the {name} gate runs there)',
+                    _show(gate.runner),
+                )
+            )
     return issues
 
 

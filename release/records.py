@@ -1,29 +1,188 @@
-"""Small JSON records the steps leave under `<out>/` for the next step and the summary."""
+"""The records the steps leave under ``<out>/``: one typed definition each, read and written only
+through this module by every step, the report and the summary.
+
+``build.json`` (the wheels and how they were made), ``sign.json``, ``publish.json`` and
+``verify.json``; gate evidence has its own module (``release.evidence``). A record that does not
+match its definition is refused with the file, the key and what was expected. Benchmark records
+(``bench.json``, ``gpu-staging.json``) are measurements shown as they are: plain JSON objects.
+"""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
-from release.atomic import atomic_write
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from release.errors import ReleaseError
+from release.util.atomic import atomic_write
 
 # The GPU staging benchmark's record (`python -m release gpu-staging`, read by the report).
 GPU_STAGING_RECORD = "gpu-staging"
 
 
-def write_record(out_dir: Path, name: str, data: dict[str, Any]) -> Path:
+class Record(BaseModel):
+    """One record file: `<out>/<FILE>.json`, written by the step named in MADE_BY."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    FILE: ClassVar[str]
+    MADE_BY: ClassVar[str]
+
+
+class BuiltWheelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: str
+    python: str
+    serves: tuple[str, ...]
+    seconds: float
+    cached: bool
+    size: int
+    sha256: str
+
+
+class SkippedEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    python: str
+    reason: str
+
+
+class BuildRecord(Record):
+    FILE: ClassVar[str] = "build"
+    MADE_BY: ClassVar[str] = "python -m release build"
+    started: datetime
+    finished: datetime
+    source_date_epoch: int
+    toolchain: dict[str, Any]
+    wheels: tuple[BuiltWheelEntry, ...]
+    skipped: tuple[SkippedEntry, ...] = ()
+
+
+class SignRecord(Record):
+    FILE: ClassVar[str] = "sign"
+    MADE_BY: ClassVar[str] = "python -m release sign"
+    channel: str
+    envelope: str
+    envelope_sha256: str
+    keyid: str
+    public_key: str
+    subjects: dict[str, str]  # wheel file name -> sha256
+
+
+class PublishedFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: str
+    sha256: str
+    outcome: str
+
+
+class TufPublished(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    url: str
+    trusted_root: str
+    added: tuple[str, ...]
+    targets_version: int
+    timestamp_version: int
+
+
+class PublishRecord(Record):
+    FILE: ClassVar[str] = "publish"
+    MADE_BY: ClassVar[str] = "python -m release publish"
+    channel: str
+    index: str
+    message: str
+    files: tuple[PublishedFile, ...]
+    statement: str
+    statement_stored: bool
+    tuf: TufPublished | None = None
+
+
+class VerifyCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    python: str
+    wheel: str
+    sha256: str
+    digest_ok: bool
+    imported: tuple[str, ...]
+
+
+class VerifyRecord(Record):
+    FILE: ClassVar[str] = "verify"
+    MADE_BY: ClassVar[str] = "python -m release verify"
+    index: str
+    statement: str
+    checks: tuple[VerifyCheck, ...]
+
+
+R = TypeVar("R", bound=Record)
+
+
+def record_path(out_dir: Path, kind: type[Record]) -> Path:
+    return out_dir / f"{kind.FILE}.json"
+
+
+def write(out_dir: Path, record: Record) -> Path:
+    path = record_path(out_dir, type(record))
+    atomic_write(path, (record.model_dump_json(indent=2) + "\n").encode())
+    return path
+
+
+def read(out_dir: Path, kind: type[R]) -> R:
+    """The record, or a ReleaseError naming the file and the step that writes it."""
+    found = read_optional(out_dir, kind)
+    if found is None:
+        raise ReleaseError(
+            f"{record_path(out_dir, kind)}: expected the record of `{kind.MADE_BY}`; run it first"
+        )
+    return found
+
+
+def read_optional(out_dir: Path, kind: type[R]) -> R | None:
+    """The record, None when the step did not run; a ReleaseError when it is unreadable."""
+    path = record_path(out_dir, kind)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise ReleaseError(f"{path}: expected a readable record; got {error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ReleaseError(f"{path}: expected JSON written by `{kind.MADE_BY}`; {error}") from None
+    try:
+        return kind.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "<top level>"
+        raise ReleaseError(
+            f"{path}: {key}: expected the record of `{kind.MADE_BY}` ({first['msg']}); "
+            f"got {json.dumps(first.get('input'), default=str)[:80]}"
+        ) from None
+
+
+def discard(out_dir: Path, *kinds: type[Record]) -> None:
+    """Removes records of an earlier run, so they cannot speak for this one."""
+    for kind in kinds:
+        record_path(out_dir, kind).unlink(missing_ok=True)
+
+
+def write_measurement(out_dir: Path, name: str, data: dict[str, Any]) -> Path:
+    """A benchmark's record: a plain JSON object, shown as measured."""
     path = out_dir / f"{name}.json"
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
     return path
 
 
-def read_record(out_dir: Path, name: str, made_by: str) -> dict[str, Any]:
+def read_measurement(out_dir: Path, name: str) -> dict[str, Any] | None:
     path = out_dir / f"{name}.json"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ReleaseError(f"{path}: expected the record of `{made_by}`; run it first") from None
-    except json.JSONDecodeError as error:
-        raise ReleaseError(f"{path}: expected JSON written by `{made_by}`; {error}") from None
+        return None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ReleaseError(f"{path}: expected a JSON record; {error}") from None
+    if not isinstance(data, dict):
+        raise ReleaseError(f"{path}: expected a JSON object; got {type(data).__name__}")
+    return data

@@ -1,102 +1,44 @@
-"""The steps behind the command line; each reads the manifest and the files under `<out>/`."""
+"""The steps behind the command line: build, the gates (a loop over the registry), sign, publish,
+verify, and `run`, which is all of them in order. Each reads the manifest and the records under
+`<out>/` (release.records) and writes its own.
+
+The signing and index stack (release.trust) is imported by the steps that use it, not here: a GPU
+runner judging its gates has none of it installed.
+"""
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from release import summary
-from release.build import build_wheels
-from release.cpptests import run_cpp_tests
-from release.digests import sha256_file
-from release.errors import GateError, PublishError, VerifyError
+from release import records
+from release.build.wheels import build_wheels
+from release.context import Context
+from release.errors import GateError, PublishError
 from release.evidence import Evidence, evidence_problems
-from release.gpu import record_gpu_gates
-from release.index import EmbeddedIndex
-from release.interpreters import find_interpreter
-from release.manifest import ChannelSpec, Manifest
-from release.payload import run_payload_gate
-from release.pins import project_version
-from release.policy import run_policy_gate
-from release.private_site import wheel_for_this_interpreter
-from release.progress import VERDICT_STYLE, console
-from release.publish import envelope_path_for, publish
-from release.records import read_record, write_record
-from release.sign import (
-    build_statement,
-    load_signer,
-    read_and_verify_envelope,
-    sign_statement,
-    write_envelope,
-    write_public_key,
-)
-from release.tuf_client import TrustedIndex
-from release.tuf_metadata import TufRepository, repository_for
-from release.verify import verify_from_index, verify_release
+from release.gates.contract import GateInputs, GateOptions
+from release.gates.gpu_runner import detect_gpu
+from release.gates.registry import run_gate
+from release.manifest import ChannelSpec
+from release.records import BuildRecord, BuiltWheelEntry, SkippedEntry
+from release.util.pins import project_version
+from release.util.progress import VERDICT_STYLE, console
+from release.wheelset import Wheel, WheelSet
+
+if TYPE_CHECKING:
+    from release.trust.index import EmbeddedIndex
+    from release.trust.tuf_metadata import TufRepository
 
 MODULES = ("activekv._engine", "activekv._fabric")
 
 
-@dataclass(frozen=True)
-class Context:
-    manifest: Manifest
-    source_dir: Path
-    out_dir: Path
-    state_dir: Path
-
-    @property
-    def wheels_dir(self) -> Path:
-        return self.out_dir / "wheels"
-
-    @property
-    def cache_dir(self) -> Path:
-        """Compiler caches, build trees and built wheels by input digest: safe to share."""
-        return Path(os.environ.get("ACTIVEKV_CACHE_DIR") or self.state_dir / "cache").resolve()
-
-    @property
-    def envelope_path(self) -> Path:
-        return (
-            self.out_dir
-            / "provenance"
-            / f"{self.manifest.release.name}-{project_version()}.intoto.json"
-        )
-
-    def wheel_under_test(self, wheel: Path | None) -> Path:
-        """`wheel` as given, else the built wheel this interpreter installs."""
-        return wheel.resolve() if wheel else wheel_for_this_interpreter(self.built_wheels())
-
-    def channel(self, name: str | None) -> tuple[str, ChannelSpec]:
-        chosen = name or self.manifest.release.default_channel
-        return chosen, self.manifest.channel(chosen)
-
-    def built_wheels(self) -> list[Path]:
-        wheels = sorted(self.wheels_dir.glob("*.whl"))
-        if not wheels:
-            raise GateError(
-                f"{self.wheels_dir}: expected built wheels; run `python -m release build`"
-            )
-        return wheels
-
-    def index(self) -> EmbeddedIndex:
-        if not self.manifest.publish.embedded:
-            raise PublishError(
-                f'{self.manifest.path}: publish.index: only "embedded" is supported by this '
-                f"version of the pipeline; got {self.manifest.publish.index!r}"
-            )
-        return EmbeddedIndex(self.state_dir, self.manifest.publish.username)
-
-
-def _print_verdict(evidence: Evidence) -> int:
+def print_verdict(evidence: Evidence) -> int:
     colour = VERDICT_STYLE[evidence.verdict]
     console.print(f"[{colour}]{evidence.gate}: {evidence.verdict}[/]")
     if evidence.reason:
@@ -104,14 +46,18 @@ def _print_verdict(evidence: Evidence) -> int:
     return 0 if evidence.verdict == "pass" else 1
 
 
-def _git_commit(source_dir: Path) -> str | None:
+def _git_commit(source_dir: Any) -> str | None:
     result = subprocess.run(
         ["git", "-C", str(source_dir), "rev-parse", "HEAD"], capture_output=True, text=True
     )
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def step_build(context: Context, only: list[str], toolchain_kind: str | None = None) -> int:
+# --- build and gates ---
+
+
+def build(context: Context, only: list[str], toolchain_kind: str | None = None) -> WheelSet:
+    """Builds the wheels and writes the build record; each wheel is hashed here, once."""
     started = datetime.now(timezone.utc)
     report = build_wheels(
         context.manifest,
@@ -121,66 +67,73 @@ def step_build(context: Context, only: list[str], toolchain_kind: str | None = N
         only=only,
         toolchain_kind=toolchain_kind,
     )
-    write_record(context.out_dir, "build", {
-        "started": started.isoformat(),
-        "finished": datetime.now(timezone.utc).isoformat(),
-        "source_date_epoch": report.source_date_epoch,
-        "toolchain": report.toolchain,
-        "wheels": [
-            {"file": w.path.name, "python": w.python, "serves": list(w.serves),
-             "seconds": round(w.seconds, 1), "cached": w.cached, "size": w.size,
-             "sha256": sha256_file(w.path)}
-            for w in report.wheels
-        ],
-        "skipped": [{"python": s.python, "reason": s.reason} for s in report.skipped],
-    })  # fmt: skip
-    # The policy is part of the build: auditwheel's verdict on exactly the wheels just made.
-    wheels = [wheel.path for wheel in report.wheels]
-    return _print_verdict(run_policy_gate(context.manifest, wheels, context.out_dir))
+    wheels = WheelSet.from_files(context.manifest, [w.path for w in report.wheels])
+    entries = []
+    for built, wheel in zip(report.wheels, wheels, strict=True):
+        entries.append(BuiltWheelEntry(
+            file=wheel.name, python=wheel.python, serves=wheel.serves,
+            seconds=round(built.seconds, 1), cached=built.cached, size=wheel.size,
+            sha256=wheel.sha256,
+        ))  # fmt: skip
+    records.write(context.out_dir, BuildRecord(
+        started=started, finished=datetime.now(timezone.utc),
+        source_date_epoch=report.source_date_epoch, toolchain=report.toolchain,
+        wheels=tuple(entries),
+        skipped=tuple(SkippedEntry(python=s.python, reason=s.reason) for s in report.skipped),
+    ))  # fmt: skip
+    return wheels
 
 
-def step_gate(context: Context, gate: str, wheels: list[Path]) -> int:
-    chosen = wheels or context.built_wheels()
-    if gate in ("payload", "audit"):
-        return _print_verdict(payload_gate(context, chosen))
-    if gate == "casters":
-        from release.casters import run_casters_gate
-
-        return _print_verdict(run_casters_gate(context.manifest, chosen, context.out_dir))
-    return _print_verdict(run_policy_gate(context.manifest, chosen, context.out_dir))
+def step_build(context: Context, only: list[str], toolchain_kind: str | None = None) -> int:
+    """`build`: the wheels, then the policy gate on exactly them (the policy is part of the
+    build: auditwheel's verdict on the wheels just made)."""
+    wheels = build(context, only, toolchain_kind)
+    return print_verdict(run_gate("policy", gate_inputs(context, wheels)))
 
 
-def payload_gate(context: Context, wheels: list[Path]) -> Evidence:
-    """The payload gate; shim citations are checked against framework wheels in the cache."""
-    return run_payload_gate(
-        context.manifest, wheels, context.out_dir, framework_cache=context.cache_dir
-    )
-
-
-def step_served_path(context: Context, args: argparse.Namespace) -> int:
-    from release.served_path import dispatch_line, run_served_path_gate
-
-    wheels = [w.resolve() for w in args.wheels] or context.built_wheels()
-    evidence = run_served_path_gate(
-        wheels, context.out_dir, vllm_python=args.vllm_python, layers=args.layers,
-        steps=args.steps,
+def gate_inputs(
+    context: Context, wheels: WheelSet, options: GateOptions | None = None, gpu: str | None = None
+) -> GateInputs:
+    return GateInputs(
+        manifest=context.manifest, wheels=wheels, out_dir=context.out_dir,
+        source_dir=context.source_dir, cache_dir=context.cache_dir,
+        gpu=gpu if gpu is not None else detect_gpu(), options=options or GateOptions(),
     )  # fmt: skip
-    if line := dispatch_line(evidence):
-        console.print(line)
-    return _print_verdict(evidence)
 
 
-def step_parity(context: Context, wheel: Path | None, cells: list[str], device: str = "cpu") -> int:
-    from release.parity import run_parity_gate
+def step_gate(context: Context, name: str, wheels: WheelSet, options: GateOptions) -> int:
+    """One gate alone (`python -m release <gate>`), declared in the manifest or not."""
+    return print_verdict(run_gate(name, gate_inputs(context, wheels, options)))
 
-    chosen = context.wheel_under_test(wheel)
-    console.print(f"parity: engine of {chosen.name} ({device} route) against the Python reference")
-    return _print_verdict(
-        run_parity_gate(context.manifest, chosen, context.out_dir, cells=cells, device=device)
-    )
+
+def step_gpu_gates(context: Context, wheels: WheelSet) -> int:
+    """Every GPU gate of the manifest on `wheels`: 0 on pass or "not run", 1 on a failure."""
+    inputs = gate_inputs(context, wheels)
+    verdicts = [
+        run_gate(name, inputs)
+        for name, spec in context.manifest.gates.items()
+        if spec.runner == "gpu"
+    ]
+    failed = [print_verdict(evidence) for evidence in verdicts if evidence.verdict != "not-run"]
+    for evidence in verdicts:
+        if evidence.verdict == "not-run":
+            print_verdict(evidence)
+    return 1 if any(failed) else 0
+
+
+def run_gates(context: Context, wheels: WheelSet) -> None:
+    """Every gate the manifest declares, in its order, each through the registry."""
+    inputs = gate_inputs(context, wheels)
+    for name in context.manifest.gates:
+        print_verdict(run_gate(name, inputs))
+
+
+# --- sign, publish, verify ---
 
 
 def _signing(context: Context, channel: str, spec: ChannelSpec) -> tuple[Any, Any]:
+    from release.trust.sign import load_signer
+
     sign = context.manifest.sign[spec.signing]
     public_key = sign.public_key and context.manifest.path.parent / sign.public_key  # if relative
     return load_signer(
@@ -188,40 +141,52 @@ def _signing(context: Context, channel: str, spec: ChannelSpec) -> tuple[Any, An
     )
 
 
-def step_sign(context: Context, channel_name: str | None) -> int:
-    channel, spec = context.channel(channel_name)
-    wheels = context.built_wheels()
-    build = read_record(context.out_dir, "build", "python -m release build")
-    signer, public_key = _signing(context, channel, spec)
+def _sign(context: Context, channel: str, wheels: WheelSet, signer: Any, public_key: Any) -> None:
+    from release.trust.sign import (
+        build_statement,
+        sign_statement,
+        write_envelope,
+        write_public_key,
+    )
+    from release.util.digests import sha256_file
+
+    build_record = records.read(context.out_dir, BuildRecord)
     statement = build_statement(
-        wheels,
+        wheels.paths,
         version=project_version(),
         channel=channel,
         manifest_path=context.manifest.path,
         manifest_sha256=sha256_file(context.manifest.path),
         source_commit=_git_commit(context.source_dir),
-        source_date_epoch=int(build["source_date_epoch"]),
-        toolchain=build["toolchain"],
-        started=datetime.fromisoformat(build["started"]),
-        finished=datetime.fromisoformat(build["finished"]),
+        source_date_epoch=build_record.source_date_epoch,
+        toolchain=build_record.toolchain,
+        started=build_record.started,
+        finished=build_record.finished,
+        digests=wheels.digests,
     )
     envelope = context.envelope_path
     envelope.parent.mkdir(parents=True, exist_ok=True)
     write_envelope(sign_statement(statement, signer), envelope)
     public_path = envelope.parent / f"{channel}-signing-key.pub.json"
     write_public_key(public_key, public_path)
-    write_record(context.out_dir, "sign", {
-        "channel": channel, "envelope": str(envelope), "envelope_sha256": sha256_file(envelope),
-        "keyid": public_key.keyid, "public_key": str(public_path),
-        "subjects": {w.name: sha256_file(w) for w in wheels},
-    })  # fmt: skip
+    records.write(context.out_dir, records.SignRecord(
+        channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
+        keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.digests,
+    ))  # fmt: skip
     console.print(f"signed {len(wheels)} wheel(s): {envelope} (key {public_key.keyid[:16]})")
+
+
+def step_sign(context: Context, channel_name: str | None) -> int:
+    channel, spec = context.channel(channel_name)
+    signer, public_key = _signing(context, channel, spec)
+    _sign(context, channel, context.built_wheels(), signer, public_key)
     return 0
 
 
-def check_channel_evidence(context: Context, channel: str, spec: ChannelSpec) -> None:
-    """Refuses (PublishError) unless every required gate passed on exactly these wheels."""
-    digests = {wheel.name: sha256_file(wheel) for wheel in context.built_wheels()}
+def check_channel_evidence(
+    context: Context, channel: str, spec: ChannelSpec, digests: dict[str, str]
+) -> None:
+    """Refuses (PublishError) unless every required gate passed on exactly these digests."""
     problems = evidence_problems(context.out_dir, spec.requires, digests)
     if problems:
         raise PublishError(
@@ -230,43 +195,70 @@ def check_channel_evidence(context: Context, channel: str, spec: ChannelSpec) ->
         )
 
 
-def check_publishable(context: Context, channel: str, spec: ChannelSpec) -> TufRepository:
-    """Evidence and signature checks, all made before any index is started or contacted; the
-    TUF repository to publish with (its keys loaded: stable has no generated ones)."""
-    check_channel_evidence(context, channel, spec)
-    _, public_key = _signing(context, channel, spec)
+def _index(context: Context) -> EmbeddedIndex:
+    from release.trust.index import EmbeddedIndex
+
+    if not context.manifest.publish.embedded:
+        raise PublishError(
+            f'{context.manifest.path}: publish.index: only "embedded" is supported by this '
+            f"version of the pipeline; got {context.manifest.publish.index!r}"
+        )
+    return EmbeddedIndex(context.state_dir, context.manifest.publish.username)
+
+
+def publishable_wheels(context: Context, channel: str, spec: ChannelSpec) -> WheelSet:
+    """The built wheels as they lie now, hashed again (publish hands these bytes on), once every
+    gate the channel requires passed on exactly their digests; else PublishError."""
+    wheels = WheelSet.from_files(context.manifest, context.wheel_files())
+    check_channel_evidence(context, channel, spec, wheels.digests)
+    return wheels
+
+
+def open_publish(context: Context, channel: str, public_key: Any) -> TufRepository:
+    """The signature and key checks, made before any index is started or contacted; the TUF
+    repository to publish with (its keys loaded: stable has no generated ones)."""
+    from release.trust.sign import read_and_verify_envelope
+    from release.trust.tuf_metadata import repository_for
+
     read_and_verify_envelope(context.envelope_path, public_key)
-    return _tuf_repository(context, channel)
-
-
-def _tuf_repository(context: Context, channel: str) -> TufRepository:
     return repository_for(
-        context.index().tuf_dir, context.manifest.publish.tuf_keys, channel=channel,
+        _index(context).tuf_dir, context.manifest.publish.tuf_keys, channel=channel,
         state_dir=context.state_dir, manifest_dir=context.manifest.path.parent,
     )  # fmt: skip
 
 
-def _publish_with(context: Context, index: EmbeddedIndex, channel: str, tuf: TufRepository) -> None:
+def _publish_with(
+    context: Context, index: EmbeddedIndex, channel: str, wheels: WheelSet, tuf: TufRepository
+) -> None:
+    from release.trust.publish import publish
+    from release.trust.tuf_metadata import TufRepository
+
     report = publish(
-        context.built_wheels(), index, envelope=context.envelope_path,
-        metadata_dir=index.provenance_dir, tuf=tuf,
+        wheels.paths, index, envelope=context.envelope_path,
+        metadata_dir=index.provenance_dir, tuf=tuf, digests=wheels.digests,
     )  # fmt: skip
     console.print(escape(report.message))
-    write_record(context.out_dir, "publish", {
-        "channel": channel, "index": index.simple_url, "message": report.message,
-        "files": [{"file": f.filename, "sha256": f.sha256, "outcome": f.outcome}
-                  for f in report.files],
-        "statement": str(report.envelope_path), "statement_stored": report.envelope_stored,
-        "tuf": None if report.tuf is None else {
-            "url": index.tuf_url,
-            "trusted_root": str(TufRepository(index.tuf_dir).trusted_root_path),
-            "added": list(report.tuf.added), "targets_version": report.tuf.targets_version,
-            "timestamp_version": report.tuf.timestamp_version},
-    })  # fmt: skip
+    records.write(context.out_dir, records.PublishRecord(
+        channel=channel, index=index.simple_url, message=report.message,
+        files=tuple(records.PublishedFile(file=f.filename, sha256=f.sha256, outcome=f.outcome)
+                    for f in report.files),
+        statement=str(report.envelope_path), statement_stored=report.envelope_stored,
+        tuf=None if report.tuf is None else records.TufPublished(
+            url=index.tuf_url,
+            trusted_root=str(TufRepository(index.tuf_dir).trusted_root_path),
+            added=tuple(report.tuf.added), targets_version=report.tuf.targets_version,
+            timestamp_version=report.tuf.timestamp_version),
+    ))  # fmt: skip
 
 
-def _verify_with(context: Context, index: EmbeddedIndex, channel: str, spec: ChannelSpec) -> None:
-    _, public_key = _signing(context, channel, spec)
+def _verify_with(context: Context, index: EmbeddedIndex, public_key: Any) -> None:
+    from release.trust.publish import envelope_path_for
+    from release.trust.sign import read_and_verify_envelope
+    from release.trust.tuf_client import TrustedIndex
+    from release.trust.tuf_metadata import TufRepository
+    from release.trust.verify import verify_from_index
+    from release.util.interpreters import find_interpreter
+
     version = project_version()
     stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
     statement = read_and_verify_envelope(stored, public_key)
@@ -286,23 +278,91 @@ def _verify_with(context: Context, index: EmbeddedIndex, channel: str, spec: Cha
         console.print(f"  python {check.python_version}: {check.wheel} digest matches its TUF "
                       f"target and the signed statement; imported "
                       f"{', '.join(check.imported)}")  # fmt: skip
-    write_record(context.out_dir, "verify", {
-        "index": index.simple_url, "statement": str(stored),
-        "checks": [{"python": c.python_version, "wheel": c.wheel, "sha256": c.sha256,
-                    "digest_ok": c.digest_ok, "imported": list(c.imported)} for c in checks],
-    })  # fmt: skip
+    records.write(context.out_dir, records.VerifyRecord(
+        index=index.simple_url, statement=str(stored),
+        checks=tuple(records.VerifyCheck(python=c.python_version, wheel=c.wheel, sha256=c.sha256,
+                                         digest_ok=c.digest_ok, imported=tuple(c.imported))
+                     for c in checks),
+    ))  # fmt: skip
 
 
 def step_publish(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
-    tuf = check_publishable(context, channel, spec)
-    with context.index() as index:
-        _publish_with(context, index, channel, tuf)
+    wheels = publishable_wheels(context, channel, spec)
+    _, public_key = _signing(context, channel, spec)
+    tuf = open_publish(context, channel, public_key)
+    with _index(context) as index:
+        _publish_with(context, index, channel, wheels, tuf)
     return 0
 
 
-def step_verify_index(context: Context, args: argparse.Namespace) -> int:
-    """`verify --index URL NAME==VERSION`: the consumer's check (release/verify.py)."""
+def step_verify(context: Context, channel_name: str | None) -> int:
+    channel, spec = context.channel(channel_name)
+    _, public_key = _signing(context, channel, spec)
+    with _index(context) as index:
+        _verify_with(context, index, public_key)
+    return 0
+
+
+def step_serve(context: Context) -> int:
+    import time
+
+    from release.report.terminal import install_hint
+
+    with _index(context) as index:
+        console.print(f"serving {index.packages_dir} at {index.simple_url} (Ctrl-C stops)")
+        console.print(install_hint(index.simple_url, context.manifest.release.name))
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+
+
+# --- the whole release ---
+
+
+def step_run(context: Context, channel_name: str | None) -> int:
+    """The main job: build, every declared gate, sign, publish, verify, then the summary."""
+    from release.report.document import write_report
+    from release.report.terminal import print_summary
+
+    channel, spec = context.channel(channel_name)
+    # Records of an earlier run must not speak for this one.
+    records.discard(context.out_dir, records.PublishRecord, records.VerifyRecord,
+                    records.SignRecord)  # fmt: skip
+    shutil.rmtree(context.out_dir / "evidence", ignore_errors=True)
+    console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
+    # A gate that stops the run still leaves the summary and the report of what happened.
+    try:
+        wheels = build(context, [])
+        console.rule("gates")
+        run_gates(context, wheels)
+        published = publishable_wheels(context, channel, spec)
+        console.rule("sign")
+        signer, public_key = _signing(context, channel, spec)
+        _sign(context, channel, published, signer, public_key)
+        tuf = open_publish(context, channel, public_key)
+        with _index(context) as index:
+            console.rule(f"publish to {index.simple_url}")
+            _publish_with(context, index, channel, published, tuf)
+            console.rule("verify")
+            _verify_with(context, index, public_key)
+    finally:
+        print_summary(context.out_dir, context.manifest, channel)
+        for path in write_report(context.out_dir, context.manifest, channel):
+            console.print(f"report: {path}")
+    return 0
+
+
+# --- the consumer's check, reports, CI, benchmarks ---
+
+
+def step_verify_index(context: Context, args: Any) -> int:
+    """`verify --index URL NAME==VERSION`: the consumer's check (release/trust/verify.py)."""
+    from release.errors import VerifyError
+    from release.trust.verify import verify_release
+
     given = {"NAME==VERSION": args.requirement, "--root": args.root,
              "--provenance-key": args.provenance_key}  # fmt: skip
     missing = [flag for flag, value in given.items() if not value]
@@ -325,10 +385,13 @@ def step_verify_index(context: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def step_verify(context: Context, channel_name: str | None) -> int:
-    channel, spec = context.channel(channel_name)
-    with context.index() as index:
-        _verify_with(context, index, channel, spec)
+def step_record_build(context: Context) -> int:
+    from release.build.record_build import record_build
+
+    paths = context.wheel_files()
+    records.write(context.out_dir, record_build(WheelSet.from_files(context.manifest, paths),
+                                                context.source_dir))  # fmt: skip
+    console.print(f"recorded the build of {len(paths)} wheel(s) in {context.out_dir}")
     return 0
 
 
@@ -352,7 +415,8 @@ def step_ci(context: Context, check: bool) -> int:
 
 
 def step_report(context: Context, channel_name: str | None) -> int:
-    from release.report import recorded_channel, write_report
+    from release.report.document import write_report
+    from release.report.loader import recorded_channel
 
     channel = channel_name or recorded_channel(context.out_dir, context.manifest)
     for path in write_report(context.out_dir, context.manifest, channel):
@@ -360,120 +424,29 @@ def step_report(context: Context, channel_name: str | None) -> int:
     return 0
 
 
-def step_serve(context: Context) -> int:
-    with context.index() as index:
-        console.print(f"serving {index.packages_dir} at {index.simple_url} (Ctrl-C stops)")
-        console.print(summary.install_hint(index.simple_url, context.manifest.release.name))
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            return 0
+def _wheel_under_test(context: Context, wheel: Path | None) -> Wheel:
+    """`--wheel` as given, else the built wheel the running interpreter installs."""
+    if wheel is not None:
+        (given,) = context.wheels_given([wheel])
+        return given
+    return context.built_wheels().for_running_interpreter()
 
 
-def step_run(context: Context, channel_name: str | None) -> int:
-    """The main job: build, gates, sign, publish, verify, then the summary."""
-    channel, spec = context.channel(channel_name)
-    # Records of an earlier run must not speak for this one.
-    for stale in ("publish", "verify", "sign"):
-        (context.out_dir / f"{stale}.json").unlink(missing_ok=True)
-    shutil.rmtree(context.out_dir / "evidence", ignore_errors=True)
-    console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
-    # A gate that stops the run still leaves the summary and the report of what happened.
-    try:
-        step_build(context, [])  # includes the policy gate
-        wheels = context.built_wheels()
-        console.rule("gates")
-        _print_verdict(payload_gate(context, wheels))
-        if "casters" in context.manifest.gates:
-            step_gate(context, "casters", wheels)
-        if "served-path" in context.manifest.gates:
-            from release.served_path import run_served_path_gate
+def step_bench(context: Context, wheel: Path | None, blocks: int) -> int:
+    from release.bench.bookkeeping import run_bench
 
-            _print_verdict(run_served_path_gate(wheels, context.out_dir))
-        if "parity" in context.manifest.gates:
-            step_parity(context, None, [])
-        for evidence in record_gpu_gates(context.manifest, wheels, context.out_dir):
-            _print_verdict(evidence)
-        check_channel_evidence(context, channel, spec)
-        console.rule("sign")
-        step_sign(context, channel)
-        tuf = check_publishable(context, channel, spec)
-        with context.index() as index:
-            console.rule(f"publish to {index.simple_url}")
-            _publish_with(context, index, channel, tuf)
-            console.rule("verify")
-            _verify_with(context, index, channel, spec)
-    finally:
-        summary.print_summary(context.out_dir, context.manifest, channel)
-        from release.report import write_report
-
-        for path in write_report(context.out_dir, context.manifest, channel):
-            console.print(f"report: {path}")
+    chosen = _wheel_under_test(context, wheel)
+    records.write_measurement(context.out_dir, "bench",
+                              run_bench(chosen.path, context.out_dir, blocks=blocks))  # fmt: skip
     return 0
 
 
-def dispatch(args: argparse.Namespace, context: Context) -> int:
-    command = args.command
-    if command == "check-manifest":
-        console.print(f"{context.manifest.path}: valid")
-        return 0
-    if command == "build":
-        return step_build(context, args.python, args.toolchain)
-    if command == "cpp-tests":
-        return run_cpp_tests(
-            context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
-            sanitizer=args.sanitizer,
-        )  # fmt: skip
-    if command == "bench":
-        from release.bench import run_bench
+def step_gpu_staging(context: Context, wheel: Path | None) -> int:
+    from release.bench.gpu_staging import run_gpu_staging
 
-        wheel = context.wheel_under_test(args.wheel)
-        write_record(
-            context.out_dir, "bench", run_bench(wheel, context.out_dir, blocks=args.blocks)
-        )
-        return 0
-    if command == "reproduce":
-        from release.reproduce import run_reproduce_gate
-
-        return _print_verdict(run_reproduce_gate(
-            context.manifest, source_dir=context.source_dir, out_dir=context.out_dir,
-            cache_dir=context.cache_dir, only=args.python,
-        ))  # fmt: skip
-    if command == "record-build":
-        from release.record_build import record_build
-
-        wheels = context.built_wheels()
-        write_record(context.out_dir, "build", record_build(context.manifest, context.source_dir,
-                                                             wheels))  # fmt: skip
-        console.print(f"recorded the build of {len(wheels)} wheel(s) in {context.out_dir}")
-        return 0
-    if command == "gpu-staging":
-        from release.gpu_staging import run_gpu_staging
-
-        wheel = context.wheel_under_test(args.wheel)
-        run_gpu_staging(
-            context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
-            out_dir=context.out_dir, wheel=wheel,
-        )  # fmt: skip
-        return 0
-    if command == "parity":
-        return step_parity(context, args.wheel, args.cell, args.device)
-    if command in ("payload", "policy", "audit", "casters"):
-        return step_gate(context, command, [w.resolve() for w in args.wheels])
-    if command == "served-path":
-        return step_served_path(context, args)
-    if command == "verify" and args.index is not None:
-        return step_verify_index(context, args)
-    if command == "verify" and args.requirement is not None:
-        raise VerifyError(f"verify {args.requirement}: a requirement needs --index URL")
-    steps = {"sign": step_sign, "publish": step_publish, "verify": step_verify, "run": step_run}
-    if command in steps:
-        return steps[command](context, args.channel)
-    if command == "serve":
-        return step_serve(context)
-    if command == "ci":
-        return step_ci(context, check=args.check)
-    if command == "report":
-        return step_report(context, args.channel)
-    raise GateError(f"{command}: unknown step")
+    chosen = _wheel_under_test(context, wheel)
+    run_gpu_staging(
+        context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
+        out_dir=context.out_dir, wheel=chosen,
+    )  # fmt: skip
+    return 0

@@ -1,4 +1,10 @@
-"""Helpers shared by the tests that compile small native fixtures."""
+"""Helpers shared by the tests, and the split between unit and integration tests.
+
+A test is `integration` when it builds or installs the real wheel (it asks for one of
+WHEEL_FIXTURES) or its module says so (`pytestmark`: real servers, compilers, pip, chromium);
+every other test is a unit test. `nox -s tests` runs both; `nox -s unit` (pytest -m "not
+integration") is the edit loop's profile.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,8 @@ from types import ModuleType
 
 import pytest
 
+from release.build.toolchain import find_zig
 from release.errors import BuildError
-from release.toolchain import find_zig
 
 
 def zig_binary() -> Path | None:
@@ -30,6 +36,15 @@ def run_tool(*command: str | Path) -> str:
 
 
 REPO = Path(__file__).resolve().parent.parent
+# Fixtures that build, install or import the real wheel: a test using one is an integration test.
+WHEEL_FIXTURES = frozenset({"built_wheel", "engine_site", "engine_module", "activekv_site"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        wheel = WHEEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if wheel or item.get_closest_marker("e2e") or item.get_closest_marker("devpi"):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +75,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def engine_site(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built wheel installed into a private folder (what the parity gate does too)."""
-    from release.parity import install_wheel
+    from release.gates.parity import install_wheel
 
     return install_wheel(built_wheel, tmp_path_factory.mktemp("engine-site"))
 
@@ -68,7 +83,7 @@ def engine_site(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def engine_module(engine_site: Path) -> ModuleType:
     """`activekv._engine` imported from the built wheel, never from anywhere else."""
-    from release.parity import engine_implementation
+    from release.gates.parity import engine_implementation
 
     return engine_implementation(engine_site).module
 

@@ -7,14 +7,16 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from fixtures_wheels import build_wheel
+from fixtures_wheels import build_wheel, wheel_set
 
+from release import records
+from release.build.record_build import record_build
 from release.cli import DEFAULT_MANIFEST
-from release.digests import sha256_file
 from release.evidence import Evidence, write_evidence
 from release.manifest import load_manifest
-from release.records import write_record
-from release.sign import build_statement, load_signer, sign_statement, write_envelope
+from release.trust.sign import build_statement, load_signer, sign_statement, write_envelope
+from release.util.digests import sha256_file
+from release.util.paths import REPO_ROOT
 
 
 def signed_envelope(wheels: list[Path], state_dir: Path, out: Path, version: str = "0.1.0") -> Path:
@@ -38,9 +40,5 @@ def gated_out(out: Path, tags: Sequence[str], version: str) -> tuple[list[Path],
     digests = {wheel.name: sha256_file(wheel) for wheel in wheels}
     for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
         write_evidence(out, Evidence(gate=gate, verdict="pass", artefacts=digests))
-    started = datetime.now(timezone.utc)
-    write_record(out, "build", {
-        "started": started.isoformat(), "finished": (started + timedelta(seconds=1)).isoformat(),
-        "source_date_epoch": 1_700_000_000, "toolchain": {"zig": "test"},
-    })  # fmt: skip
+    records.write(out, record_build(wheel_set(*wheels), REPO_ROOT))
     return wheels, digests

@@ -11,7 +11,10 @@ import hashlib
 import zipfile
 from pathlib import Path
 
-from release.citations import line_digest
+from release.gates.citations import line_digest
+from release.manifest import load_manifest
+from release.util.paths import DEFAULT_MANIFEST
+from release.wheelset import WheelSet
 
 _DATE_TIME = (2020, 2, 2, 0, 0, 0)
 
@@ -134,3 +137,9 @@ def fakefw_shim(**override: str) -> bytes:
     lines.update(override)
     body = "\n".join(lines.values())
     return f"# A shim of fakefw: comments and blank lines need no citation.\n\n{body}\n".encode()
+
+
+def wheel_set(*wheels: Path) -> WheelSet:
+    """`wheels` as the pipeline passes them to its gates (hashed, with the versions each serves
+    under the repository's manifest)."""
+    return WheelSet.from_files(load_manifest(DEFAULT_MANIFEST), list(wheels))

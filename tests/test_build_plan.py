@@ -1,4 +1,4 @@
-"""Which wheels `python -m release build` plans (release/build.py plan_targets), and where
+"""Which wheels `python -m release build` plans (release/build/wheels.py plan_targets), and where
 SOURCE_DATE_EPOCH comes from (source_date_epoch). Interpreters are injected: no build runs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from release.build import BuildTarget, SkippedPython, plan_targets, source_date_epoch
+from release.build.wheels import BuildTarget, SkippedPython, plan_targets, source_date_epoch
 from release.errors import BuildError
 from release.manifest import Manifest, load_manifest
 

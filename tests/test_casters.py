@@ -1,4 +1,4 @@
-"""The casters gate (release/casters.py, release/caster_scan.py).
+"""The casters gate (release/gates/casters.py, release/scripts/caster_scan.py).
 
 The built wheel must pass: every signature of its native modules names Python types only. The
 negative controls: a real nanobind module compiled here (host g++, the pinned nanobind) with a
@@ -17,18 +17,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures_wheels import build_files_wheel
+from fixtures_wheels import build_files_wheel, wheel_set
 
-from release.casters import (
+from release.gates.casters import (
     SCANNER,
     missing_casters,
     native_modules,
     raw_cpp_names,
     run_casters_gate,
-    served_python,
 )
-from release.digests import sha256_file
 from release.manifest import Manifest, load_manifest
+from release.util.digests import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -146,8 +145,7 @@ def test_a_real_missing_caster_fails_the_gate_naming_the_function(
     manifest: Manifest, missing_caster_wheel: Path, tmp_path: Path
 ) -> None:
     evidence = run_casters_gate(
-        manifest,
-        [missing_caster_wheel],
+        wheel_set(missing_caster_wheel),
         tmp_path / "out",
         find_python=lambda _: Path(sys.executable),
     )
@@ -164,7 +162,7 @@ def test_a_real_missing_caster_fails_the_gate_naming_the_function(
 def test_built_wheel_has_a_caster_for_every_type(
     manifest: Manifest, built_wheel: Path, tmp_path: Path
 ) -> None:
-    evidence = run_casters_gate(manifest, [built_wheel], tmp_path / "out")
+    evidence = run_casters_gate(wheel_set(built_wheel), tmp_path / "out")
     assert evidence.verdict == "pass", evidence.reason
     assert evidence.artefacts == {built_wheel.name: sha256_file(built_wheel)}
     figures = evidence.figures["wheels"][built_wheel.name]
@@ -182,7 +180,7 @@ def test_a_native_module_that_does_not_import_fails(
             target.writestr(item, source.read(item))
         target.writestr("activekv/_broken.abi3.so", b"\x7fELF not a module")
     assert "activekv._broken" in native_modules(broken)
-    evidence = run_casters_gate(manifest, [broken], tmp_path / "out")
+    evidence = run_casters_gate(wheel_set(broken), tmp_path / "out")
     assert evidence.verdict == "fail"
     assert evidence.reason.startswith(f"{broken.name}: importing the native modules")
     assert "_broken" in evidence.reason
@@ -192,8 +190,8 @@ def test_a_wheel_without_its_interpreter_is_not_run(
     manifest: Manifest, built_wheel: Path, tmp_path: Path
 ) -> None:
     evidence = run_casters_gate(
-        manifest, [built_wheel], tmp_path / "out", find_python=lambda version: None
+        wheel_set(built_wheel), tmp_path / "out", find_python=lambda version: None
     )
     assert evidence.verdict == "not-run"
-    version = served_python(built_wheel, manifest)
+    version = wheel_set(built_wheel).wheels[0].python
     assert evidence.reason == f"not run: {built_wheel.name}: no python{version} to import it with"

@@ -18,7 +18,7 @@ import pytest
 from release import ci_workflow, cli
 from release.errors import ManifestError, ReleaseError
 from release.manifest import Manifest, load_manifest
-from release.pins import dependency_group, pyproject
+from release.util.pins import dependency_group, pyproject
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "manifests" / "activekv.toml"
@@ -249,11 +249,11 @@ def test_every_other_action_is_pinned_by_commit(committed: dict[str, Any]) -> No
 def test_source_date_epoch_comes_from_the_same_paths_as_the_hermetic_build(
     committed: dict[str, Any],
 ) -> None:
-    from release.build import _SOURCE_ROOTS
+    from release.build.wheels import SOURCE_ROOTS
 
     lines = _run_lines(committed["jobs"]["wheels"])
     line = next(text for text in lines if "SOURCE_DATE_EPOCH" in text)
-    assert line.split(" -- ", 1)[1].split(")")[0].split() == list(_SOURCE_ROOTS)
+    assert line.split(" -- ", 1)[1].split(")")[0].split() == list(SOURCE_ROOTS)
 
 
 def test_the_gpu_job_runs_on_the_self_hosted_labels_with_the_built_wheels(

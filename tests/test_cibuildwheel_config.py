@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from release.manifest import Manifest, load_manifest
-from release.pins import dependency_group, pyproject
+from release.util.pins import dependency_group, pyproject
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "manifests" / "activekv.toml"

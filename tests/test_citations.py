@@ -1,4 +1,5 @@
-"""Shim citations (release/citations.py) and the framework cache (release/framework_cache.py).
+"""Shim citations (release/gates/citations.py) and the framework cache
+(release/util/framework_cache.py).
 
 The framework here is a tiny fixture wheel, ``fakefw==1.0``, built locally: the checks are the
 same as against vLLM's wheel (tests/with_vllm/ checks the real shim against vllm==0.33.0), without
@@ -14,10 +15,10 @@ from pathlib import Path
 import pytest
 from fixtures_wheels import FAKEFW_FILES, build_files_wheel, fakefw_cite, fakefw_shim
 
-from release.citations import line_digest, parse_shim, verify_shim
 from release.errors import GateError
-from release.framework_cache import cached_wheel, framework_wheel
+from release.gates.citations import line_digest, parse_shim, verify_shim
 from release.manifest import load_manifest
+from release.util.framework_cache import cached_wheel, framework_wheel
 
 if sys.version_info >= (3, 11):
     import tomllib

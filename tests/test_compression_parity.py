@@ -1,5 +1,5 @@
 """Parity of the built engine's compression (activekv._engine.encode_layer / decode_layer) with the
-plain Python reference (tests/reference/compression.py), bit for bit (engine/offload/SPEC.md §5).
+plain Python reference (reference/compression.py), bit for bit (engine/offload/SPEC.md §5).
 
 Covers every dtype x mode on random raw words (every bit pattern class: NaN, inf, subnormals),
 realistic values over a wide range of group scales, special groups (zeros, non-finite, one huge
@@ -19,6 +19,7 @@ from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
+
 from reference import compression as ref
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -20,9 +20,9 @@ from securesystemslib.signer import CryptoSigner
 
 from release.cli import DEFAULT_MANIFEST, main
 from release.errors import PublishError
-from release.pins import project_version
-from release.sign import PAYLOAD_TYPE, sign_statement
-from release.tuf_metadata import TufRepository
+from release.trust.sign import PAYLOAD_TYPE, sign_statement
+from release.trust.tuf_metadata import TufRepository
+from release.util.pins import project_version
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -13,12 +13,12 @@ import pytest
 from fixtures_sign import signed_envelope
 from fixtures_wheels import build_wheel
 
-from release.devpi import DevpiIndex
-from release.digests import sha256_file
 from release.errors import PackageIndexError, PublishError
-from release.index import list_project_files
-from release.publish import ALREADY_PRESENT, UPLOADED, publish
-from release.tuf_metadata import PROVENANCE_PREFIX, TufRepository
+from release.trust.devpi import DevpiIndex
+from release.trust.index import list_project_files
+from release.trust.publish import ALREADY_PRESENT, UPLOADED, publish
+from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
+from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.devpi
 

@@ -1,4 +1,5 @@
-"""The post-link libstdc++ check (release/elfcheck.py, release/build.py check_wheel_objects).
+"""The post-link libstdc++ check (release/build/elfcheck.py, release/build/wheels.py
+check_wheel_objects).
 
 Negative controls reproduce the real failure mode: objects compiled by the host g++ (as nvcc's
 host compiler does) linked by zig under its static libc++, where libstdc++ symbols stay undefined
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import run_tool, zig_binary
 
-from release.build import check_wheel_objects
-from release.elfcheck import check_shared_object
+from release.build.elfcheck import check_shared_object
+from release.build.wheels import check_wheel_objects
 
 ZIG_TARGET = "x86_64-linux-gnu.2.28"
 
@@ -97,7 +98,7 @@ def test_gxx_objects_linked_by_zig_leave_libstdcxx_symbols_undefined(objects: Ob
     # gcc's std::string (the __cxx11 ABI) and its throw helpers stay undefined under libc++.
     assert any(name.startswith("_ZNSt7__cxx1112basic_string") for name in named), named
     assert any(name.startswith("_ZSt20__throw_length_error") for name in named), named
-    # Every reported symbol is one `nm -D --undefined-only` also lists (DESIGN.md §5).
+    # Every reported symbol is one `nm -D --undefined-only` also lists (docs/toolchain.md).
     assert named <= _undefined_by_nm(objects.gxx_under_zig)
 
 

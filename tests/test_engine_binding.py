@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from reference import engine as reference
 from test_engine_reference import (
     SCENARIOS,
     Driver,
@@ -26,6 +25,8 @@ from test_engine_reference import (
     out_of_order_calls,
     raised,
 )
+
+from reference import engine as reference
 
 REPO = Path(__file__).resolve().parent.parent
 

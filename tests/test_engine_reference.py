@@ -1,4 +1,4 @@
-"""The Python reference of the engine (tests/reference/engine.py) against engine/offload/SPEC.md:
+"""The Python reference of the engine (reference/engine.py) against engine/offload/SPEC.md:
 LRU with pins and refusal, quarantine and fatal, the staging leases, events in order, hooks out of
 order and bad input.
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from reference import engine as reference
 
 WORDS = {"fp16": np.uint16, "bf16": np.uint16, "fp32": np.uint32}

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from fixtures_wheels import build_wheel
 
-from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import (
     EVIDENCE_SCHEMA,
@@ -20,6 +19,7 @@ from release.evidence import (
     read_evidence,
     write_evidence,
 )
+from release.util.digests import sha256_file
 
 GATES = ("policy", "payload")
 

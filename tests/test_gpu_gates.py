@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from release import gpu_gates
 from release.evidence import evidence_problems, read_evidence
-from release.gpu import NO_GPU_RUNNER, detect_gpu
+from release.gates import warmup as gpu_gates
+from release.gates.gpu_runner import NO_GPU_RUNNER, detect_gpu
 from release.manifest import GateSpec, load_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,7 +225,8 @@ def test_gpu_gates_names_a_missing_wheel(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2
-    assert "--wheel" in result.stderr and "nope.whl: no such file" in result.stderr
+    assert "--wheel" in result.stderr
+    assert "nope.whl: expected a wheel file; got no such file" in result.stderr
 
 
 def test_committed_gpu_evidence_record_is_whole() -> None:
@@ -252,11 +253,11 @@ def test_committed_gpu_evidence_record_is_whole() -> None:
 
 
 def test_each_wheel_is_measured_by_an_interpreter_that_can_install_it(tmp_path: Path) -> None:
-    from packaging.tags import sys_tags
+    from release.wheelset import Wheel, running_python
 
-    tag = next(iter(sys_tags()))
-    ours = tmp_path / f"activekv-0.1.0-{tag.interpreter}-{tag.abi}-{tag.platform}.whl"
+    here = running_python()
+    ours = Wheel(tmp_path / "ours.whl", "0" * 64, here, (here,), 0)
     assert gpu_gates.interpreter_for(ours) == Path(sys.executable)
-    unknown = tmp_path / "activekv-0.1.0-cp399-cp399-manylinux_2_28_x86_64.whl"
-    with pytest.raises(gpu_gates.GateError, match=r"no interpreter here can install it.*cp399"):
+    unknown = Wheel(tmp_path / "activekv-0.1.0-cp399-cp399.whl", "0" * 64, "3.99", ("3.99",), 0)
+    with pytest.raises(gpu_gates.GateError, match=r"no interpreter here can install it.*3\.99"):
         gpu_gates.interpreter_for(unknown)

@@ -16,10 +16,10 @@ import pytest
 from fixtures_sign import signed_envelope
 from fixtures_wheels import build_wheel
 
-from release.digests import sha256_file
 from release.errors import PackageIndexError, PublishError
-from release.index import EmbeddedIndex, list_project_files
-from release.publish import ALREADY_PRESENT, UPLOADED, envelope_path_for, publish
+from release.trust.index import EmbeddedIndex, list_project_files
+from release.trust.publish import ALREADY_PRESENT, UPLOADED, envelope_path_for, publish
+from release.util.digests import sha256_file
 
 USER = "activekv-publisher"
 MANYLINUX = "py3-none-manylinux_2_17_x86_64"

@@ -144,6 +144,22 @@ CASES = [
         id="unknown-nested-key",
     ),
     pytest.param(drop_table("publish"), "publish", "this key (it is required)", id="no-publish"),
+    # gates: only those of the registry (release/gates/registry.py), each on its own runner
+    pytest.param(
+        append('\n[gates.speed]\nrunner = "cpu"\n'),
+        "gates.speed",
+        'a gate the pipeline has, "policy", "payload", "casters", "served-path"',
+        id="unknown-gate",
+    ),
+    pytest.param(
+        replace(
+            '[gates.policy]\nrunner = "cpu"',
+            '[gates.policy]\nrunner = "gpu"\nwarmup_steps = 1\nsteady_steps = 1',
+        ),
+        "gates.policy.runner",
+        '"cpu" (the policy gate runs there)',
+        id="gate-on-the-wrong-runner",
+    ),
     pytest.param(drop_table("build.cuda"), "build.cuda", "it is required", id="no-cuda"),
     pytest.param(drop_line("username = "), "publish.username", "required", id="no-username"),
     pytest.param(drop_line('runner = "cpu"'), "gates.policy.runner", "required", id="no-runner"),

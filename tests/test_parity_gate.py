@@ -8,17 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures_wheels import wheel_set
 
-from release.digests import sha256_file
-from release.manifest import load_manifest
-from release.parity import (
+from release.gates.parity import (
     compare_cell,
     engine_implementation,
     reference_implementation,
     replay,
     run_parity_gate,
 )
-from release.trace import generate
+from release.gates.trace import generate
+from release.manifest import load_manifest
+from release.util.digests import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = load_manifest(REPO / "manifests" / "activekv.toml")
@@ -49,7 +50,9 @@ def _kinds(cell_name: str, implementation) -> set[str]:
 
 def test_gate_passes_and_binds_evidence_to_the_wheel(built_wheel, engine_site, tmp_path):
     subset = [PRESSURE, REFUSALS, FAULTS, ALL_QUARANTINED, FP8, INT8]
-    evidence = run_parity_gate(MANIFEST, built_wheel, tmp_path, cells=subset, site=engine_site)
+    evidence = run_parity_gate(
+        MANIFEST, wheel_set(built_wheel).wheels[0], tmp_path, cells=subset, site=engine_site
+    )
     assert evidence.verdict == "pass", evidence.reason
     assert evidence.artefacts == {built_wheel.name: sha256_file(built_wheel)}
     record = json.loads((tmp_path / "evidence" / "parity.json").read_text())
@@ -88,4 +91,10 @@ def test_unknown_cell_is_refused(built_wheel, engine_site, tmp_path):
     from release.errors import GateError
 
     with pytest.raises(GateError, match="--cell"):
-        run_parity_gate(MANIFEST, built_wheel, tmp_path, cells=["no-such-cell"], site=engine_site)
+        run_parity_gate(
+            MANIFEST,
+            wheel_set(built_wheel).wheels[0],
+            tmp_path,
+            cells=["no-such-cell"],
+            site=engine_site,
+        )

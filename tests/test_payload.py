@@ -1,4 +1,5 @@
-"""The payload gate (release/payload.py): every wheel member is classified; only allowed kinds ship.
+"""The payload gate (release/gates/payload.py): every wheel member is classified; only allowed
+kinds ship.
 
 The gate reads member names (and shim contents) only, so the native modules here are fake bytes.
 Each negative control plants one violation and must fail the gate with the file named.
@@ -13,13 +14,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures_wheels import FAKEFW_FILES, build_files_wheel, fakefw_cite, fakefw_shim
+from fixtures_wheels import FAKEFW_FILES, build_files_wheel, fakefw_cite, fakefw_shim, wheel_set
 
-from release.digests import sha256_file
 from release.errors import GateError
 from release.evidence import Evidence, evidence_path
+from release.gates.payload import classify, list_wheel, run_payload_gate
 from release.manifest import Manifest, load_manifest
-from release.payload import classify, list_wheel, run_payload_gate
+from release.util.digests import sha256_file
 
 REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
 DIST_INFO = "activekv-0.1.0.dist-info"
@@ -121,7 +122,7 @@ def test_clean_native_wheel_passes(manifest: Manifest, tmp_path: Path) -> None:
     assert kinds["activekv/py.typed"] == "typed-marker"
     assert all(entry.wheel == wheel.name for entry in listing)
 
-    evidence = run_payload_gate(manifest, [wheel], tmp_path / "out")
+    evidence = run_payload_gate(manifest, wheel_set(wheel), tmp_path / "out")
     assert evidence.verdict == "pass"
     assert evidence.reason == ""
 
@@ -147,7 +148,7 @@ def test_planted_violation_fails_naming_the_file(
     assert [entry.path for entry in bad] == [member]
     assert why in bad[0].problem
 
-    evidence = run_payload_gate(manifest, [wheel], tmp_path / "out")
+    evidence = run_payload_gate(manifest, wheel_set(wheel), tmp_path / "out")
     assert evidence.verdict == "fail"
     assert f"{wheel.name}: {member}: " in evidence.reason
     assert evidence.figures["failures"] == [f"{wheel.name}: {member}: {bad[0].problem}"]
@@ -175,7 +176,11 @@ def audit(
     manifest = shim_manifest(tmp_path, framework="fakefw", version="1.0", **manifest_args)  # type: ignore[arg-type]
     wheel = make_wheel(tmp_path / "dist", members)
     evidence = run_payload_gate(
-        manifest, [wheel], tmp_path / "out", framework_cache=tmp_path / "cache", pip_args=fakefw
+        manifest,
+        wheel_set(wheel),
+        tmp_path / "out",
+        framework_cache=tmp_path / "cache",
+        pip_args=fakefw,
     )
     return wheel, evidence
 
@@ -279,7 +284,7 @@ def test_a_shim_needs_a_framework_cache_to_be_judged(tmp_path: Path) -> None:
     manifest = shim_manifest(tmp_path, sha256=hashlib.sha256(SHIM_TEXT).hexdigest())
     wheel = make_wheel(tmp_path / "dist", {SHIM_PATH: SHIM_TEXT})
     with pytest.raises(GateError, match="expected a framework cache directory"):
-        run_payload_gate(manifest, [wheel], tmp_path / "out")
+        run_payload_gate(manifest, wheel_set(wheel), tmp_path / "out")
 
 
 def test_evidence_file_names_every_wheel_digest_and_the_verdict(
@@ -290,7 +295,7 @@ def test_evidence_file_names_every_wheel_digest_and_the_verdict(
         tmp_path / "bad", {"activekv/stray.py": b""}, tag="cp312-abi3-manylinux_2_28_x86_64"
     )
     out = tmp_path / "out"
-    evidence = run_payload_gate(manifest, [good, bad], out)
+    evidence = run_payload_gate(manifest, wheel_set(good, bad), out)
     path = evidence_path(out, "payload")
     assert path == out / "evidence" / "payload.json"
     record = json.loads(path.read_text())
@@ -305,7 +310,7 @@ def test_evidence_file_names_every_wheel_digest_and_the_verdict(
     assert (bad.name, "activekv/stray.py") in listed
 
     # A passing run replaces the record.
-    run_payload_gate(manifest, [good], out)
+    run_payload_gate(manifest, wheel_set(good), out)
     record = json.loads(path.read_text())
     assert record["verdict"] == "pass"
     assert record["artefacts"] == {good.name: sha256_file(good)}

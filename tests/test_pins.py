@@ -6,7 +6,7 @@ import re
 
 from packaging.requirements import Requirement
 
-from release.pins import dependency_group, pyproject
+from release.util.pins import dependency_group, pyproject
 
 GROUPS = ("nox", "build", "cuda-compiler", "release", "test")
 

@@ -1,4 +1,4 @@
-"""The policy gate (release/policy.py) with the real `auditwheel show`.
+"""The policy gate (release/gates/policy.py) with the real `auditwheel show`.
 
 Fixture wheels hold real ELF shared objects: one compiled by zig for glibc 2.28 (passes), and
 negative controls that each must fail: a host-gcc object calling GLIBC_2.34 symbols, a vendored
@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 from conftest import run_tool, zig_binary
+from fixtures_wheels import wheel_set
 
-from release.digests import sha256_file
 from release.evidence import Evidence, evidence_path
+from release.gates.policy import run_policy_gate, shown_policy, tag_glibc
 from release.manifest import Manifest, load_manifest
-from release.policy import run_policy_gate, shown_policy, tag_glibc
+from release.util.digests import sha256_file
 
 REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
 ZIG_TARGET = "x86_64-linux-gnu.2.28"
@@ -164,7 +165,7 @@ def test_zig_built_wheel_passes(objects: Objects, manifest: Manifest, tmp_path: 
     tag, shown = shown_policy(wheel)
     assert tag.startswith("manylinux_") and shown <= (2, 28)
     out = tmp_path / "out"
-    evidence = run_policy_gate(manifest, [wheel], out)
+    evidence = run_policy_gate(manifest, wheel_set(wheel), out)
     assert evidence.verdict == "pass", evidence.reason
     record = _read_evidence(out)
     assert record["verdict"] == "pass"
@@ -193,7 +194,7 @@ def test_wheel_repaired_by_auditwheel_passes(
     assert result.returncode == 0, result.stderr
     (repaired,) = repaired_dir.glob("*.whl")
     assert DECLARED_TAG in repaired.name and "manylinux1_x86_64" in repaired.name
-    evidence = run_policy_gate(manifest, [repaired], tmp_path / "out")
+    evidence = run_policy_gate(manifest, wheel_set(repaired), tmp_path / "out")
     assert evidence.verdict == "pass", evidence.reason
 
 
@@ -210,7 +211,7 @@ def test_glibc_234_symbols_fail_naming_the_newer_policy(
     if not versioned:
         pytest.skip("the host glibc is older than 2.34: its gcc cannot plant GLIBC_2.34 symbols")
     wheel = platform_wheel(tmp_path / "dist", objects.gcc_234)
-    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    evidence = run_policy_gate(manifest, wheel_set(wheel), tmp_path / "out")
     _assert_fails(evidence, wheel, "auditwheel show reports manylinux_2_34_x86_64", "newer than")
     assert evidence.figures["wheels"][wheel.name] == {"auditwheel_show": "manylinux_2_34_x86_64"}
     assert _read_evidence(tmp_path / "out")["verdict"] == "fail"
@@ -221,7 +222,7 @@ def test_vendored_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: P
     wheel = platform_wheel(
         tmp_path / "dist", objects.zig_228, extra={vendored: objects.cudart_stub.read_bytes()}
     )
-    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    evidence = run_policy_gate(manifest, wheel_set(wheel), tmp_path / "out")
     _assert_fails(evidence, wheel, f"{vendored}: a vendored CUDA library")
 
 
@@ -232,7 +233,7 @@ def test_needed_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Pat
     wheel = platform_wheel(tmp_path / "dist", objects.needs_cudart)
     # auditwheel show reports a needed library outside every manylinux policy as linux_x86_64:
     # the gate must still judge (verdict fail, with the CUDA library named), not give up.
-    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    evidence = run_policy_gate(manifest, wheel_set(wheel), tmp_path / "out")
     _assert_fails(evidence, wheel, f"{MODULE}: needs libcudart.so.13 (expected static cudart)")
     assert _read_evidence(tmp_path / "out")["verdict"] == "fail"
 
@@ -243,7 +244,7 @@ def test_file_name_claiming_a_newer_policy_fails(
     wheel = platform_wheel(tmp_path / "dist", objects.zig_228, platforms=("manylinux_2_34_x86_64",))
     _, shown = shown_policy(wheel)
     assert shown <= (2, 28)  # the objects are fine: only the claim is wrong
-    evidence = run_policy_gate(manifest, [wheel], tmp_path / "out")
+    evidence = run_policy_gate(manifest, wheel_set(wheel), tmp_path / "out")
     _assert_fails(evidence, wheel, "platform tag manylinux_2_34_x86_64 is newer than the declared")
 
 
@@ -255,7 +256,7 @@ def test_one_failing_wheel_fails_the_gate_and_every_digest_is_recorded(
         tmp_path / "bad", objects.zig_228, platforms=(DECLARED_TAG, "manylinux_2_34_x86_64")
     )
     out = tmp_path / "out"
-    evidence = run_policy_gate(manifest, [good, bad], out)
+    evidence = run_policy_gate(manifest, wheel_set(good, bad), out)
     assert evidence.verdict == "fail"
     assert evidence.figures["failures"] == [
         f"{bad.name}: platform tag manylinux_2_34_x86_64 is newer than the declared policy"

@@ -1,4 +1,4 @@
-"""The progress bar of long steps (release/progress.py): every item, in order, under a bar that
+"""The progress bar of long steps (release/util/progress.py): every item, in order, under a bar that
 names the item in hand and counts what is done."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import io
 import pytest
 from rich.console import Console
 
-from release import progress
+from release.util import progress
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ from cryptography.hazmat.primitives.serialization import (
 )
 from fixtures_sign import gated_out
 
-from release.digests import sha256_file
-from release.index import EmbeddedIndex
-from release.pins import project_version
-from release.publish import PAUSE_ENV
-from release.tuf_metadata import PROVENANCE_PREFIX, TufRepository
+from release.trust.index import EmbeddedIndex
+from release.trust.publish import PAUSE_ENV
+from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
+from release.util.digests import sha256_file
+from release.util.pins import project_version
 
 REPO = Path(__file__).resolve().parent.parent
 TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",

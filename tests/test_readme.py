@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from release.pins import dependency_group
+from release.util.pins import dependency_group
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from release.digests import sha256_file
-from release.policy import tag_glibc
+from release.gates.policy import tag_glibc
+from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The release report (release/report.py): report.md and report.html from the records under
+"""The release report (release/report/document.py): report.md and report.html from the records under
 `<out>/`, with and without the records other gates add (GPU staging, served path), and a look at
 the HTML in a real headless browser (Debian's chromium)."""
 
@@ -9,17 +9,17 @@ import json
 import os
 import shutil
 import subprocess
+from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from release import cli
+from release import cli, records
 from release.evidence import Evidence, write_evidence
-from release.gpu import NO_GPU_RUNNER
+from release.gates.gpu_runner import NO_GPU_RUNNER
 from release.manifest import Manifest, load_manifest
-from release.records import write_record
-from release.report import (
+from release.report.document import (
     REPORT_HTML,
     REPORT_MD,
     STAGING_PLOT,
@@ -57,18 +57,21 @@ def write_records(
     out: Path, manifest: Manifest, *, staging: bool, served_path: bool, published: bool
 ) -> Path:
     """The records of a dev run, written with the pipeline's own writers."""
-    write_record(out, "build", {
-        "started": "2026-12-03T02:00:00+00:00", "finished": "2026-12-03T02:01:00+00:00",
-        "source_date_epoch": 1796237208,
-        "toolchain": {"zig": "0.17.1", "nvcc": "13.0"},
-        "wheels": [
-            {"file": name, "python": python, "serves": ["3.12", "3.13"] if python == "3.12"
-             else [python], "seconds": 20.5, "cached": python == "3.11",
-             "size": 716_733 + index, "sha256": ARTEFACTS[name]}
+    records.write(out, records.BuildRecord(
+        started=datetime(2026, 12, 3, 2, 0, tzinfo=timezone.utc),
+        finished=datetime(2026, 12, 3, 2, 1, tzinfo=timezone.utc),
+        source_date_epoch=1796237208,
+        toolchain={"zig": "0.17.1", "nvcc": "13.0"},
+        wheels=tuple(
+            records.BuiltWheelEntry(
+                file=name, python=python,
+                serves=("3.12", "3.13") if python == "3.12" else (python,), seconds=20.5,
+                cached=python == "3.11", size=716_733 + index, sha256=ARTEFACTS[name])
             for index, (python, name) in enumerate(WHEELS.items())
-        ],
-        "skipped": [{"python": "3.13", "reason": "served by the stable-ABI wheel built with 3.12"}],
-    })  # fmt: skip
+        ),
+        skipped=(records.SkippedEntry(
+            python="3.13", reason="served by the stable-ABI wheel built with 3.12"),),
+    ))  # fmt: skip
     write_evidence(out, Evidence("policy", "pass", ARTEFACTS, figures={
         "declared": "manylinux_2_28_x86_64", "failures": [],
         "wheels": {n: {"auditwheel_show": "manylinux_2_17_x86_64"} for n in ARTEFACTS},
@@ -97,17 +100,19 @@ def write_records(
         write_evidence(out, Evidence("gpu-staging", "pass", ARTEFACTS, runner=GPU_RUNNER,
                                      figures={"rows": 12}))  # fmt: skip
     if published:
-        write_record(out, "sign", {
-            "channel": "dev", "envelope": str(out / "provenance" / "activekv-0.1.0.intoto.json"),
-            "envelope_sha256": digest("envelope"), "keyid": digest("key"),
-            "subjects": ARTEFACTS,
-        })  # fmt: skip
-        write_record(out, "publish", {
-            "channel": "dev", "index": "http://127.0.0.1:8080/simple/",
-            "message": "uploaded 3 file(s) of activekv 0.1.0",
-            "files": [{"file": n, "sha256": d, "outcome": "uploaded"}
-                      for n, d in ARTEFACTS.items()],
-        })  # fmt: skip
+        envelope = out / "provenance" / "activekv-0.1.0.intoto.json"
+        records.write(out, records.SignRecord(
+            channel="dev", envelope=str(envelope), envelope_sha256=digest("envelope"),
+            keyid=digest("key"), public_key=str(out / "provenance" / "dev-signing-key.pub.json"),
+            subjects=ARTEFACTS,
+        ))  # fmt: skip
+        records.write(out, records.PublishRecord(
+            channel="dev", index="http://127.0.0.1:8080/simple/",
+            message="uploaded 3 file(s) of activekv 0.1.0",
+            files=tuple(records.PublishedFile(file=n, sha256=d, outcome="uploaded")
+                        for n, d in ARTEFACTS.items()),
+            statement=str(envelope), statement_stored=True,
+        ))  # fmt: skip
     return out
 
 
@@ -423,8 +428,8 @@ def test_a_blank_page_fails_the_picture_check(tmp_path: Path) -> None:
 def test_the_terminal_summary_shows_the_same_gates_in_short(
     tmp_path: Path, manifest: Manifest
 ) -> None:
-    from release.progress import console
-    from release.summary import print_summary
+    from release.report.terminal import print_summary
+    from release.util.progress import console
 
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=True)
     (out / "verify.json").write_text("{not json")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from release.build.reproduce import run_reproduce_gate, snapshot, wheel_differences
 from release.manifest import load_manifest
-from release.reproduce import run_reproduce_gate, snapshot, wheel_differences
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = load_manifest(REPO / "manifests" / "activekv.toml")

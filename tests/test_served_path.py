@@ -1,6 +1,7 @@
-"""The served-path gate's verdicts (release/served_path.py).
+"""The served-path gate's verdicts (release/gates/served_path.py).
 
-The judgement is tested here on driver results shaped as release/served_path_driver.py prints
+The judgement is tested here on driver results shaped as release/scripts/served_path_driver.py
+prints
 them, each negative control planting one violation; tests/with_vllm/ runs the driver itself against
 the real vLLM classes and the built wheel (nox -s vllm). Without vLLM the gate must say "not run",
 never pass.
@@ -19,11 +20,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fixtures_wheels import build_wheel
+from fixtures_wheels import build_wheel, wheel_set
 
 from release.errors import GateError
 from release.evidence import read_evidence
-from release.served_path import dispatch_line, judge, run_served_path_gate
+from release.gates.served_path import dispatch_line, judge, run_served_path_gate
 
 SHIM_CODES = {
     "vllm_connector.py:22:ActiveKVConnector.get_num_new_matched_tokens": 1,
@@ -129,7 +130,7 @@ def test_without_vllm_the_gate_is_not_run(tmp_path: Path, monkeypatch: pytest.Mo
         pytest.skip("this interpreter has vLLM")
     monkeypatch.delenv("ACTIVEKV_VLLM_PYTHON", raising=False)
     wheel = build_wheel(tmp_path / "dist")
-    evidence = run_served_path_gate([wheel], tmp_path / "out")
+    evidence = run_served_path_gate(wheel_set(wheel), tmp_path / "out")
     assert evidence.verdict == "not-run"
     assert evidence.reason.startswith("not run: vLLM not installed")
     assert dispatch_line(evidence) == ""
@@ -145,7 +146,7 @@ def test_a_named_interpreter_without_vllm_is_an_error(tmp_path: Path) -> None:
         pytest.skip("this interpreter has vLLM")
     wheel = build_wheel(tmp_path / "dist")
     with pytest.raises(GateError, match=r"--vllm-python .*: expected Python 3\.12\+ that imports"):
-        run_served_path_gate([wheel], tmp_path / "out", vllm_python=Path(sys.executable))
+        run_served_path_gate(wheel_set(wheel), tmp_path / "out", vllm_python=Path(sys.executable))
 
 
 # --- the native core on duck-typed vLLM objects (no vLLM here; tests/with_vllm/ has the real ones)

@@ -1,4 +1,5 @@
-"""The local index servers' process handling (release/server_process.py) with real processes: a
+"""The local index servers' process handling (release/trust/server_process.py) with real processes:
+a
 real HTTP server, a server that says its port was taken, one that dies, one that cannot run."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from release.errors import PackageIndexError
-from release.server_process import HOST, ServerProcess, answers
+from release.trust.server_process import HOST, ServerProcess, answers
 
 
 def http_server(port: int) -> list[str]:

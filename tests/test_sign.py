@@ -17,7 +17,7 @@ from fixtures_wheels import build_wheel
 from securesystemslib.signer import CryptoSigner
 
 from release.errors import SigningError
-from release.sign import (
+from release.trust.sign import (
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
     STATEMENT_TYPE,

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from release.build.toolchain import RECORDED_BUILD_REQUIREMENTS, resolve_toolchain, toolchain_record
 from release.cli import DEFAULT_MANIFEST
-from release.digests import sha256_file
 from release.errors import BuildError
 from release.manifest import load_manifest
-from release.pins import pyproject
-from release.toolchain import RECORDED_BUILD_REQUIREMENTS, resolve_toolchain, toolchain_record
+from release.util.digests import sha256_file
+from release.util.pins import pyproject
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = ("zig", "nvcc", "cuda_host_compiler", "cmake")
@@ -36,7 +36,7 @@ def toolchain():
 
 
 def _build_path() -> str:
-    """The PATH a build runs with: this interpreter's tools first (release/build.py)."""
+    """The PATH a build runs with: this interpreter's tools first (release/build/wheels.py)."""
     return str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from release.gates.trace import Lookup, Step, TraceError, generate, read_trace
 from release.manifest import load_manifest
-from release.trace import Lookup, Step, TraceError, generate, read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 CELLS = load_manifest(REPO / "manifests" / "activekv.toml").gates["parity"].cells

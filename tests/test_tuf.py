@@ -1,4 +1,5 @@
-"""TUF protection of the index, end to end: a real pypiserver (via release.index_server) serving
+"""TUF protection of the index, end to end: a real pypiserver (via release.scripts.index_server)
+serving
 the publisher's python-tuf metadata, and the consumer's `verify --index` with ngclient.Updater.
 
 Every attack is planted for real on the served files and must be refused with a clear message:
@@ -27,12 +28,12 @@ from tuf.api.metadata import Metadata
 from tuf.api.serialization.json import JSONSerializer
 
 from release.errors import PublishError, VerifyError
-from release.index import EmbeddedIndex
 from release.manifest import TufKeys
-from release.publish import publish
-from release.sign import key_paths, load_signer
-from release.tuf_metadata import PROVENANCE_PREFIX, ROLES, TufRepository, repository_for
-from release.verify import parse_requirement, tuf_url_for, verify_release
+from release.trust.index import EmbeddedIndex
+from release.trust.publish import publish
+from release.trust.sign import key_paths, load_signer
+from release.trust.tuf_metadata import PROVENANCE_PREFIX, ROLES, TufRepository, repository_for
+from release.trust.verify import parse_requirement, tuf_url_for, verify_release
 
 USER = "activekv-publisher"
 IMPORTS = ["activekv._probe"]

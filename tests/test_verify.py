@@ -16,16 +16,16 @@ import pytest
 from fixtures_wheels import build_wheel
 
 from release.errors import VerifyError
-from release.index import EmbeddedIndex
-from release.publish import publish
-from release.sign import (
+from release.trust.index import EmbeddedIndex
+from release.trust.publish import publish
+from release.trust.sign import (
     build_statement,
     load_signer,
     read_and_verify_envelope,
     sign_statement,
     write_envelope,
 )
-from release.verify import InstallCheck, clean_pip_env, verify_from_index
+from release.trust.verify import InstallCheck, clean_pip_env, verify_from_index
 
 PYTHON_312 = Path("/root/.pyenv/versions/3.12.1/bin/python")
 IMPORTS = ["activekv._probe"]

@@ -1,6 +1,6 @@
 // C interface of the CUDA objects. nvcc compiles them with the host g++, while the rest of the
 // wheel links zig's libc++: this header and the .cu host code use no C++ standard library, so no
-// libstdc++ symbol can be left undefined in the final module (release/elfcheck.py verifies it).
+// libstdc++ symbol can be left undefined in the final module (release/build/elfcheck.py verifies it).
 #pragma once
 
 #include <stddef.h>

@@ -1,6 +1,6 @@
 // The CUDA runtime backend. Compiled by the C++ compiler (zig's clang in the wheel), not nvcc: it
 // holds no kernels, and host code with the standard library must not go through nvcc's g++
-// (DESIGN.md §5).
+// (docs/toolchain.md).
 #include <cuda_runtime.h>
 
 #include <string>

@@ -1,5 +1,5 @@
 // The CUPTI monitor: a callback subscriber on the driver and runtime API domains that counts, by
-// callback id and by phase, the calls the warm-up rules forbid (DESIGN.md §4): device, async,
+// callback id and by phase, the calls the warm-up rules forbid (docs/gates.md): device, async,
 // pool, VMM, pinned and host-register allocations; stream, context and event synchronisations;
 // stream captures. Syncs and captures are split by whether their stream is one the runtime owns.
 // libcupti is loaded at run time; the callback ids are classified by the names CUPTI itself

@@ -2,7 +2,7 @@
 // float32 scale per (token, head) group of head_dim elements, K and V separately. Every float
 // operation is one IEEE binary32 operation (this file is compiled with -ffp-contract=off); the
 // format conversions are integer code in float_bits.h. Bit-identical to
-// tests/reference/compression.py.
+// reference/compression.py.
 #include "offload/compression.h"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // Compression of offloaded KV (SPEC.md §5): exact raw words, or int8 / fp8 (E4M3) codes with one
-// float32 scale per (token, head). Bit-identical to tests/reference/compression.py.
+// float32 scale per (token, head). Bit-identical to reference/compression.py.
 #pragma once
 
 #include <cstddef>

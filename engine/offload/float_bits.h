@@ -1,7 +1,7 @@
 // Exact, portable conversions between float32 and the 16-bit and 8-bit formats of SPEC.md §5,
 // written as integer operations on the bit patterns (no _Float16, no intrinsics, no dependence on
 // the floating-point environment), so that the CPU route, a later CUDA route and the Python
-// reference (tests/reference/compression.py) agree bit for bit.
+// reference (reference/compression.py) agree bit for bit.
 //
 // Every function is also a CUDA device function (AKV_HOST_DEVICE), so the CUDA route's kernels
 // run this very code: one definition of each rounding rule for both routes. Header-only and free

@@ -3,7 +3,7 @@
 # vLLM requires its connector to be a Python subclass of KVConnectorBase_V1, so this file is that
 # subclass and nothing more: it holds one native ConnectorCore (activekv._vllm) and forwards every
 # hook to it in one call. Each line that is not blank or a comment cites the vLLM source line that
-# requires it; the citation format is documented in release/citations.py and the payload gate
+# requires it; the citation format is documented in release/gates/citations.py and the payload gate
 # verifies every citation against the pinned vLLM wheel (manifests/activekv.toml, payload.shims).
 from typing import TYPE_CHECKING, Any  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:47 b222aa97
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures_wheels import wheel_set
 
+from release.gates.payload import run_payload_gate
+from release.gates.served_path import run_served_path_gate
 from release.manifest import load_manifest
-from release.payload import run_payload_gate
-from release.served_path import run_served_path_gate
-from release.served_path_driver import build_configs
+from release.scripts.served_path_driver import build_configs
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "manifests" / "activekv.toml"
@@ -149,7 +150,10 @@ def test_payload_audit_verifies_the_shim_against_the_vllm_wheel(
     built_wheel: Path, tmp_path: Path, framework_cache: Path
 ) -> None:
     evidence = run_payload_gate(
-        load_manifest(MANIFEST), [built_wheel], tmp_path / "out", framework_cache=framework_cache
+        load_manifest(MANIFEST),
+        wheel_set(built_wheel),
+        tmp_path / "out",
+        framework_cache=framework_cache,
     )
     assert evidence.verdict == "pass", evidence.reason
 
@@ -169,7 +173,10 @@ def test_payload_audit_catches_a_wrong_line_number_against_vllm(
         )
     )
     evidence = run_payload_gate(
-        load_manifest(manifest_path), [wheel], tmp_path / "out", framework_cache=framework_cache
+        load_manifest(manifest_path),
+        wheel_set(wheel),
+        tmp_path / "out",
+        framework_cache=framework_cache,
     )
     assert evidence.verdict == "fail"
     line = 1 + shim[: shim.index(b"base.py:181 ")].count(b"\n")
@@ -180,7 +187,7 @@ def test_payload_audit_catches_a_wrong_line_number_against_vllm(
 
 def test_served_path_gate_passes_on_the_built_wheel(built_wheel: Path, tmp_path: Path) -> None:
     python = Path(sys.executable)
-    evidence = run_served_path_gate([built_wheel], tmp_path / "out", vllm_python=python)
+    evidence = run_served_path_gate(wheel_set(built_wheel), tmp_path / "out", vllm_python=python)
     assert evidence.verdict == "pass", evidence.reason
     sites = evidence.figures["dispatch_sites"]
     assert sites["engine"] <= 9 < sites["reference"]  # only the shim's hook methods ran
@@ -201,7 +208,9 @@ def test_served_path_gate_fails_on_a_shim_that_works_in_python(
         + b"\n\ndef _forward(hook, *args):\n    return hook(*args)\n"
     )
     wheel = rewrite_shim(built_wheel, tmp_path / "dist", planted)
-    evidence = run_served_path_gate([wheel], tmp_path / "out", vllm_python=Path(sys.executable))
+    evidence = run_served_path_gate(
+        wheel_set(wheel), tmp_path / "out", vllm_python=Path(sys.executable)
+    )
     assert evidence.verdict == "fail"
     assert "first-party Python frames for" in evidence.reason
     assert "engine work in Python: vllm_connector.py:" in evidence.reason

@@ -1,0 +1,631 @@
+"""Plain Python reference of the engine's CPU route (engine/offload/SPEC.md §2-§4, §6, §7).
+
+Written to be obviously correct rather than fast, and independently of the C++ engine
+(engine/offload/engine.cpp): dicts, lists and explicit loops. Same API as ``activekv._engine``:
+``stored_block_bytes``, ``encode_layer``, ``decode_layer`` and the ``Engine`` class, with the same
+events and the same errors (ValueError for bad input, RuntimeError for hooks out of order; either
+leaves the engine as it was).
+
+Storage in every mode (exact, int8, fp8_e4m3) comes from ``reference/compression.py``;
+its functions are re-exported here.
+
+``layout`` is any object with ``num_layers``, ``block_size``, ``num_kv_heads``, ``head_dim`` and
+``dtype`` ("fp16", "bf16", "fp32", or an enum whose ``.name`` is one of those).
+
+``FAULTS`` is for the parity gate's negative control only (never set it otherwise):
+``"lru_mru_first"`` evicts the most recently used unpinned block instead of the least.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from .compression import (
+    _WORDS,
+    _check_mode,
+    _dtype_name,
+    decode_layer,
+    encode_layer,
+    stored_block_bytes,
+    stored_layer_bytes,
+)
+
+__all__ = ["Engine", "decode_layer", "encode_layer", "stored_block_bytes", "stored_layer_bytes"]
+
+KNOWN_FAULTS = frozenset({"lru_mru_first"})
+FAULTS: set[str] = set()
+
+# Region states (SPEC.md §4).
+FREE = "free"
+PREPARED = "prepared"
+BOUND = "bound"
+IN_FLIGHT = "in_flight"
+QUARANTINED = "quarantined"
+
+
+# ---- staging regions and leases (SPEC.md §4) ----
+
+
+class Staging:
+    """num_regions regions, each {state, generation, transfers, fence}; a region owns no bytes,
+    the copies go straight between slots and device blocks. A lease is the tuple (region,
+    generation). Any use of a lease that does not match its region raises RuntimeError ("stale
+    lease") and changes nothing."""
+
+    def __init__(self, num_regions: int, region_blocks: int) -> None:
+        self.region_blocks = region_blocks
+        self.regions: list[dict[str, Any]] = [
+            {"state": FREE, "generation": 0, "transfers": [], "fence_ok": True}
+            for _ in range(num_regions)
+        ]
+
+    def quarantined(self) -> int:
+        return sum(1 for region in self.regions if region["state"] == QUARANTINED)
+
+    def all_quarantined(self) -> bool:
+        return self.quarantined() == len(self.regions)
+
+    def prepare(self) -> tuple[str, tuple[int, int] | None]:
+        """("ok", lease) | ("no_region", None) | ("all_quarantined", None)."""
+        if self.all_quarantined():
+            return "all_quarantined", None
+        for index, region in enumerate(self.regions):
+            if region["state"] == FREE:
+                region["state"] = PREPARED
+                return "ok", (index, region["generation"])
+        return "no_region", None
+
+    def _leased(self, lease: tuple[int, int], needed: str, call: str) -> dict[str, Any]:
+        index, generation = lease
+        if not 0 <= index < len(self.regions):
+            raise RuntimeError(
+                f"{call}: stale lease {lease}: there are {len(self.regions)} regions"
+            )
+        region = self.regions[index]
+        if region["generation"] != generation:
+            raise RuntimeError(
+                f"{call}: stale lease {lease}: the region is at generation {region['generation']}"
+            )
+        if region["state"] != needed:
+            raise RuntimeError(
+                f"{call}: stale lease {lease}: the region is {region['state']}, not {needed}"
+            )
+        return region
+
+    def bind(self, lease: tuple[int, int], transfers: list[tuple[int, int]]) -> None:
+        """transfers: (slot, device_block) per block."""
+        region = self._leased(lease, PREPARED, "bind")
+        if len(transfers) > self.region_blocks:
+            raise ValueError(
+                f"transfers: expected at most region_blocks = {self.region_blocks} entries; "
+                f"got {len(transfers)}"
+            )
+        region["transfers"] = list(transfers)
+        region["state"] = BOUND
+
+    def transfer(self, lease: tuple[int, int], fence_ok: bool, copies: Any) -> None:
+        """Runs copies(transfers) now, then the region is in flight behind its fence."""
+        region = self._leased(lease, BOUND, "transfer")
+        copies(region["transfers"])
+        region["fence_ok"] = fence_ok
+        region["state"] = IN_FLIGHT
+
+    def complete(self, lease: tuple[int, int]) -> str:
+        """ "ok" (the region is free, generation + 1) or "lost" (quarantined for good)."""
+        region = self._leased(lease, IN_FLIGHT, "complete")
+        if not region["fence_ok"]:
+            region["state"] = QUARANTINED
+            region["transfers"] = []
+            return "lost"
+        region["transfers"] = []
+        region["state"] = FREE
+        region["generation"] += 1
+        return "ok"
+
+
+# ---- the engine ----
+
+
+def _integers(values: Any, name: str, low: int, high: int, expected: str) -> list[int]:
+    """Items of an iterable as ints in [low, high); ValueError naming name[i] otherwise (a value
+    that is not iterable raises TypeError, as iterating it does)."""
+    result = []
+    for index, item in enumerate(values):
+        try:
+            value = operator.index(item)
+        except TypeError:
+            raise ValueError(f"{name}[{index}]: expected {expected}; got {item!r}") from None
+        if not low <= value < high:
+            raise ValueError(f"{name}[{index}]: expected {expected}; got {item!r}")
+        result.append(value)
+    return result
+
+
+def _hashes(values: Any) -> list[int]:
+    return _integers(values, "hashes", 0, 2**64, "an unsigned 64-bit block hash")
+
+
+def _device_blocks(values: Any) -> list[int]:
+    return _integers(values, "device_blocks", -(2**63), 2**63, "a device block index")
+
+
+def _non_negative(value: Any, name: str) -> int:
+    value = operator.index(value)
+    if value < 0:
+        raise ValueError(f"{name}: expected a non-negative integer; got {value}")
+    return value
+
+
+def _positive(value: int, name: str) -> int:
+    if value == 0:
+        raise ValueError(f"{name}: expected a positive value; got 0")
+    return value
+
+
+class Engine:
+    """Same methods, arguments, events and errors as activekv._engine.Engine (SPEC.md §7)."""
+
+    def __init__(
+        self,
+        layout: Any,
+        mode: str,
+        capacity_bytes: int,
+        num_regions: int,
+        region_blocks: int,
+        num_device_blocks: int,
+    ) -> None:
+        _check_mode(mode)
+        capacity_bytes = _non_negative(capacity_bytes, "capacity_bytes")
+        num_regions = _non_negative(num_regions, "num_regions")
+        region_blocks = _non_negative(region_blocks, "region_blocks")
+        num_device_blocks = _non_negative(num_device_blocks, "num_device_blocks")
+        self._layout = layout
+        self._mode = mode
+        self._num_layers = layout.num_layers
+        self._word = _WORDS[_dtype_name(layout)]
+        self._layer_bytes = stored_layer_bytes(layout, mode)
+        slot_bytes = self._layer_bytes * self._num_layers
+        if capacity_bytes < slot_bytes:
+            raise ValueError(
+                f"capacity_bytes: expected room for at least one slot of {slot_bytes} bytes; "
+                f"got {capacity_bytes}"
+            )
+        _positive(num_regions, "num_regions")
+        _positive(region_blocks, "region_blocks")
+        _positive(num_device_blocks, "num_device_blocks")
+
+        self._slot_bytes = slot_bytes
+        self._num_slots = capacity_bytes // slot_bytes
+        self._region_blocks = region_blocks
+        self._num_device_blocks = num_device_blocks
+        # Host pool: slot -> its bytes; free slots kept sorted, lowest taken first.
+        self._slots = [bytearray(slot_bytes) for _ in range(self._num_slots)]
+        self._free = list(range(self._num_slots))
+        # hash -> {"slot", "state": "storing" | "committed", "pins", "last_use"}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._clock = 0
+        self._staging = Staging(num_regions, region_blocks)
+        self._fatal = False
+        # (direction, layer) -> faults injected and not yet taken by a lease
+        self._faults: dict[tuple[str, int], int] = {}
+        self._events: list[tuple[str, int]] = []
+        self._kv: list[np.ndarray] = []
+
+        self._phase = "planning"  # "planning" -> "built" -> "running" -> "planning"
+        self._planned_loads: list[tuple[int, int]] = []
+        self._planned_stores: list[tuple[int, int]] = []
+        self._loads: list[dict[str, Any]] = []  # {"hash", "device", "slot", "lost"}
+        # {"hash", "device", "slot", "allocated", "dropped"}
+        self._stores: list[dict[str, Any]] = []
+        self._load_leases: list[dict[str, Any]] = []  # {"layer", "lease", "entries"}
+        self._store_lease: dict[str, Any] | None = None
+        self._layers_loaded = 0
+        self._layers_saved = 0
+
+    # ---- read-only properties ----
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._slot_bytes
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def fatal(self) -> bool:
+        return self._fatal
+
+    @property
+    def quarantined_regions(self) -> int:
+        return self._staging.quarantined()
+
+    # ---- device KV ----
+
+    def register_kv_caches(self, layers: Any) -> None:
+        layers = list(layers)
+        if len(layers) != self._num_layers:
+            raise ValueError(
+                f"layers: expected num_layers = {self._num_layers} arrays; got {len(layers)}"
+            )
+        layout = self._layout
+        expected_shape = [
+            2,
+            self._num_device_blocks,
+            layout.block_size,
+            layout.num_kv_heads,
+            layout.head_dim,
+        ]
+        for index, array in enumerate(layers):
+            name = f"layers[{index}]"
+            if not isinstance(array, np.ndarray):
+                raise ValueError(
+                    f"{name}: expected an array of raw words (a numpy array); "
+                    f"got {type(array).__name__}"
+                )
+            if not array.flags.writeable:
+                raise ValueError(
+                    f"{name}: expected a writable array (loads write into it); got a read-only one"
+                )
+            if array.dtype != self._word:
+                raise ValueError(
+                    f"{name}: expected raw words ({self._word.name}) of dtype "
+                    f"{_dtype_name(layout)}; got {array.dtype}"
+                )
+            if list(array.shape) != expected_shape:
+                raise ValueError(
+                    f"{name}: expected shape [2, num_device_blocks, block_size, num_kv_heads, "
+                    f"head_dim] = {expected_shape}; got {list(array.shape)}"
+                )
+            if not array.flags.c_contiguous:
+                strides = [stride // array.itemsize for stride in array.strides]
+                raise ValueError(
+                    f"{name}: expected a C-contiguous array; got strides {strides} (in elements) "
+                    f"for shape {list(array.shape)}"
+                )
+        if self._phase == "running":
+            self._out_of_order("register_kv_caches")
+        self._kv = layers  # kept by reference, never copied
+
+    # ---- scheduler side ----
+
+    def lookup(self, hashes: Any) -> int:
+        found = 0
+        for block_hash in _hashes(hashes):
+            block = self._blocks.get(block_hash)
+            if block is None or block["state"] != "committed":
+                break
+            found += 1
+        self._events.append(("lookup", found))
+        return found
+
+    def plan_load(self, hashes: Any, device_blocks: Any) -> None:
+        planned = self._checked_plan(hashes, device_blocks)
+        self._add_to_plan(self._planned_loads, planned, "plan_load")
+
+    def plan_store(self, hashes: Any, device_blocks: Any) -> None:
+        planned = self._checked_plan(hashes, device_blocks)
+        self._add_to_plan(self._planned_stores, planned, "plan_store")
+
+    def build_step(self) -> None:
+        if self._phase != "planning":
+            self._out_of_order("build_step")
+        for block_hash, device in self._planned_loads:
+            block = self._blocks.get(block_hash)
+            if block is not None and block["state"] == "committed":
+                block["pins"] += 1
+                self._loads.append(
+                    {"hash": block_hash, "device": device, "slot": block["slot"], "lost": False}
+                )
+                self._events.append(("hit", block_hash))
+            else:
+                self._events.append(("miss", block_hash))
+        for block_hash, device in self._planned_stores:
+            self._stores.append(
+                {
+                    "hash": block_hash,
+                    "device": device,
+                    "slot": None,
+                    "allocated": False,
+                    "dropped": False,
+                }
+            )
+        self._planned_loads = []
+        self._planned_stores = []
+        self._layers_loaded = 0
+        self._layers_saved = 0
+        self._phase = "built"
+
+    # ---- worker side ----
+
+    def start_load(self) -> None:
+        if self._phase != "built":
+            self._out_of_order("start_load")
+        if not self._kv:
+            raise RuntimeError("start_load: called out of order; expected register_kv_caches first")
+        self._phase = "running"
+        if self._loads:
+            self._issue_load(0, final_attempt=True)
+
+    def wait_for_layer_load(self, layer: int) -> list[int]:
+        layer = self._checked_layer(layer)
+        if self._phase != "running" or self._layers_loaded != layer or self._layers_saved != layer:
+            self._out_of_order(f"wait_for_layer_load({layer})")
+        # Layer n + 1 is staged before layer n is completed; with no region free, layer n is
+        # completed first (which frees one) and layer n + 1 is tried once more.
+        completed = False
+        if layer + 1 < self._num_layers and not self._issue_load(layer + 1, final_attempt=False):
+            self._complete_load(layer)
+            completed = True
+            self._issue_load(layer + 1, final_attempt=True)
+        if not completed:
+            self._complete_load(layer)
+        self._layers_loaded += 1
+        lost = [entry["device"] for entry in self._loads if entry["lost"]]
+        if layer + 1 == self._num_layers:
+            for entry in self._loads:
+                block = self._blocks[entry["hash"]]
+                if entry["lost"]:
+                    self._events.append(("load_error", entry["hash"]))
+                else:
+                    self._stamp(block)
+                    self._events.append(("loaded", entry["hash"]))
+                block["pins"] -= 1
+        return lost
+
+    def save_kv_layer(self, layer: int) -> None:
+        layer = self._checked_layer(layer)
+        if (
+            self._phase != "running"
+            or self._layers_loaded != layer + 1
+            or self._layers_saved != layer
+        ):
+            self._out_of_order(f"save_kv_layer({layer})")
+        if layer == 0:
+            for entry in self._stores:
+                self._allocate(entry)
+        # Layer n is issued before layer n - 1 is completed; with no region free, layer n - 1 is
+        # completed first (which frees one) and layer n is tried once more.
+        issued = self._issue_store(layer, final_attempt=False)
+        if issued == "no_region":
+            if self._store_lease is not None:
+                self._complete_store(self._store_lease)
+                self._store_lease = None
+            issued = self._issue_store(layer, final_attempt=True)
+        if self._store_lease is not None:
+            self._complete_store(self._store_lease)
+        self._store_lease = issued
+        self._layers_saved += 1
+
+    def wait_for_save(self) -> None:
+        all_layers = (
+            self._layers_loaded == self._num_layers and self._layers_saved == self._num_layers
+        )
+        nothing_to_move = (
+            self._layers_loaded == 0
+            and self._layers_saved == 0
+            and not self._loads
+            and not self._stores
+        )
+        if self._phase != "running" or not (all_layers or nothing_to_move):
+            self._out_of_order("wait_for_save")
+        if self._store_lease is not None:
+            self._complete_store(self._store_lease)
+            self._store_lease = None
+        for entry in self._stores:
+            if not entry["allocated"]:
+                continue
+            block = self._blocks[entry["hash"]]
+            if entry["dropped"]:
+                del self._blocks[entry["hash"]]
+                self._free.append(block["slot"])
+                self._free.sort()
+                self._events.append(("drop", entry["hash"]))
+            else:
+                block["state"] = "committed"
+                self._stamp(block)
+                block["pins"] -= 1
+                self._events.append(("commit", entry["hash"]))
+        self._loads = []
+        self._stores = []
+        self._load_leases = []
+        self._phase = "planning"
+
+    def inject_fence_fault(self, direction: str, layer: int) -> None:
+        if not isinstance(direction, str):
+            raise TypeError(f"direction: expected a str; got {type(direction).__name__}")
+        if direction not in ("load", "store"):
+            raise ValueError(f'direction: expected "load" or "store"; got "{direction}"')
+        layer = self._checked_layer(layer)
+        key = (direction, layer)
+        self._faults[key] = self._faults.get(key, 0) + 1
+
+    def events(self) -> list[tuple[str, int]]:
+        taken = self._events
+        self._events = []
+        return taken
+
+    # ---- checks ----
+
+    def _checked_layer(self, layer: Any) -> int:
+        layer = operator.index(layer)
+        if not 0 <= layer < self._num_layers:
+            raise ValueError(f"layer: expected 0 <= layer < {self._num_layers}; got {layer}")
+        return layer
+
+    def _checked_plan(self, hashes: Any, device_blocks: Any) -> list[tuple[int, int]]:
+        hash_values = _hashes(hashes)
+        device_values = _device_blocks(device_blocks)
+        if len(device_values) != len(hash_values):
+            raise ValueError(
+                f"device_blocks: expected one device block per hash ({len(hash_values)}); "
+                f"got {len(device_values)}"
+            )
+        for index, device in enumerate(device_values):
+            if not 0 <= device < self._num_device_blocks:
+                raise ValueError(
+                    f"device_blocks[{index}]: expected 0 <= device block < "
+                    f"{self._num_device_blocks}; got {device}"
+                )
+        return list(zip(hash_values, device_values, strict=True))
+
+    def _add_to_plan(
+        self, plan: list[tuple[int, int]], planned: list[tuple[int, int]], call: str
+    ) -> None:
+        if self._phase != "planning":
+            self._out_of_order(call)
+        if len(plan) + len(planned) > self._region_blocks:
+            raise ValueError(
+                f"hashes: a step moves at most region_blocks = {self._region_blocks} blocks each "
+                f"way; {call} would plan {len(plan) + len(planned)}"
+            )
+        plan.extend(planned)
+
+    def _out_of_order(self, call: str) -> None:
+        raise RuntimeError(f"{call}: called out of order; expected {self._expected_next()} next")
+
+    def _expected_next(self) -> str:
+        if self._phase == "planning":
+            return "plan_load, plan_store or build_step"
+        if self._phase == "built":
+            return "start_load"
+        if self._layers_saved == self._num_layers:
+            return "wait_for_save"
+        if self._layers_loaded == self._layers_saved:
+            return f"wait_for_layer_load({self._layers_loaded})"
+        return f"save_kv_layer({self._layers_saved})"
+
+    # ---- pool, LRU ----
+
+    def _stamp(self, block: dict[str, Any]) -> None:
+        self._clock += 1
+        block["last_use"] = self._clock
+
+    def _allocate(self, entry: dict[str, Any]) -> None:
+        """A slot for one planned store (SPEC.md §3), in plan order."""
+        block_hash = entry["hash"]
+        if block_hash in self._blocks:
+            return  # committed or being stored already: nothing to do, no event
+        if self._free:
+            slot = self._free.pop(0)  # the list is sorted: the lowest free slot
+        else:
+            candidates = [
+                (block["last_use"], victim)
+                for victim, block in self._blocks.items()
+                if block["state"] == "committed" and block["pins"] == 0
+            ]
+            if not candidates:
+                self._events.append(("refuse", block_hash))
+                return
+            if "lru_mru_first" in FAULTS:
+                _, victim = max(candidates)
+            else:
+                _, victim = min(candidates)
+            slot = self._blocks.pop(victim)["slot"]
+            self._events.append(("evict", victim))
+        self._blocks[block_hash] = {"slot": slot, "state": "storing", "pins": 1, "last_use": 0}
+        entry["allocated"] = True
+        entry["slot"] = slot
+
+    # ---- transfers ----
+
+    def _take_fault(self, direction: str, layer: int) -> bool:
+        key = (direction, layer)
+        if self._faults.get(key, 0) == 0:
+            return False
+        self._faults[key] -= 1
+        return True
+
+    def _region_lost(self, region: int) -> None:
+        self._events.append(("quarantine", region))
+        if self._staging.all_quarantined() and not self._fatal:
+            self._fatal = True
+            self._events.append(("fatal", len(self._staging.regions)))
+
+    def _issue_load(self, layer: int, final_attempt: bool) -> bool:
+        """Stages one layer of every load not lost. False (nothing done) when no region is free
+        and this is not the final attempt; on the final attempt, or with every region
+        quarantined, the transfer is not made and its blocks are lost."""
+        entries = [index for index, entry in enumerate(self._loads) if not entry["lost"]]
+        if not entries:
+            return True
+        status, lease = self._staging.prepare()
+        if status == "no_region" and not final_attempt:
+            return False
+        if status != "ok":
+            for index in entries:
+                self._loads[index]["lost"] = True
+            return True
+        transfers = [(self._loads[i]["slot"], self._loads[i]["device"]) for i in entries]
+        self._staging.bind(lease, transfers)
+        size = self._layer_bytes
+        kv = self._kv[layer]
+
+        def copies(transfers: list[tuple[int, int]]) -> None:
+            for slot, device in transfers:
+                stored = self._slots[slot][layer * size : (layer + 1) * size]
+                k, v = decode_layer(self._layout, self._mode, np.frombuffer(stored, np.uint8))
+                kv[0, device] = k
+                kv[1, device] = v
+
+        fence_ok = not self._take_fault("load", layer)
+        self._staging.transfer(lease, fence_ok, copies)
+        self._load_leases.append({"layer": layer, "lease": lease, "entries": entries})
+        return True
+
+    def _complete_load(self, layer: int) -> None:
+        for in_flight in self._load_leases:
+            if in_flight["layer"] != layer:
+                continue
+            self._load_leases.remove(in_flight)
+            status = self._staging.complete(in_flight["lease"])
+            if status == "lost":
+                self._region_lost(in_flight["lease"][0])
+                for index in in_flight["entries"]:
+                    self._loads[index]["lost"] = True
+            return
+
+    def _issue_store(self, layer: int, final_attempt: bool) -> Any:
+        """Stages one layer of every allocated store not dropped: the lease in flight, None when
+        nothing was issued, or "no_region" (nothing done) when no region is free and this is not
+        the final attempt. On the final attempt, or with every region quarantined, the transfer
+        is not made and its blocks are dropped."""
+        entries = [
+            index
+            for index, entry in enumerate(self._stores)
+            if entry["allocated"] and not entry["dropped"]
+        ]
+        if not entries:
+            return None
+        status, lease = self._staging.prepare()
+        if status == "no_region" and not final_attempt:
+            return "no_region"
+        if status != "ok":
+            for index in entries:
+                self._stores[index]["dropped"] = True
+            return None
+        transfers = [(self._stores[i]["slot"], self._stores[i]["device"]) for i in entries]
+        self._staging.bind(lease, transfers)
+        size = self._layer_bytes
+        kv = self._kv[layer]
+
+        def copies(transfers: list[tuple[int, int]]) -> None:
+            # Straight into the slots: a store whose fence is lost is dropped, and a dropped
+            # slot is freed without being read.
+            for slot, device in transfers:
+                stored = encode_layer(self._layout, self._mode, kv[0, device], kv[1, device])
+                self._slots[slot][layer * size : (layer + 1) * size] = stored.tobytes()
+
+        fence_ok = not self._take_fault("store", layer)
+        self._staging.transfer(lease, fence_ok, copies)
+        return {"layer": layer, "lease": lease, "entries": entries}
+
+    def _complete_store(self, in_flight: dict[str, Any]) -> None:
+        status = self._staging.complete(in_flight["lease"])
+        if status == "lost":
+            self._region_lost(in_flight["lease"][0])
+            for index in in_flight["entries"]:
+                self._stores[index]["dropped"] = True

@@ -1,0 +1,7 @@
+"""Making the wheels: the toolchains (hermetic zig + nvcc, or cibuildwheel), the wheel build with
+its cache, the ELF checks after linking, the record of wheels built elsewhere, the reproducible
+build check and the C++ tests.
+
+May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.evidence``,
+``release.records`` and ``release.wheelset``. Never imports gates, trust or report.
+"""

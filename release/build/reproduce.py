@@ -1,0 +1,112 @@
+"""The reproducible gate: build every wheel twice, from two copies of the source at different
+paths, each in fresh build trees with no compiler or wheel cache, and require bit-identical
+wheels (and the same bytes as the release's own wheels, when they exist).
+
+When two wheels differ it names each differing member and its first differing byte.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from release.build.wheels import build_wheels, source_date_epoch
+from release.errors import GateError
+from release.evidence import Evidence, write_evidence
+from release.manifest import Manifest
+from release.util.digests import sha256_file
+from release.util.progress import console
+
+# The second copy sits deeper and under another name, so any path that leaks into a wheel shows.
+_COPIES = (("a", Path("a") / "activekv"), ("b", Path("b") / "elsewhere" / "src-of-activekv"))
+
+
+def snapshot(source_dir: Path, destination: Path) -> Path:
+    """Copies what the build reads: tracked files and untracked ones git does not ignore."""
+    listing = subprocess.run(
+        ["git", "-C", str(source_dir), "ls-files", "-z", "--cached", "--others",
+         "--exclude-standard"],
+        capture_output=True, check=True,
+    ).stdout.decode()  # fmt: skip
+    for name in filter(None, listing.split("\0")):
+        source = source_dir / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return destination
+
+
+def wheel_differences(first: Path, second: Path) -> list[str]:
+    """Each member that differs between two wheels, with its first differing byte offset."""
+    with zipfile.ZipFile(first) as a, zipfile.ZipFile(second) as b:
+        names_a, names_b = set(a.namelist()), set(b.namelist())
+        found = [f"{name}: only in the first build" for name in sorted(names_a - names_b)]
+        found += [f"{name}: only in the second build" for name in sorted(names_b - names_a)]
+        for name in sorted(names_a & names_b):
+            data_a, data_b = a.read(name), b.read(name)
+            if data_a != data_b:
+                offset = next(
+                    (i for i, (x, y) in enumerate(zip(data_a, data_b, strict=False)) if x != y),
+                    min(len(data_a), len(data_b)),
+                )
+                found.append(
+                    f"{name}: first difference at byte {offset} "
+                    f"({len(data_a)} and {len(data_b)} bytes)"
+                )
+        if not found:
+            found.append("same members and bytes; the archive itself differs (order, times)")
+    return found
+
+
+def run_reproduce_gate(
+    manifest: Manifest,
+    *,
+    source_dir: Path,
+    out_dir: Path,
+    cache_dir: Path,
+    only: Sequence[str] = (),
+) -> Evidence:
+    epoch = source_date_epoch(source_dir)
+    root = out_dir / "reproduce"
+    shutil.rmtree(root, ignore_errors=True)
+    builds: dict[str, dict[str, Path]] = {}
+    for label, relative in _COPIES:
+        copy = snapshot(source_dir, root / relative)
+        console.print(f"reproduce: build {label} from {copy}")
+        report = build_wheels(
+            manifest, source_dir=copy, out_dir=root / f"out-{label}", cache_dir=cache_dir,
+            only=only, fresh_build_root=root / f"build-{label}", epoch=epoch,
+        )  # fmt: skip
+        builds[label] = {wheel.path.name: wheel.path for wheel in report.wheels}
+    first, second = builds["a"], builds["b"]
+    if set(first) != set(second):
+        raise GateError(
+            f"the two builds made different wheels: {sorted(first)} and {sorted(second)}"
+        )
+    problems: list[str] = []
+    for name in sorted(first):
+        if sha256_file(first[name]) != sha256_file(second[name]):
+            problems += [f"{name}: {d}" for d in wheel_differences(first[name], second[name])]
+    released = {w.name: w for w in (out_dir / "wheels").glob("*.whl")}
+    for name in sorted(set(first) & set(released)):
+        if sha256_file(first[name]) != sha256_file(released[name]):
+            problems += [f"{name} (release build): {d}"
+                         for d in wheel_differences(released[name], first[name])]  # fmt: skip
+    evidence = Evidence(
+        gate="reproducible",
+        verdict="fail" if problems else "pass",
+        artefacts={name: sha256_file(path) for name, path in sorted(first.items())},
+        figures={
+            "source_date_epoch": epoch,
+            "copies": [str(root / relative) for _, relative in _COPIES],
+            "compared_with_release": sorted(set(first) & set(released)),
+            "differences": problems,
+        },
+        reason="; ".join(problems[:20]),
+    )
+    write_evidence(out_dir, evidence)
+    return evidence

@@ -1,0 +1,154 @@
+"""The payload gate (`python -m release payload` or `audit`): every file of every wheel is
+classified; only the kinds the manifest allows may ship.
+
+Executable Python is allowed only as a shim the manifest declares, with the declared content
+hash, and every line of it must cite the pinned framework's source (release/gates/citations.py),
+which
+is checked against that framework's own wheel, fetched once into a cache
+(release/util/framework_cache.py). Bytecode and undeclared `.py` files (a stray `__init__.py`
+included) always fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path, PurePosixPath
+
+from release.errors import GateError
+from release.evidence import Evidence, write_evidence
+from release.gates.citations import verify_shim
+from release.gates.contract import GateInputs, Judges, Runner
+from release.manifest import Manifest, Shim
+from release.util.framework_cache import framework_wheel
+from release.wheelset import WheelSet
+
+_EXTENSION = re.compile(r"\.(cpython-\d+[a-z]*-[\w-]+|abi3)\.so$")
+
+
+@dataclass(frozen=True)
+class PayloadFile:
+    wheel: str
+    path: str
+    kind: str
+    size: int
+    problem: str = ""
+
+
+def classify(path: str) -> str:
+    """The kind of one wheel member, from its path."""
+    parts = PurePosixPath(path).parts
+    name = parts[-1]
+    if parts[0].endswith(".dist-info"):
+        return "metadata"
+    if parts[0].endswith(".libs"):
+        return "vendored-library"
+    if _EXTENSION.search(name):
+        return "extension"
+    if name.endswith(".pyi"):
+        return "stub"
+    if name == "py.typed":
+        return "typed-marker"
+    if name.endswith(".py"):
+        return "python"
+    if name.endswith((".pyc", ".pyo")) or "__pycache__" in parts:
+        return "bytecode"
+    if name.upper().startswith(("LICENSE", "COPYING", "NOTICE")):
+        return "license"
+    return "other"
+
+
+# (framework, version) -> the framework's wheel, whose files the citations name.
+FrameworkSource = Callable[[str, str], Path]
+
+
+def _shim_problem(shim: Shim, source: bytes, frameworks: FrameworkSource | None) -> str:
+    actual = hashlib.sha256(source).hexdigest()
+    if actual != shim.sha256:
+        return f"shim content sha256 {actual} differs from the manifest's {shim.sha256}"
+    if frameworks is None:
+        raise GateError(
+            f"{shim.path}: its citations of {shim.framework}=={shim.version} need the framework's "
+            "wheel; expected a framework cache directory (framework_cache)"
+        )
+    fetch = partial(frameworks, shim.framework, shim.version)
+    problems = verify_shim(shim.path, source, shim.framework, shim.version, fetch)
+    return "; ".join(f"line {p.line}: {p.message}" for p in problems)
+
+
+def list_wheel(
+    wheel: Path, manifest: Manifest, frameworks: FrameworkSource | None = None
+) -> list[PayloadFile]:
+    """Every file of `wheel` with its kind, and the problem when it may not ship."""
+    allowed = set(manifest.payload.allowed_kinds)
+    shims = {shim.path: shim for shim in manifest.payload.shims}
+    listing: list[PayloadFile] = []
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            kind = classify(info.filename)
+            problem = ""
+            if kind == "python":
+                shim = shims.get(info.filename)
+                if shim is None:
+                    problem = "undeclared Python file (only the manifest's shims may ship)"
+                else:
+                    kind = "shim"
+                    problem = _shim_problem(shim, archive.read(info), frameworks)
+            elif kind == "bytecode":
+                problem = "compiled Python bytecode may never ship"
+            if not problem and kind not in allowed:
+                problem = f"kind {kind!r} is not in payload.allowed_kinds {sorted(allowed)}"
+            listing.append(PayloadFile(wheel.name, info.filename, kind, info.file_size, problem))
+    return listing
+
+
+def run_payload_gate(
+    manifest: Manifest,
+    wheels: WheelSet,
+    out_dir: Path,
+    *,
+    framework_cache: Path | None = None,
+    pip_args: Sequence[str] = (),
+) -> Evidence:
+    """Lists every wheel, writes the payload evidence, and returns it (verdict pass or fail).
+
+    Shim citations are checked against framework wheels kept under `framework_cache`, fetched
+    with `pip download --no-deps` (plus `pip_args`) when missing."""
+    frameworks: FrameworkSource | None = None
+    if framework_cache is not None:
+        frameworks = partial(framework_wheel, cache_dir=framework_cache, pip_args=pip_args)
+    listing = [entry for wheel in wheels for entry in list_wheel(wheel.path, manifest, frameworks)]
+    failures = [entry for entry in listing if entry.problem]
+    evidence = Evidence(
+        gate="payload",
+        verdict="fail" if failures else "pass",
+        artefacts=wheels.digests,
+        figures={
+            "files": [entry.__dict__ for entry in listing],
+            "failures": [f"{e.wheel}: {e.path}: {e.problem}" for e in failures],
+        },
+        reason="; ".join(f"{e.wheel}: {e.path}: {e.problem}" for e in failures),
+    )
+    write_evidence(out_dir, evidence)
+    return evidence
+
+
+class PayloadGate:
+    name = "payload"
+    runner: Runner = "cpu"
+    judges = Judges.EVERY_WHEEL
+    shared_file = None
+
+    def run(self, inputs: GateInputs) -> Evidence:
+        return run_payload_gate(
+            inputs.manifest, inputs.wheels, inputs.out_dir, framework_cache=inputs.cache_dir
+        )
+
+
+GATE = PayloadGate()

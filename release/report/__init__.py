@@ -1,0 +1,6 @@
+"""What a release did, for people: the records under ``<out>/`` loaded once, then rendered as the
+terminal summary, ``report.md`` and ``report.html``. Reads records; never runs a step.
+
+May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.evidence``,
+``release.records`` and ``release.gates`` (the registry, for the gates' declarations).
+"""

@@ -1,0 +1,113 @@
+"""The records under `<out>/`, loaded once for the summary and the report.
+
+A record that is missing is None (that step did not run); one that cannot be read is listed in
+``unreadable``, never raised, so the report of a failed run is still written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from release import records
+from release.errors import ReleaseError
+from release.evidence import Evidence, read_evidence
+from release.manifest import Manifest
+from release.records import (
+    GPU_STAGING_RECORD,
+    BuildRecord,
+    PublishRecord,
+    R,
+    SignRecord,
+    VerifyRecord,
+)
+
+
+@dataclass
+class Records:
+    build: BuildRecord | None = None
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    gpu_staging: dict[str, Any] | None = None
+    sign: SignRecord | None = None
+    publish: PublishRecord | None = None
+    verify: VerifyRecord | None = None
+    unreadable: list[str] = field(default_factory=list)  # problems, as lines
+
+    def built_digests(self) -> dict[str, str]:
+        """Wheel file name to sha256, as the build recorded them."""
+        return {w.file: w.sha256 for w in self.build.wheels} if self.build else {}
+
+
+def _optional(out_dir: Path, kind: type[R], unreadable: list[str]) -> R | None:
+    try:
+        return records.read_optional(out_dir, kind)
+    except ReleaseError as error:
+        unreadable.append(str(error))
+        return None
+
+
+def load_records(out_dir: Path) -> Records:
+    loaded = Records()
+    problems = loaded.unreadable
+    loaded.build = _optional(out_dir, BuildRecord, problems)
+    loaded.sign = _optional(out_dir, SignRecord, problems)
+    loaded.publish = _optional(out_dir, PublishRecord, problems)
+    loaded.verify = _optional(out_dir, VerifyRecord, problems)
+    try:
+        loaded.gpu_staging = records.read_measurement(out_dir, GPU_STAGING_RECORD)
+    except ReleaseError as error:
+        problems.append(str(error))
+    for path in sorted((out_dir / "evidence").glob("*.json")):
+        try:
+            evidence = read_evidence(out_dir, path.stem)
+        except ReleaseError as error:
+            problems.append(str(error))
+            continue
+        if evidence is not None:
+            loaded.evidence[evidence.gate] = evidence
+    return loaded
+
+
+def recorded_channel(out_dir: Path, manifest: Manifest) -> str:
+    """The channel the records of `out_dir` were made for, else the manifest's default."""
+    for kind in (PublishRecord, SignRecord):
+        try:
+            found = records.read_optional(out_dir, kind)
+        except ReleaseError:
+            continue
+        if found is not None and found.channel in manifest.release.channels:
+            return found.channel
+    return manifest.release.default_channel
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One gate as the summary and the report show it: declared, recorded, or both."""
+
+    name: str
+    runner: str  # the manifest's runner, or "not in the manifest"
+    required: bool  # by the channel
+    verdict: str  # the evidence's, or "not-run"
+    reason: str  # the evidence's, or why there is none
+    evidence: Evidence | None
+
+
+def gate_rows(manifest: Manifest, channel: str, evidence: dict[str, Evidence]) -> list[GateRow]:
+    """Every gate of the manifest and every gate with evidence, by name."""
+    required = set(manifest.channel(channel).requires)
+    rows = []
+    for name in sorted(set(manifest.gates) | set(evidence)):
+        declared = manifest.gates.get(name)
+        recorded = evidence.get(name)
+        rows.append(
+            GateRow(
+                name=name,
+                runner=declared.runner if declared else "not in the manifest",
+                required=name in required,
+                verdict=recorded.verdict if recorded else "not-run",
+                reason=recorded.reason if recorded else "no evidence in this run",
+                evidence=recorded,
+            )
+        )
+    return rows

@@ -1,0 +1,8 @@
+"""Programs run in child interpreters, never imported by the pipeline for their work: the casters
+scan, the CUPTI warm-up run, the served-path driver, the index server and the GPU smoke check.
+
+Each runs under an interpreter the pipeline does not control (another Python version, vLLM's, a
+GPU runner's), so each imports the standard library and what its child interpreter has (vLLM,
+torch, numpy, pypiserver), never ``release``. The pipeline reaches them by path
+(``release.util.paths.script``); it may import their constants (e.g. the hook names).
+"""

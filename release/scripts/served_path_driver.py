@@ -1,0 +1,351 @@
+"""Drives a vLLM KV connector through vLLM's hooks and counts first-party Python frames per step.
+
+Run by the served-path gate (release/gates/served_path.py) with an interpreter that has vLLM (3.12
+or
+newer, for ``sys.monitoring``), as a script::
+
+    python -I served_path_driver.py --site SITE --reference DIR [--layers 4] [--steps 6]
+
+SITE holds the installed activekv wheel; DIR is the checkout's ``reference/`` (the Python
+reference connector, never shipped). Both connectors run the same way: a real vLLM ``Scheduler``
+(CPU device, a
+model folder holding only ``config.json``) calls the scheduler half; the worker half gets vLLM's
+calls in the order of ``KVConnectorModelRunnerMixin._get_kv_connector_output`` and of the
+attention layers' ``maybe_transfer_kv_layer`` (wait_for_layer_load, then save_kv_layer, per
+layer). A second request shares the first's prompt, so later steps load what earlier ones stored.
+
+Prints one JSON object: per connector, per step, the first-party frames and code objects, the
+hooks called, the plans, and the engine's event counts. Standard library, vLLM and torch only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+TOOL_ID = 4  # sys.monitoring.PROFILER_ID's neighbour: free in a plain interpreter
+HOOKS = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "register_kv_caches",
+    "start_load_kv",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_save",
+    "get_block_ids_with_load_errors",
+)
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 1024,
+    "vocab_size": 512,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float16",
+}
+
+
+class FrameCounter:
+    """sys.monitoring PY_START/PY_RETURN of code under ``roots``: frames, code objects, depth."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = tuple(str(root.resolve()) + os.sep for root in roots)
+        self.frames = 0
+        self.codes: Counter[str] = Counter()
+        self.depth = 0
+        self.max_depth = 0
+
+    def _ours(self, code: CodeType) -> bool:
+        return code.co_filename.startswith(self.roots)
+
+    def start(self, code: CodeType, offset: int) -> Any:
+        if not self._ours(code):
+            return sys.monitoring.DISABLE
+        self.frames += 1
+        self.codes[f"{Path(code.co_filename).name}:{code.co_firstlineno}:{code.co_qualname}"] += 1
+        self.depth += 1
+        self.max_depth = max(self.max_depth, self.depth)
+        return None
+
+    def end(self, code: CodeType, offset: int, value: object) -> Any:
+        if not self._ours(code):
+            return sys.monitoring.DISABLE
+        self.depth -= 1
+        return None
+
+    def unwind(self, code: CodeType, offset: int, exception: BaseException) -> None:
+        if self._ours(code):  # PY_UNWIND cannot be disabled per code location
+            self.depth -= 1
+
+    def take(self) -> dict[str, Any]:
+        taken = {"frames": self.frames, "codes": dict(self.codes), "max_depth": self.max_depth}
+        self.frames, self.codes, self.max_depth = 0, Counter(), self.depth
+        return taken
+
+    def __enter__(self) -> FrameCounter:
+        events = sys.monitoring.events
+        sys.monitoring.use_tool_id(TOOL_ID, "activekv-served-path")
+        sys.monitoring.register_callback(TOOL_ID, events.PY_START, self.start)
+        sys.monitoring.register_callback(TOOL_ID, events.PY_RETURN, self.end)
+        sys.monitoring.register_callback(TOOL_ID, events.PY_UNWIND, self.unwind)
+        sys.monitoring.set_events(TOOL_ID, events.PY_START | events.PY_RETURN | events.PY_UNWIND)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.monitoring.set_events(TOOL_ID, 0)
+        sys.monitoring.free_tool_id(TOOL_ID)
+
+
+class HookLog:
+    """Counts the connector's hooks as vLLM calls them (wrapping the instance, not the class)."""
+
+    def __init__(self, connector: Any) -> None:
+        self.calls: Counter[str] = Counter()
+        for name in HOOKS:
+            bound = getattr(connector, name)
+            setattr(connector, name, self._counted(name, bound))
+
+    def _counted(self, name: str, bound: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return bound(*args, **kwargs)
+
+        return call
+
+    def take(self) -> dict[str, int]:
+        taken, self.calls = dict(self.calls), Counter()
+        return taken
+
+
+def block_digest(kv_caches: dict[str, Any], names: list[str], block: int) -> str:
+    """sha256 of one device block's K and V bytes in every layer."""
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(kv_caches[name][:, block].contiguous().view(-1).view(torch_uint8()).numpy())
+    return digest.hexdigest()
+
+
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def build_configs(model_dir: Path, connector: str, module_path: str | None, layers: int) -> Any:
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    block_size, num_blocks = 16, 64
+    (model_dir / "config.json").write_text(
+        json.dumps({**MODEL_CONFIG, "num_hidden_layers": layers})
+    )
+    model_config = ModelConfig(
+        model=str(model_dir), skip_tokenizer_init=True, dtype="float16", max_model_len=512
+    )
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=False),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=512,
+            max_model_len=512,
+            is_encoder_decoder=False,
+            disable_hybrid_kv_cache_manager=True,
+        ),
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=connector,
+            kv_connector_module_path=module_path,
+            kv_role="kv_both",
+            engine_id=f"served-path-{connector}",
+            kv_connector_extra_config={"cpu_bytes": 1 << 22, "num_regions": 4, "region_blocks": 16},
+        ),
+    )
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+    spec = FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=MODEL_CONFIG["num_key_value_heads"],
+        head_size=MODEL_CONFIG["head_dim"],
+        dtype=torch.float16,
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)]
+    )
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    return vllm_config, kv_cache_config, names, spec, num_blocks
+
+
+def drive(
+    connector_name: str, module_path: str | None, roots: list[Path], layers: int, steps: int
+) -> dict[str, Any]:
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.forward_context import ForwardContext
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        vllm_config, kv_cache_config, names, spec, num_blocks = build_configs(
+            Path(model_dir), connector_name, module_path, layers
+        )
+        scheduler = Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=spec.block_size,
+        )
+        worker = KVConnectorFactory.create_connector(
+            vllm_config, KVConnectorRole.WORKER, kv_cache_config
+        )
+    assert scheduler.connector is not None
+    scheduler_hooks = HookLog(scheduler.connector)
+    worker_hooks = HookLog(worker)
+    shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
+    generator = torch.Generator().manual_seed(7)
+    kv_caches = {
+        name: torch.randint(0, 2**15, shape, dtype=torch.int16, generator=generator).view(
+            torch.float16
+        )
+        for name in names
+    }
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(spec.block_size, sha256)
+    prompt = [(7 * i + 3) % 500 for i in range(5 * spec.block_size + 3)]
+    counter = FrameCounter(roots)
+    stored: dict[int, str] = {}
+    records: list[dict[str, Any]] = []
+    with counter:
+        worker.register_kv_caches(kv_caches)
+        counter.take(), worker_hooks.take()
+        for step in range(steps):
+            # A request arrives every other step with the same prompt: the first one's blocks
+            # are stored, later ones find them in the host pool and load them.
+            if step % 2 == 0:
+                scheduler.add_request(
+                    Request(
+                        request_id=f"r{step}",
+                        prompt_token_ids=list(prompt),
+                        sampling_params=SamplingParams(max_tokens=2),
+                        pooling_params=None,
+                        block_hasher=hasher,
+                    )
+                )
+            output = scheduler.schedule()
+            plan = output.kv_connector_metadata
+            # New blocks start zeroed (vLLM's new_block_ids_to_zero), so a load that moves nothing
+            # cannot pass for one that did.
+            for _, block in plan.loads:
+                for name in names:
+                    kv_caches[name][:, block].zero_()
+            # The worker's calls, as KVConnectorModelRunnerMixin and the attention layers make them.
+            worker.bind_connector_metadata(plan)
+            context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+            if output.has_sync_kv_loads:
+                worker.start_load_kv(context)
+            if output.total_num_scheduled_tokens > 0:
+                for name in names:
+                    worker.wait_for_layer_load(name)
+                    worker.save_kv_layer(name, kv_caches[name], None)
+            if not output.has_sync_kv_loads:
+                worker.start_load_kv(context)
+            worker.wait_for_save()
+            worker.get_transfer_results(output.finished_req_ids)
+            invalid = worker.get_block_ids_with_load_errors()
+            worker.clear_connector_metadata()
+            # What moved: each stored block's bytes, and each loaded block against them.
+            for key, block in plan.stores:
+                stored[key] = block_digest(kv_caches, names, block)
+            verified = [
+                block_digest(kv_caches, names, block) == stored.get(key)
+                for key, block in plan.loads
+                if block not in invalid
+            ]
+            req_ids = list(output.num_scheduled_tokens)
+            runner_output = ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=[[11] for _ in req_ids],
+                kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
+            )
+            scheduler.update_from_output(output, runner_output)
+            records.append(
+                {
+                    "step": step,
+                    "scheduled_tokens": output.total_num_scheduled_tokens,
+                    "sync_loads": bool(output.has_sync_kv_loads),
+                    "loads": [list(x) for x in plan.loads],
+                    "stores": [list(x) for x in plan.stores],
+                    "load_errors": sorted(invalid),
+                    "loads_verified": sum(verified),
+                    "load_mismatches": len(verified) - sum(verified),
+                    "hooks": {**scheduler_hooks.take(), **worker_hooks.take()},
+                    **counter.take(),
+                }
+            )
+    events = {}
+    for half in (scheduler.connector, worker):
+        counts = getattr(half, "event_counts", None) or getattr(half, "_core", None)
+        counts = counts.event_counts if hasattr(counts, "event_counts") else counts
+        for kind, count in dict(counts or {}).items():
+            events[kind] = events.get(kind, 0) + count
+    return {"connector": type(worker).__module__ + "." + type(worker).__qualname__,
+            "steps": records, "events": events}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--site", type=Path, required=True)
+    parser.add_argument("--reference", type=Path, required=True)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args(argv)
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # before vLLM is imported: no GPU here
+    sys.path[:0] = [str(args.site), str(args.reference.parent)]
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # our entry point registers ActiveKVConnector
+    result = {
+        "engine": drive(
+            "ActiveKVConnector", None, [args.site / "activekv"], args.layers, args.steps
+        ),
+        "reference": drive(
+            "ReferenceConnector",
+            "reference.vllm_connector",
+            [args.reference],
+            args.layers,
+            args.steps,
+        ),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,289 @@
+"""Publish step: upload wheels to a package index with twine, never replacing a published file,
+and store the signed statement (DSSE envelope) of the version next to the index.
+
+Rules:
+* A file the index already has with different bytes refuses the whole publish; nothing is
+  uploaded.
+* A file the index already has with identical bytes is not uploaded again.
+* The first stored envelope of a version stays authoritative: it is never overwritten, and a new
+  file of that version is only uploaded when that envelope names it with the same digest.
+* After uploading, the index's listing must show every file with its local digest.
+* Then the TUF repository (when given) names every file and the statement as targets; its
+  timestamp is the commit point, so a publish killed between two uploads, or before that, is
+  completed by running it again (the files already there are skipped as identical).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from release.errors import PublishError, ReleaseError
+from release.trust.index import list_project_files, normalize_project
+from release.trust.sign import read_statement_unverified, subject_digests
+from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository, TufUpdate
+from release.util.digests import sha256_file
+from release.util.progress import tracked
+
+UPLOADED = "uploaded"
+ALREADY_PRESENT = "already present, identical"
+
+_TWINE_TIMEOUT_S = 300.0
+_REDACTED = "********"
+# Tests only: seconds to sleep after each upload, so that a test can kill a publish between two.
+PAUSE_ENV = "ACTIVEKV_TEST_PAUSE_AFTER_UPLOAD_S"
+
+
+class IndexTarget(Protocol):
+    """Where to publish: an :class:`release.trust.index.EmbeddedIndex` or any index with these."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def simple_url(self) -> str: ...
+
+    @property
+    def username(self) -> str: ...
+
+    @property
+    def password(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class PublishedFile:
+    filename: str
+    sha256: str
+    outcome: str  # UPLOADED or ALREADY_PRESENT
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    project: str
+    version: str
+    files: tuple[PublishedFile, ...]
+    envelope_path: Path
+    envelope_stored: bool  # False: an earlier envelope of this version was kept
+    message: str
+    tuf: TufUpdate | None = None
+
+    @property
+    def uploaded(self) -> tuple[str, ...]:
+        return tuple(f.filename for f in self.files if f.outcome == UPLOADED)
+
+    @property
+    def already_present(self) -> tuple[str, ...]:
+        return tuple(f.filename for f in self.files if f.outcome == ALREADY_PRESENT)
+
+
+def envelope_path_for(metadata_dir: Path, project: str, version: str) -> Path:
+    """Where the signed statement of ``project`` ``version`` is stored."""
+    return metadata_dir / f"{normalize_project(project)}-{version}.intoto.json"
+
+
+def publish(
+    wheels: Sequence[Path],
+    index: IndexTarget,
+    *,
+    envelope: Path,
+    metadata_dir: Path,
+    tuf: TufRepository | None = None,
+    digests: Mapping[str, str] | None = None,
+) -> PublishReport:
+    """Upload the ``wheels`` not yet on ``index``, store ``envelope`` for their version and make
+    both TUF targets of ``tuf``. ``digests`` are the wheels' sha256 as the caller just hashed
+    them; without them they are hashed here."""
+    project, version = _project_and_version(wheels)
+    local = dict(digests) if digests is not None else {w.name: sha256_file(w) for w in wheels}
+    paths = {wheel.name: wheel for wheel in wheels}
+    _check_envelope_names(envelope, local, what="the envelope to publish")
+    stored_path = envelope_path_for(metadata_dir, project, version)
+    if tuf is not None:
+        tuf.check(_tuf_targets(paths, stored_path if stored_path.exists() else envelope,
+                               stored_path.name))  # fmt: skip
+
+    present = list_project_files(index.simple_url, project)
+    conflicts = [
+        f"{name} (index sha256 {present[name]}, local sha256 {digest})"
+        for name, digest in sorted(local.items())
+        if name in present and present[name] != digest
+    ]
+    if conflicts:
+        raise PublishError(
+            f"refusing to publish {project} {version}: the index already has different bytes "
+            f"under the same file name: {'; '.join(conflicts)}. Nothing was uploaded; published "
+            "files are never replaced (bump the version, or rebuild reproducibly)"
+        )
+    missing = sorted(name for name in local if name not in present)
+
+    if missing and stored_path.exists():
+        _check_envelope_names(
+            stored_path,
+            {name: local[name] for name in missing},
+            what=f"the stored (authoritative) statement of {project} {version}",
+        )
+
+    for name in tracked(missing, "uploads"):
+        _twine_upload(paths[name], index)
+        _test_pause()
+
+    if missing:
+        after = list_project_files(index.simple_url, project)
+        for name in missing:
+            if after.get(name) != local[name]:
+                raise PublishError(
+                    f"after uploading {name} the index lists sha256 {after.get(name)}, "
+                    f"expected {local[name]}"
+                )
+
+    envelope_stored = _store_once(envelope, stored_path)
+    tuf_update = None
+    if tuf is not None:
+        tuf_update = tuf.add_targets(_tuf_targets(paths, stored_path, stored_path.name))
+    files = tuple(
+        PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
+        for name in sorted(local)
+    )
+    return PublishReport(
+        project=project,
+        version=version,
+        files=files,
+        envelope_path=stored_path,
+        envelope_stored=envelope_stored,
+        message=_message(project, version, files),
+        tuf=tuf_update,
+    )
+
+
+def _tuf_targets(wheels: dict[str, Path], statement: Path, statement_name: str) -> dict[str, Path]:
+    """TUF target path to local file: the wheels, and the statement under provenance/."""
+    return {**wheels, PROVENANCE_PREFIX + statement_name: statement}
+
+
+def _test_pause() -> None:
+    if seconds := os.environ.get(PAUSE_ENV):
+        time.sleep(float(seconds))
+
+
+def _project_and_version(wheels: Sequence[Path]) -> tuple[str, str]:
+    if not wheels:
+        raise PublishError("nothing to publish: no wheels given")
+    seen: set[str] = set()
+    releases: set[tuple[str, str]] = set()
+    for wheel in wheels:
+        if wheel.suffix != ".whl" or wheel.name.count("-") not in (4, 5):
+            raise PublishError(f"{wheel}: not a wheel file name (name-version-tags.whl)")
+        if wheel.name in seen:
+            raise PublishError(f"{wheel.name} is given twice")
+        seen.add(wheel.name)
+        name, version = wheel.name.split("-")[:2]
+        releases.add((normalize_project(name), version))
+    if len(releases) != 1:
+        listed = ", ".join(f"{n} {v}" for n, v in sorted(releases))
+        raise PublishError(f"one publish is one project version; the wheels are of {listed}")
+    return releases.pop()
+
+
+def _check_envelope_names(envelope: Path, expected: dict[str, str], *, what: str) -> None:
+    try:
+        named = subject_digests(read_statement_unverified(envelope))
+    except ReleaseError as exc:
+        raise PublishError(f"{what} cannot be read: {exc}") from None
+    problems = [
+        f"{name} (local sha256 {digest}, statement "
+        + (f"sha256 {named[name]})" if name in named else "does not name it)")
+        for name, digest in sorted(expected.items())
+        if named.get(name) != digest
+    ]
+    if problems:
+        raise PublishError(
+            f"{what} ({envelope}) does not cover the files to publish: {'; '.join(problems)}. "
+            "Nothing was uploaded"
+        )
+
+
+def _twine_upload(wheel: Path, index: IndexTarget) -> None:
+    password = index.password
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWINE_")}
+    env["TWINE_USERNAME"] = index.username
+    env["TWINE_PASSWORD"] = password
+    command = [
+        sys.executable,
+        "-m",
+        "twine",
+        "upload",
+        "--non-interactive",
+        "--disable-progress-bar",
+        "--repository-url",
+        index.url,
+        str(wheel),
+    ]
+    try:
+        result = subprocess.run(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=_TWINE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise PublishError(
+            f"twine upload of {wheel.name} to {index.url} did not finish in "
+            f"{_TWINE_TIMEOUT_S:.0f} s"
+        ) from None
+    if result.returncode != 0:
+        output = "\n".join(part.strip() for part in (result.stderr, result.stdout) if part.strip())
+        if password:
+            output = output.replace(password, _REDACTED)
+        raise PublishError(
+            f"twine upload of {wheel.name} to {index.url} failed with status "
+            f"{result.returncode}:\n{output}"
+        )
+
+
+def _store_once(envelope: Path, destination: Path) -> bool:
+    """Copy ``envelope`` to ``destination`` unless it exists; True when this call stored it.
+
+    Written to a temporary file and hard-linked into place, so a reader never sees a partial
+    file and an existing file is never replaced, even by a concurrent publish.
+    """
+    if destination.exists():
+        return False
+    data = envelope.read_bytes()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, destination)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _message(project: str, version: str, files: tuple[PublishedFile, ...]) -> str:
+    uploaded = [f.filename for f in files if f.outcome == UPLOADED]
+    present = [f.filename for f in files if f.outcome == ALREADY_PRESENT]
+    if not uploaded:
+        return f"{project} {version} already exists on the index; nothing uploaded"
+    text = f"{project} {version}: uploaded {len(uploaded)} file(s): {', '.join(uploaded)}"
+    if present:
+        text += f"; {len(present)} already present, identical: {', '.join(present)}"
+    return text

@@ -1,0 +1,251 @@
+"""Verify step: what the index serves is what was signed, and it installs and imports.
+
+For each interpreter: a fresh venv; ``pip download`` of ``<project>==<version>`` from the index
+only (the machine's pip configuration and every ``PIP_*`` variable are kept out, so no other wheel
+source can answer); the downloaded file's sha256 must equal the signed statement's subject; then
+``pip install --no-index --no-deps`` of exactly that file and an import of every module, checked
+to come from the venv.
+
+:func:`verify_release` is the consumer's check (``python -m release verify --index URL
+activekv==VERSION``): it needs only the index URL, the trusted TUF root and the public key of the
+provenance signer. It refreshes the index's TUF metadata (rollback, freeze, expiry and wrong keys
+are refused), downloads the version's signed statement as a TUF target and checks its signature,
+then checks each wheel pip downloads against its TUF target and the statement before installing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from release.errors import ReleaseError, VerifyError
+from release.trust.index import normalize_project
+from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
+from release.trust.tuf_client import TrustedIndex
+from release.trust.tuf_metadata import PROVENANCE_PREFIX
+from release.util.digests import sha256_file
+from release.util.private_site import clean_pip_env
+
+_PIP_TIMEOUT_S = 600.0
+_OUTPUT_TAIL_CHARS = 4000
+
+_VERSION_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+_IMPORT_PROBE = """
+import importlib, json, sys
+found = {}
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    found[name] = getattr(module, "__file__", None)
+print(json.dumps({"prefix": sys.prefix, "modules": found}))
+"""
+
+
+@dataclass(frozen=True)
+class InstallCheck:
+    interpreter: Path
+    python_version: str
+    wheel: str
+    sha256: str
+    digest_ok: bool
+    imported: tuple[str, ...]
+
+
+def verify_from_index(
+    *,
+    simple_url: str,
+    project: str,
+    version: str,
+    statement: Mapping[str, Any],
+    interpreters: Sequence[Path],
+    imports: Sequence[str],
+    workdir: Path,
+    file_check: Callable[[Path], None] | None = None,
+) -> list[InstallCheck]:
+    """Download, check, install and import ``project==version`` once per interpreter.
+
+    ``file_check`` (e.g. :meth:`TrustedIndex.check_file`) judges each downloaded file first.
+    """
+    if not interpreters:
+        raise VerifyError("no interpreters to verify with")
+    try:
+        signed = subject_digests(statement)
+    except ReleaseError as exc:
+        raise VerifyError(f"the signed statement cannot be read: {exc}") from None
+    env = clean_pip_env()
+    checks = []
+    for number, interpreter in enumerate(interpreters):
+        checks.append(
+            _verify_one(
+                interpreter,
+                workdir / f"py{number}",
+                simple_url=simple_url,
+                requirement=f"{project}=={version}",
+                signed=signed,
+                imports=imports,
+                env=env,
+                file_check=file_check,
+            )
+        )
+    return checks
+
+
+def parse_requirement(text: str) -> tuple[str, str]:
+    """``name==version`` to (normalised name, version); VerifyError naming the argument else."""
+    name, separator, version = text.partition("==")
+    name, version = name.strip(), version.strip()
+    valid_name = name.replace("-", "").replace("_", "").replace(".", "").isalnum()
+    if not separator or not name or not valid_name or not version or "=" in version:
+        raise VerifyError(
+            f"requirement {text!r}: expected exactly one pinned version, NAME==VERSION "
+            "(e.g. activekv==0.1.0)"
+        )
+    return normalize_project(name), version
+
+
+def tuf_url_for(index_url: str) -> str:
+    """The TUF repository beside a pip index URL: ``…/simple/`` becomes ``…/tuf/``."""
+    base = index_url.rstrip("/")
+    parent, _, last = base.rpartition("/")
+    if last in ("simple", "+simple") and "//" in parent:
+        return parent + "/tuf/"
+    raise VerifyError(
+        f"--index {index_url}: cannot tell where its TUF repository is (expected a URL ending "
+        "in /simple/); give --tuf-url"
+    )
+
+
+def verify_release(
+    *,
+    index_url: str,
+    requirement: str,
+    trusted_root: Path,
+    provenance_key: Path,
+    interpreters: Sequence[Path],
+    imports: Sequence[str],
+    workdir: Path,
+    tuf_url: str | None = None,
+    cache_dir: Path | None = None,
+) -> list[InstallCheck]:
+    """The consumer's verification of ``requirement`` on the index at ``index_url``."""
+    project, version = parse_requirement(requirement)
+    public_key = load_public_key(provenance_key)
+    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir)
+    trusted.refresh()
+    statement_target = f"{PROVENANCE_PREFIX}{project}-{version}.intoto.json"
+    statement_path = trusted.download(
+        statement_target, workdir / "provenance" / statement_target.rsplit("/", 1)[-1]
+    )
+    try:
+        statement = read_and_verify_envelope(statement_path, public_key)
+    except ReleaseError as exc:
+        raise VerifyError(f"the signed statement {statement_target}: {exc}") from None
+    signed_version = _statement_version(statement)
+    if signed_version != version:
+        raise VerifyError(
+            f"the signed statement {statement_target} is for version {signed_version!r}, "
+            f"not {version!r}"
+        )
+    return verify_from_index(
+        simple_url=index_url, project=project, version=version, statement=statement,
+        interpreters=interpreters, imports=imports, workdir=workdir,
+        file_check=trusted.check_file,
+    )  # fmt: skip
+
+
+def _statement_version(statement: Mapping[str, Any]) -> object:
+    try:
+        return statement["predicate"]["buildDefinition"]["externalParameters"]["version"]
+    except (KeyError, TypeError):
+        return None
+
+
+def _verify_one(
+    interpreter: Path,
+    root: Path,
+    *,
+    simple_url: str,
+    requirement: str,
+    signed: Mapping[str, str],
+    imports: Sequence[str],
+    env: Mapping[str, str],
+    file_check: Callable[[Path], None] | None,
+) -> InstallCheck:
+    if root.exists():
+        shutil.rmtree(root)
+    venv, downloads, scratch = root / "venv", root / "downloads", root / "cwd"
+    for directory in (downloads, scratch):
+        directory.mkdir(parents=True)
+    _run([str(interpreter), "-m", "venv", str(venv)], env, scratch, f"venv with {interpreter}")
+    python = str(venv / "bin" / "python")
+    version = _run([python, "-I", "-c", _VERSION_PROBE], env, scratch, "version probe").strip()
+    who = f"{interpreter} (Python {version})"
+
+    download = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    download += ["--index-url", simple_url, "-d", str(downloads), requirement]
+    _run(download, env, scratch, f"pip download of {requirement} from {simple_url} for {who}")
+    fetched = sorted(downloads.iterdir())
+    if len(fetched) != 1 or fetched[0].suffix != ".whl":
+        names = ", ".join(p.name for p in fetched) or "nothing"
+        raise VerifyError(f"pip download of {requirement} for {who} gave {names}, not one wheel")
+    wheel = fetched[0]
+    if file_check is not None:
+        file_check(wheel)
+    actual = sha256_file(wheel)
+    if wheel.name not in signed:
+        raise VerifyError(
+            f"{wheel.name} (sha256 {actual}), served by {simple_url} for {who}, is not in the "
+            f"signed statement (it names: {', '.join(sorted(signed)) or 'nothing'})"
+        )
+    if signed[wheel.name] != actual:
+        raise VerifyError(
+            f"{wheel.name} served by {simple_url} has sha256 {actual}; "
+            f"the signed statement expects {signed[wheel.name]}"
+        )
+
+    install = [python, "-m", "pip", "install", "--no-index", "--no-deps", str(wheel)]
+    _run(install, env, scratch, f"pip install of {wheel.name} into {venv}")
+    probe = [python, "-I", "-c", _IMPORT_PROBE, *imports]
+    what = f"importing {', '.join(imports)} from {wheel.name} with {who}"
+    report = json.loads(_run(probe, env, scratch, what))
+    prefix = Path(report["prefix"]).resolve()
+    for name, location in report["modules"].items():
+        if location is not None and not Path(location).resolve().is_relative_to(prefix):
+            raise VerifyError(
+                f"{name} was imported from {location}, not from the venv {prefix} "
+                f"that {wheel.name} was installed into"
+            )
+    return InstallCheck(
+        interpreter=interpreter,
+        python_version=version,
+        wheel=wheel.name,
+        sha256=actual,
+        digest_ok=True,
+        imported=tuple(imports),
+    )
+
+
+def _run(command: list[str], env: Mapping[str, str], cwd: Path, what: str) -> str:
+    try:
+        result = subprocess.run(
+            command,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=_PIP_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise VerifyError(f"{what}: {command[0]} does not exist") from None
+    except subprocess.TimeoutExpired:
+        raise VerifyError(f"{what}: did not finish in {_PIP_TIMEOUT_S:.0f} s") from None
+    if result.returncode != 0:
+        output = (result.stderr.strip() or result.stdout.strip())[-_OUTPUT_TAIL_CHARS:]
+        raise VerifyError(f"{what} failed with status {result.returncode}:\n{output}")
+    return result.stdout

@@ -1,0 +1,139 @@
+"""The wheels of one release as a typed value, built once and passed through every step.
+
+A ``Wheel`` knows its file, its sha256, the Python version it was built for and the declared
+versions it installs on. Digests are computed where a wheel comes into being (the build, or
+``WheelSet.from_files`` for wheels built elsewhere or named on the command line) and read from
+the build record everywhere else; publish and verify hash again, because they hand the bytes on.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packaging.utils import parse_wheel_filename
+
+from release.errors import BuildError, GateError
+from release.util.digests import sha256_file
+
+if TYPE_CHECKING:
+    from release.manifest import Manifest
+    from release.records import BuildRecord
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """``"3.12"`` as ``(3, 12)``, for ordering Python versions."""
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def served_versions(manifest: Manifest, filename: str) -> tuple[str, tuple[str, ...]]:
+    """(the version a wheel was built for, the declared versions it installs on), from its tags;
+    a wheel for a version the manifest does not declare is refused."""
+    declared = manifest.build.python
+    tags = parse_wheel_filename(filename)[3]
+    if all(tag.interpreter.startswith("py") and tag.abi == "none" for tag in tags):
+        return declared[0], tuple(declared)  # pure Python: installs on every declared version
+    built_for = {f"{tag.interpreter[2]}.{tag.interpreter[3:]}" for tag in tags}
+    if len(built_for) != 1 or not built_for <= set(declared):
+        raise BuildError(
+            f"{filename}: expected a wheel for one of build.python {list(declared)} of "
+            f"{manifest.path}; its tags name {sorted(built_for)}"
+        )
+    (version,) = built_for
+    if not any(tag.abi == "abi3" for tag in tags):
+        return version, (version,)
+    return version, tuple(v for v in declared if version_tuple(v) >= version_tuple(version))
+
+
+def running_python() -> str:
+    """The version of the interpreter running the pipeline, e.g. ``"3.11"``."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@dataclass(frozen=True)
+class Wheel:
+    path: Path
+    sha256: str
+    python: str  # the version it was built for ("3.12" for the abi3 wheel)
+    serves: tuple[str, ...]  # the declared versions it installs on
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def stable_abi(self) -> bool:
+        return any(tag.abi == "abi3" for tag in parse_wheel_filename(self.name)[3])
+
+
+@dataclass(frozen=True)
+class WheelSet:
+    wheels: tuple[Wheel, ...]
+
+    def __iter__(self) -> Iterator[Wheel]:
+        return iter(self.wheels)
+
+    def __len__(self) -> int:
+        return len(self.wheels)
+
+    @property
+    def paths(self) -> list[Path]:
+        return [wheel.path for wheel in self.wheels]
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """Wheel file name to sha256: what evidence and statements name."""
+        return {wheel.name: wheel.sha256 for wheel in self.wheels}
+
+    def serving(self, python: str) -> Wheel | None:
+        """The wheel that installs on Python `python` (its own wheel before the abi3 one)."""
+        own = [w for w in self.wheels if w.python == python]
+        serving = own or [w for w in self.wheels if python in w.serves]
+        return serving[0] if serving else None
+
+    def for_running_interpreter(self) -> Wheel:
+        """The wheel the interpreter running the pipeline installs."""
+        wheel = self.serving(running_python())
+        if wheel is None:
+            raise GateError(
+                f"no built wheel installs on Python {sys.version.split()[0]}: "
+                f"{[w.name for w in self.wheels]}"
+            )
+        return wheel
+
+    @classmethod
+    def from_files(
+        cls, manifest: Manifest, paths: Sequence[Path], named_by: str = "wheel"
+    ) -> WheelSet:
+        """Wheels hashed here, once: wheels named on the command line (`named_by` is the
+        argument that named them), built by cibuildwheel, or about to be published."""
+        wheels = []
+        for path in paths:
+            if not path.is_file():
+                raise GateError(f"{named_by} {path}: expected a wheel file; got no such file")
+            python, serves = served_versions(manifest, path.name)
+            wheels.append(Wheel(path.resolve(), sha256_file(path), python, serves,
+                                path.stat().st_size))  # fmt: skip
+        return cls(tuple(wheels))
+
+    @classmethod
+    def from_build(cls, record: BuildRecord, wheels_dir: Path) -> WheelSet:
+        """The wheels a build record names, as they lie in `wheels_dir` (not hashed again: a
+        changed file shows at publish, which hashes what it uploads)."""
+        wheels = []
+        for entry in record.wheels:
+            path = wheels_dir / entry.file
+            if not path.is_file() or path.stat().st_size != entry.size:
+                raise GateError(
+                    f"{path}: expected the wheel of the build record ({entry.size} bytes); "
+                    + ("got another size" if path.is_file() else "got no such file")
+                    + "; run `python -m release build` again"
+                )
+            wheels.append(Wheel(path.resolve(), entry.sha256, entry.python, entry.serves,
+                                entry.size))  # fmt: skip
+        return cls(tuple(wheels))
