@@ -36,8 +36,11 @@ def run_tool(*command: str | Path) -> str:
 
 
 REPO = Path(__file__).resolve().parent.parent
-# Fixtures that build, install or import the real wheel: a test using one is an integration test.
-WHEEL_FIXTURES = frozenset({"built_wheel", "engine_site", "engine_module", "activekv_site"})
+# Fixtures that build, install or import the real wheel, or compile a native module: a test using
+# one is an integration test.
+WHEEL_FIXTURES = frozenset(
+    {"built_wheel", "engine_site", "engine_module", "activekv_site", "missing_caster_wheel"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

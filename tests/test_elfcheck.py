@@ -20,6 +20,8 @@ from conftest import run_tool, zig_binary
 from release.build.elfcheck import check_shared_object
 from release.build.wheels import check_wheel_objects
 
+pytestmark = pytest.mark.integration  # compiles and links with g++ and zig
+
 ZIG_TARGET = "x86_64-linux-gnu.2.28"
 
 # std::string forces out-of-line libstdc++ (g++) or libc++ (zig) symbols.

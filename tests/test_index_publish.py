@@ -21,6 +21,8 @@ from release.trust.index import EmbeddedIndex, list_project_files
 from release.trust.publish import ALREADY_PRESENT, UPLOADED, envelope_path_for, publish
 from release.util.digests import sha256_file
 
+pytestmark = pytest.mark.integration  # a real pypiserver with htpasswd auth and twine uploads
+
 USER = "activekv-publisher"
 MANYLINUX = "py3-none-manylinux_2_17_x86_64"
 

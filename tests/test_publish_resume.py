@@ -27,6 +27,8 @@ from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 
+pytestmark = pytest.mark.integration  # real index servers, twine and killed processes
+
 REPO = Path(__file__).resolve().parent.parent
 TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",
         "cp312-abi3-manylinux_2_28_x86_64")  # fmt: skip

@@ -408,6 +408,7 @@ def page_problems(png: Path, size: tuple[int, int]) -> list[str]:
     return problems
 
 
+@pytest.mark.integration  # headless chromium
 def test_report_renders_in_a_headless_browser(full: tuple[str, str, Path]) -> None:
     _, _, out = full
     png = screenshot(out / REPORT_HTML, out / "screenshot.png", "1400,2600")
@@ -417,6 +418,7 @@ def test_report_renders_in_a_headless_browser(full: tuple[str, str, Path]) -> No
         shutil.copy(png, keep)  # for a person to look at
 
 
+@pytest.mark.integration  # headless chromium
 def test_a_blank_page_fails_the_picture_check(tmp_path: Path) -> None:
     blank = tmp_path / "blank.html"
     blank.write_text("<!DOCTYPE html><html><body style='background:#f6f8fa'></body></html>")

@@ -15,6 +15,8 @@ import pytest
 from release.build.reproduce import run_reproduce_gate, snapshot, wheel_differences
 from release.manifest import load_manifest
 
+pytestmark = pytest.mark.integration  # builds every wheel twice with the real toolchain
+
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = load_manifest(REPO / "manifests" / "activekv.toml")
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"

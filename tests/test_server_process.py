@@ -12,6 +12,8 @@ import pytest
 from release.errors import PackageIndexError
 from release.trust.server_process import HOST, ServerProcess, answers
 
+pytestmark = pytest.mark.integration  # real server processes
+
 
 def http_server(port: int) -> list[str]:
     return [sys.executable, "-m", "http.server", "--bind", HOST, str(port)]

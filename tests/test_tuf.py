@@ -35,6 +35,8 @@ from release.trust.sign import key_paths, load_signer
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, ROLES, TufRepository, repository_for
 from release.trust.verify import parse_requirement, tuf_url_for, verify_release
 
+pytestmark = pytest.mark.integration  # a real pypiserver, python-tuf and pip
+
 USER = "activekv-publisher"
 IMPORTS = ["activekv._probe"]
 REPO = Path(__file__).resolve().parent.parent

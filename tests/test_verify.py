@@ -27,6 +27,8 @@ from release.trust.sign import (
 )
 from release.trust.verify import InstallCheck, clean_pip_env, verify_from_index
 
+pytestmark = pytest.mark.integration  # pip installs into fresh venvs from a real index
+
 PYTHON_312 = Path("/root/.pyenv/versions/3.12.1/bin/python")
 IMPORTS = ["activekv._probe"]
 
