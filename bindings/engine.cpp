@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings/common.h"
+#include "bindings/kv_views.h"
 #include "offload/compression.h"
 #include "offload/engine.h"
 #include "offload/kv_layout.h"
@@ -26,9 +27,11 @@ using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
 using activekv::offload::LayoutError;
 
-using activekv::bindings::c_contiguous;
-using activekv::bindings::list_text;
-using activekv::bindings::shape_of;
+using activekv::bindings::checked_kv_view;
+using activekv::bindings::dtype_text;
+using activekv::bindings::kv_layer_view;
+using activekv::bindings::KvViewRule;
+using activekv::bindings::scalar_dtype;
 
 namespace {
 
@@ -93,94 +96,29 @@ std::vector<std::int64_t> device_blocks_from(nb::handle iterable) {
   return integers_from<std::int64_t>(iterable, "device_blocks", "a device block index");
 }
 
-std::string dtype_text(const nb::dlpack::dtype& dtype) {
-  using Code = nb::dlpack::dtype_code;
-  const std::pair<Code, const char*> kinds[] = {{Code::Int, "int"},       {Code::UInt, "uint"},
-                                                {Code::Float, "float"},   {Code::Bfloat, "bfloat"},
-                                                {Code::Complex, "complex"}, {Code::Bool, "bool"}};
-  const std::string lanes = dtype.lanes == 1 ? "" : "x" + std::to_string(dtype.lanes);
-  for (const auto& [code, name] : kinds) {
-    if (dtype.code == static_cast<std::uint8_t>(code)) {
-      return name + std::to_string(dtype.bits) + lanes;  // numpy's spelling: uint16, float32
-    }
-  }
-  return "DLPack type code " + std::to_string(dtype.code) + " of " + std::to_string(dtype.bits) +
-         " bits" + lanes;
-}
-
 // Any array without conversion: the engine keeps the caller's memory, never a copy of it.
 using AnyArray = nb::ndarray<>;
 using ReadOnlyArray = nb::ndarray<nb::ro>;
 
-// `item` as a host array of unsigned `bits`-bit words of exactly the `expected` shape, in C order,
-// taken as it is (never converted or copied). EngineInputError naming `name` otherwise.
-template <typename Array>
-Array checked_words(nb::handle item, const std::string& name, std::size_t bits,
-                    const std::vector<std::int64_t>& expected, const std::string& shape_text,
-                    const std::string& words_of = "",
-                    activekv::offload::Route route = activekv::offload::Route::cpu) {
-  Array array;
-  if (!nb::try_cast<Array>(item, array, /*convert=*/false)) {
-    ReadOnlyArray read_only;
-    if (nb::try_cast(item, read_only, /*convert=*/false)) {
-      throw EngineInputError(name + ": expected a writable array (loads write into it); got a "
-                                    "read-only one");
-    }
-    throw EngineInputError(name + ": expected an array of raw words (a numpy array); got " +
-                           nb::type_name(item.type()).c_str());
-  }
-  if (route == activekv::offload::Route::cpu && array.device_type() != nb::device::cpu::value) {
-    throw EngineInputError(name + ": expected an array in host memory (the engine's device is "
-                                  "\"cpu\")");
-  }
-  if (route == activekv::offload::Route::cuda && array.device_type() != nb::device::cuda::value) {
-    throw EngineInputError(name + ": expected an array in CUDA device memory (the engine's device "
-                                  "is \"cuda\")");
-  }
-  const nb::dlpack::dtype dtype = array.dtype();
-  if (dtype.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) || dtype.bits != bits ||
-      dtype.lanes != 1) {
-    throw EngineInputError(name + ": expected raw words (uint" + std::to_string(bits) + ")" +
-                           words_of + "; got " + dtype_text(dtype));
-  }
-  const std::vector<std::int64_t> shape = shape_of(array);
-  if (shape != expected) {
-    throw EngineInputError(name + ": expected shape " + shape_text + " = " + list_text(expected) +
-                           "; got " + list_text(shape));
-  }
-  if (!c_contiguous(array)) {
-    std::vector<std::int64_t> strides(array.stride_ptr(), array.stride_ptr() + array.ndim());
-    throw EngineInputError(name + ": expected a C-contiguous array; got strides " +
-                           list_text(strides) + " (in elements) for shape " + list_text(shape));
-  }
-  return array;
-}
-
-std::string of_dtype(const KvBlockLayout& layout) {
-  return std::string(" of dtype ") + activekv::offload::dtype_name(layout.dtype());
-}
-
-std::size_t word_bits(const KvBlockLayout& layout) {
-  return activekv::offload::dtype_bytes(layout.dtype()) * 8;
-}
-
-// layers[index] as the engine may read and write it in place: a writable host array of the
-// layout's raw words, C-contiguous [2, num_device_blocks, T, H, D].
-AnyArray checked_kv_layer(const KvBlockLayout& layout, std::size_t num_device_blocks,
-                          activekv::offload::Route route, nb::handle item, std::size_t index) {
-  return checked_words<AnyArray>(
-      item, "layers[" + std::to_string(index) + "]", word_bits(layout),
-      {2, static_cast<std::int64_t>(num_device_blocks), layout.block_size(),
-       layout.num_kv_heads(), layout.head_dim()},
-      "[2, num_device_blocks, block_size, num_kv_heads, head_dim]", of_dtype(layout), route);
+// Host arrays for the codec functions: raw words of `dtype_name` ("" for stored bytes).
+KvViewRule host_words(std::size_t bits, const std::string& dtype_name,
+                      std::vector<std::int64_t> shape, const char* shape_text) {
+  const nb::dlpack::dtype words = scalar_dtype(nb::dlpack::dtype_code::UInt, bits);
+  return {{words},
+          "raw words (" + dtype_text(words) + ")" +
+              (dtype_name.empty() ? "" : " of dtype " + dtype_name),
+          std::move(shape),
+          shape_text};
 }
 
 // One block's K or V for encode_layer: read-only raw words [T, H, D].
 ReadOnlyArray checked_block_words(const KvBlockLayout& layout, nb::handle item, const char* name) {
-  return checked_words<ReadOnlyArray>(
-      item, name, word_bits(layout),
-      {layout.block_size(), layout.num_kv_heads(), layout.head_dim()},
-      "[block_size, num_kv_heads, head_dim]", of_dtype(layout));
+  return checked_kv_view<ReadOnlyArray>(
+      item, name,
+      host_words(activekv::offload::dtype_bytes(layout.dtype()) * 8,
+                 activekv::offload::dtype_name(layout.dtype()),
+                 {layout.block_size(), layout.num_kv_heads(), layout.head_dim()},
+                 "[block_size, num_kv_heads, head_dim]"));
 }
 
 // Python's Engine: the engine plus the arrays it was given, which it only views. Holding the
@@ -210,14 +148,7 @@ class BoundEngine {
     std::vector<DeviceKvLayer> views;
     for (std::size_t index = 0; index < items.size(); ++index) {
       arrays.push_back(
-          checked_kv_layer(layout, engine.num_device_blocks(), engine.route(), items[index], index));
-      if (engine.route() == activekv::offload::Route::cuda &&
-          arrays.back().device_id() != engine.cuda_device()) {
-        throw EngineInputError("layers[" + std::to_string(index) + "]: expected an array on CUDA "
-                               "device " + std::to_string(engine.cuda_device()) +
-                               " (the engine's); got device " +
-                               std::to_string(arrays.back().device_id()));
-      }
+          kv_layer_view(items[index], "layers[" + std::to_string(index) + "]", engine));
       views.push_back({arrays.back().data(), engine.num_device_blocks()});
     }
     // GIL held: the engine's views and the arrays keeping them alive must change together, or a
@@ -316,9 +247,9 @@ NB_MODULE(_engine, m) {
       [](const KvBlockLayout& layout, const std::string& mode, nb::handle stored_bytes) {
         const auto parsed = activekv::offload::parse_mode(mode);
         const std::size_t expected = activekv::offload::stored_layer_bytes(layout, parsed);
-        const ReadOnlyArray stored = checked_words<ReadOnlyArray>(
-            stored_bytes, "stored", 8, {static_cast<std::int64_t>(expected)},
-            "[stored_layer_bytes]");
+        const ReadOnlyArray stored = checked_kv_view<ReadOnlyArray>(
+            stored_bytes, "stored",
+            host_words(8, "", {static_cast<std::int64_t>(expected)}, "[stored_layer_bytes]"));
         const std::size_t bytes = layout.bytes_per_tensor();
         std::vector<std::size_t> shape{layout.block_size(), layout.num_kv_heads(),
                                        layout.head_dim()};
@@ -360,8 +291,8 @@ NB_MODULE(_engine, m) {
                    })
       .def("register_kv_caches", &BoundEngine::register_kv_caches, nb::arg("layers"),
            "One array per layer, [2, num_device_blocks, block_size, num_kv_heads, head_dim] of "
-           "raw words (uint16 for fp16/bf16, uint32 for fp32), writable and C-contiguous; kept "
-           "by reference, never copied.")
+           "raw words (uint16 for fp16/bf16, uint32 for fp32) or of the layout's dtype itself, "
+           "writable, C-contiguous and on the engine's device; kept by reference, never copied.")
       .def(
           "lookup",
           [](BoundEngine& self, nb::typed<nb::iterable, int> hashes) {

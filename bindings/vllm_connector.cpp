@@ -29,6 +29,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings/common.h"
+#include "bindings/kv_views.h"
 #include "offload/compression.h"
 #include "offload/engine.h"
 #include "offload/kv_layout.h"
@@ -41,9 +42,7 @@ using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
 using activekv::offload::Route;
 
-using activekv::bindings::c_contiguous;
-using activekv::bindings::list_text;
-using activekv::bindings::shape_of;
+using activekv::bindings::kv_layer_view;
 
 namespace {
 
@@ -435,7 +434,8 @@ class ConnectorCore {
         throw ConnectorConfigError("kv_caches: expected a tensor for layer " + name +
                                    " (kv_cache_config's layer_names); got none");
       }
-      arrays.push_back(checked_layer(caches[name.c_str()], "kv_caches[\"" + name + "\"]"));
+      arrays.push_back(
+          kv_layer_view(caches[name.c_str()], "kv_caches[\"" + name + "\"]", *engine_));
       views.push_back({arrays.back().data(), settings_.num_device_blocks});
     }
     // GIL held: the engine's views and the arrays keeping their memory alive change together.
@@ -524,42 +524,6 @@ class ConnectorCore {
     }
   }
 
-  nb::ndarray<> checked_layer(nb::handle tensor, const std::string& name) const {
-    nb::ndarray<> array;
-    if (!nb::try_cast<nb::ndarray<>>(tensor, array, /*convert=*/false)) {
-      throw ConnectorConfigError(name + ": expected a tensor (DLPack); got " + type_of(tensor));
-    }
-    if (settings_.route == Route::cpu && array.device_type() != nb::device::cpu::value) {
-      throw ConnectorConfigError(name + ": expected a tensor in host memory (device \"cpu\")");
-    }
-    if (settings_.route == Route::cuda &&
-        (array.device_type() != nb::device::cuda::value ||
-         array.device_id() != static_cast<std::int32_t>(engine_->cuda_device()))) {
-      throw ConnectorConfigError(name + ": expected a tensor on cuda:" +
-                                 std::to_string(engine_->cuda_device()) +
-                                 " (device \"cuda\": the engine's GPU)");
-    }
-    const KvBlockLayout& layout = settings_.layout;
-    const std::size_t bits = activekv::offload::dtype_bytes(layout.dtype()) * 8;
-    if (array.dtype().bits != bits || array.dtype().lanes != 1) {
-      throw ConnectorConfigError(name + ": expected " + std::to_string(bits) + "-bit elements (" +
-                                 activekv::offload::dtype_name(layout.dtype()) + "); got " +
-                                 std::to_string(array.dtype().bits) + "-bit");
-    }
-    const std::vector<std::int64_t> expected{
-        2, static_cast<std::int64_t>(settings_.num_device_blocks), layout.block_size(),
-        layout.num_kv_heads(), layout.head_dim()};
-    if (shape_of(array) != expected) {
-      throw ConnectorConfigError(
-          name + ": expected shape [2, num_blocks, block_size, num_kv_heads, head_size] = " +
-          list_text(expected) + "; got " + list_text(shape_of(array)));
-    }
-    if (!c_contiguous(array)) {
-      throw ConnectorConfigError(name + ": expected a C-contiguous tensor");
-    }
-    return array;
-  }
-
   std::int64_t layer_of(const std::string& layer_name) const {
     auto found = layer_index_.find(layer_name);
     if (found == layer_index_.end()) {
@@ -638,6 +602,7 @@ bool register_connector() {
 NB_MODULE(_vllm, m) {
   m.doc() = "ActiveKV's vLLM connector: the native core behind activekv.vllm_connector.";
   activekv::bindings::translate_standard_exceptions();
+  activekv::bindings::translate_engine_input_errors();
   nb::exception<ConnectorConfigError>(m, "ConnectorConfigError", PyExc_ValueError);
   m.attr("CONNECTOR_NAME") = kConnectorName;
 

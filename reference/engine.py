@@ -35,6 +35,10 @@ from .compression import (
 
 __all__ = ["Engine", "decode_layer", "encode_layer", "stored_block_bytes", "stored_layer_bytes"]
 
+# A KV-cache layer's elements: its raw words (_WORDS) or the layout's own dtype, by numpy's name
+# ("bfloat16" where ml_dtypes provides it; numpy itself has none).
+_OWN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
 KNOWN_FAULTS = frozenset({"lru_mru_first"})
 FAULTS: set[str] = set()
 
@@ -263,16 +267,16 @@ class Engine:
             name = f"layers[{index}]"
             if not isinstance(array, np.ndarray):
                 raise ValueError(
-                    f"{name}: expected an array of raw words (a numpy array); "
-                    f"got {type(array).__name__}"
+                    f"{name}: expected an array (numpy or DLPack); got {type(array).__name__}"
                 )
             if not array.flags.writeable:
                 raise ValueError(
                     f"{name}: expected a writable array (loads write into it); got a read-only one"
                 )
-            if array.dtype != self._word:
+            own = _OWN_DTYPES[_dtype_name(layout)]
+            if array.dtype != self._word and array.dtype.name != own:
                 raise ValueError(
-                    f"{name}: expected raw words ({self._word.name}) of dtype "
+                    f"{name}: expected raw words ({self._word.name}) or {own}, of dtype "
                     f"{_dtype_name(layout)}; got {array.dtype}"
                 )
             if list(array.shape) != expected_shape:
@@ -288,7 +292,8 @@ class Engine:
                 )
         if self._phase == "running":
             self._out_of_order("register_kv_caches")
-        self._kv = layers  # kept by reference, never copied
+        # Kept by reference, never copied: views of the same memory as raw words.
+        self._kv = [array.view(self._word) for array in layers]
 
     # ---- scheduler side ----
 

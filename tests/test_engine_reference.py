@@ -283,7 +283,8 @@ def _bad_layers(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
         ("too few layers", lambda: register(kv[:-1]), "layers: expected num_layers = 3"),
         ("not an array", lambda: register(replaced(1, [[0]])), "layers[1]"),
         ("wrong dtype", lambda: register(replaced(2, kv[2].astype(np.uint32))), "layers[2]"),
-        ("float dtype", lambda: register(replaced(0, kv[0].view(np.float16))), "layers[0]"),
+        # Of the right width but neither raw words nor the layout's dtype (fp16).
+        ("signed words", lambda: register(replaced(0, kv[0].view(np.int16))), "layers[0]"),
         ("wrong shape", lambda: register(replaced(1, kv[1][:, :4])), "layers[1]: expected shape"),
         ("wrong ndim", lambda: register(replaced(1, kv[1].reshape(-1))), "layers[1]"),
         ("strided", lambda: register(replaced(1, wide[..., ::2])), "layers[1]: expected a C-"),

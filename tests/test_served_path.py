@@ -340,7 +340,7 @@ def test_core_cuda_route_stores_then_loads(native: Any) -> None:
     host = {name: torch.zeros((2, BLOCKS, BLOCK, HEADS, HEAD_DIM), dtype=torch.float16)
             for name in LAYERS}  # fmt: skip
     with pytest.raises(
-        ValueError, match=re.escape(f'kv_caches["{LAYERS[0]}"]: expected a tensor on cuda:0')
+        ValueError, match=re.escape(f'kv_caches["{LAYERS[0]}"]: expected an array on cuda:0')
     ):
         worker.register_kv_caches(host)
     generator = torch.Generator(device="cuda").manual_seed(5)
