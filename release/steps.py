@@ -2,8 +2,8 @@
 verify, and `run`, which is all of them in order. Each reads the manifest and the records under
 `<out>/` (release.records) and writes its own.
 
-The signing and index stack (release.trust) is imported by the steps that use it, not here: a GPU
-runner judging its gates has none of it installed.
+The build and the signing and index stacks (release.build, release.trust) are imported by the steps
+that use them, not here: a GPU runner judging its gates has neither installed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from release import records
-from release.build.wheels import build_wheels
 from release.context import Context
 from release.errors import GateError, PublishError
 from release.evidence import Evidence, evidence_problems
@@ -58,6 +57,8 @@ def _git_commit(source_dir: Any) -> str | None:
 
 def build(context: Context, only: list[str], toolchain_kind: str | None = None) -> WheelSet:
     """Builds the wheels and writes the build record; each wheel is hashed here, once."""
+    from release.build.wheels import build_wheels
+
     started = datetime.now(timezone.utc)
     report = build_wheels(
         context.manifest,

@@ -157,3 +157,21 @@ def test_the_python_reference_lives_outside_the_pipeline_and_the_tests() -> None
     assert not (REPO_ROOT / "tests" / "reference").exists()
     engine = importlib.import_module("reference.engine")
     assert Path(engine.__file__).resolve().parent == REFERENCE_DIR
+
+
+def test_a_gpu_runner_judging_its_gates_needs_neither_the_build_nor_the_signing_stack() -> None:
+    """What `python -m release gpu-gates` and `parity` import before judging: nothing of
+    pyelftools, auditwheel, twine, pypiserver, python-tuf or securesystemslib."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import release.cli, release.steps, release.context; "
+        "from release.gates import registry; registry.load('warmup'); registry.load('parity'); "
+        "heavy = ('elftools', 'auditwheel', 'twine', 'pypiserver', 'tuf', 'securesystemslib'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from reference import engine as reference
 from test_served_path import BLOCK, BLOCKS, HEAD_DIM, HEADS, LAYERS, configs
+
+from reference import engine as reference
 
 SHAPE = (2, BLOCKS, BLOCK, HEADS, HEAD_DIM)
 TORCH_DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
