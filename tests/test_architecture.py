@@ -175,3 +175,29 @@ def test_a_gpu_runner_judging_its_gates_needs_neither_the_build_nor_the_signing_
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_new_gate_is_one_module_and_one_registry_line(monkeypatch, tmp_path: Path) -> None:
+    """Without its registry line the manifest that declares it is refused; with it, the gate runs
+    through the registry like every other and leaves its evidence."""
+    from fixtures_wheels import build_wheel, wheel_set
+
+    from release import steps
+    from release.context import Context
+    from release.errors import ManifestError
+    from release.evidence import read_evidence
+    from release.manifest import load_manifest
+    from release.util.paths import DEFAULT_MANIFEST
+
+    manifest_path = tmp_path / "activekv.toml"
+    manifest_path.write_text(DEFAULT_MANIFEST.read_text() + '\n[gates.non-empty]\nrunner = "cpu"\n')
+    with pytest.raises(ManifestError, match=r"gates\.non-empty: expected a gate the pipeline has"):
+        load_manifest(manifest_path)
+    monkeypatch.setitem(registry._GATES, "non-empty", ("fixtures_gate", "cpu"))
+    manifest = load_manifest(manifest_path)
+    context = Context(manifest, REPO_ROOT, tmp_path / "out", tmp_path / "state")
+    wheels = wheel_set(build_wheel(tmp_path / "dist", tag="py3-none-any"))
+    inputs = steps.gate_inputs(context, wheels, gpu=None)
+    assert registry.run_gate("non-empty", inputs).verdict == "pass"
+    evidence = read_evidence(context.out_dir, "non-empty")
+    assert evidence is not None and evidence.artefacts == wheels.digests

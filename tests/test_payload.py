@@ -20,6 +20,7 @@ from release.errors import GateError
 from release.evidence import Evidence, evidence_path
 from release.gates.payload import classify, list_wheel, run_payload_gate
 from release.manifest import Manifest, load_manifest
+from release.util.paths import REFERENCE_DIR
 from release.util.digests import sha256_file
 
 REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
@@ -314,3 +315,18 @@ def test_evidence_file_names_every_wheel_digest_and_the_verdict(
     record = json.loads(path.read_text())
     assert record["verdict"] == "pass"
     assert record["artefacts"] == {good.name: sha256_file(good)}
+
+
+@pytest.mark.parametrize("member", ["reference/engine.py", "activekv/reference/engine.py"])
+def test_the_python_reference_in_a_wheel_fails(
+    manifest: Manifest, tmp_path: Path, member: str
+) -> None:
+    """The oracle lives in reference/ of the checkout and never ships: the real file, planted
+    in a wheel at the top level or inside the package, is refused by name."""
+    source = (REFERENCE_DIR / "engine.py").read_bytes()
+    wheel = make_wheel(tmp_path, {member: source})
+    evidence = run_payload_gate(manifest, wheel_set(wheel), tmp_path / "out")
+    assert evidence.verdict == "fail"
+    assert evidence.figures["failures"] == [
+        f"{wheel.name}: {member}: undeclared Python file (only the manifest's shims may ship)"
+    ]
