@@ -20,8 +20,8 @@ from release.errors import GateError
 from release.evidence import Evidence, evidence_path
 from release.gates.payload import classify, list_wheel, run_payload_gate
 from release.manifest import Manifest, load_manifest
-from release.util.paths import REFERENCE_DIR
 from release.util.digests import sha256_file
+from release.util.paths import REFERENCE_DIR
 
 REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
 DIST_INFO = "activekv-0.1.0.dist-info"
