@@ -297,17 +297,22 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
             sanitizer=args.sanitizer,
         )  # fmt: skip
-    if command == "verify" and args.index is not None:
-        return steps.step_verify_index(context, args)
-    if command == "verify" and args.requirement is not None:
-        raise VerifyError(f"verify {args.requirement}: a requirement needs --index URL")
-    by_channel = {"sign": steps.step_sign, "publish": steps.step_publish,
-                  "verify": steps.step_verify, "run": steps.step_run,
-                  "report": steps.step_report}  # fmt: skip
-    if command in by_channel:
+    if command in ("sign", "publish", "verify", "serve"):  # the signing and index stack
+        from release.trust import steps as trust
+
+        if command == "verify" and args.index is not None:
+            return trust.step_verify_index(context, args)
+        if command == "verify" and args.requirement is not None:
+            raise VerifyError(f"verify {args.requirement}: a requirement needs --index URL")
+        if command == "serve":
+            return trust.step_serve(context)
+        by_channel = {"sign": trust.step_sign, "publish": trust.step_publish,
+                      "verify": trust.step_verify}  # fmt: skip
         return by_channel[command](context, args.channel)
+    if command in ("run", "report"):
+        step = steps.step_run if command == "run" else steps.step_report
+        return step(context, args.channel)
     others: dict[str, Callable[[], int]] = {
-        "serve": lambda: steps.step_serve(context),
         "ci": lambda: steps.step_ci(context, check=args.check),
         "record-build": lambda: steps.step_record_build(context),
         "bench": lambda: steps.step_bench(context, args.wheel, args.blocks),

@@ -2,5 +2,5 @@
 terminal summary, ``report.md`` and ``report.html``. Reads records; never runs a step.
 
 May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.evidence``,
-``release.records`` and ``release.gates`` (the registry, for the gates' declarations).
+``release.records`` and ``release.trust.index`` (the consumer's install line).
 """

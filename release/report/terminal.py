@@ -16,11 +16,8 @@ from release.manifest import Manifest
 from release.records import BuildRecord
 from release.report.document import describe
 from release.report.loader import GateRow, Records, gate_rows, load_records
+from release.trust.index import install_hint
 from release.util.progress import VERDICT_STYLE, console
-
-
-def install_hint(simple_url: str, project: str) -> str:
-    return f"install with: PIP_CONFIG_FILE=/dev/null pip install --index-url {simple_url} {project}"
 
 
 def _artefacts(build: BuildRecord) -> Table:

@@ -260,3 +260,8 @@ def _links(html: str) -> list[str]:
     parser.feed(html)
     parser.close()
     return parser.hrefs
+
+
+def install_hint(simple_url: str, project: str) -> str:
+    """How a consumer installs `project` from the index, with pip's own configuration off."""
+    return f"install with: PIP_CONFIG_FILE=/dev/null pip install --index-url {simple_url} {project}"
