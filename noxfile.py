@@ -89,8 +89,9 @@ def vllm(session: nox.Session) -> None:
     _install(session, "vllm", "test")
     session.run("python", "-m", "release", "build", "--python", "3.12")
     session.run("python", "-m", "release", "served-path", *session.posargs)
-    (wheel,) = sorted(Path("out/wheels").glob("activekv-*-cp312-abi3-*.whl"))
-    session.run("pytest", "tests/with_vllm", env={"ACTIVEKV_TEST_WHEEL": str(wheel.resolve())})
+    # The tests take the wheel of their interpreter from the folder just built.
+    wheels = str(Path("out/wheels").resolve())
+    session.run("pytest", "tests/with_vllm", env={"ACTIVEKV_TEST_WHEEL": wheels})
 
 
 @nox.session

@@ -18,6 +18,7 @@ import pytest
 
 from release.build.toolchain import find_zig
 from release.errors import BuildError
+from release.util.private_site import wheel_for_this_interpreter
 
 
 def zig_binary() -> Path | None:
@@ -54,12 +55,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel for the running interpreter, built once per test session.
 
-    `ACTIVEKV_TEST_WHEEL` names a prebuilt wheel to use instead. Otherwise it is built with
+    `ACTIVEKV_TEST_WHEEL` names a prebuilt wheel (or a folder of them) to use instead. Else built with
     `python -m release build --python X.Y` into a temporary output, sharing the checkout's
     compiler and wheel caches (`.activekv/cache`), so an unchanged tree is not compiled again.
     """
     if given := os.environ.get("ACTIVEKV_TEST_WHEEL"):
-        return Path(given).resolve()
+        path = Path(given).resolve()
+        if path.is_dir():  # a folder of built wheels: the one this interpreter installs
+            return wheel_for_this_interpreter(sorted(path.glob("*.whl")))
+        return path
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     work = tmp_path_factory.mktemp("engine-wheel")
     out = work / "out"
