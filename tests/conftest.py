@@ -55,9 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel for the running interpreter, built once per test session.
 
-    `ACTIVEKV_TEST_WHEEL` names a prebuilt wheel (or a folder of them) to use instead. Else built with
-    `python -m release build --python X.Y` into a temporary output, sharing the checkout's
-    compiler and wheel caches (`.activekv/cache`), so an unchanged tree is not compiled again.
+    `ACTIVEKV_TEST_WHEEL` names a prebuilt wheel, or a folder of them, to use instead. Otherwise
+    it is built with `python -m release build --python X.Y` into a temporary output, sharing the
+    checkout's compiler and wheel caches (`.activekv/cache`), so an unchanged tree is not
+    compiled again.
     """
     if given := os.environ.get("ACTIVEKV_TEST_WHEEL"):
         path = Path(given).resolve()
