@@ -108,7 +108,7 @@ def publish(
     stored_path = envelope_path_for(metadata_dir, project, version)
     if tuf is not None:
         tuf.check(_tuf_targets(paths, stored_path if stored_path.exists() else envelope,
-                               stored_path.name))  # fmt: skip
+                               stored_path.name), digests=local)  # fmt: skip
 
     present = list_project_files(index.simple_url, project)
     conflicts = [
@@ -147,7 +147,9 @@ def publish(
     envelope_stored = _store_once(envelope, stored_path)
     tuf_update = None
     if tuf is not None:
-        tuf_update = tuf.add_targets(_tuf_targets(paths, stored_path, stored_path.name))
+        tuf_update = tuf.add_targets(
+            _tuf_targets(paths, stored_path, stored_path.name), digests=local
+        )
     files = tuple(
         PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
         for name in sorted(local)

@@ -104,10 +104,16 @@ class TufRepository:
     # ----------------------------------------------------------------------- public API
 
     def add_targets(
-        self, files: Mapping[str, Path], *, now: datetime | None = None, force: bool = False
+        self,
+        files: Mapping[str, Path],
+        *,
+        now: datetime | None = None,
+        force: bool = False,
+        digests: Mapping[str, str] | None = None,
     ) -> TufUpdate:
         """Make ``files`` (target path to local file) TUF targets, and sign a new snapshot and
         timestamp when anything changed, the timestamp is past half its validity, or ``force``.
+        ``digests`` (target path to sha256) are the caller's, for files it hashed already.
 
         Refuses (PublishError, nothing written) a target path already published with other
         length or hashes.
@@ -120,7 +126,7 @@ class TufRepository:
             self._initialise(signers, moment)
             committed = self._committed()
             targets = committed.targets
-            wanted = {path: _target_file(path, local) for path, local in sorted(files.items())}
+            wanted = _target_files(files, digests)
             self._refuse_conflicts(targets.signed, wanted)
             added = tuple(p for p in wanted if p not in targets.signed.targets)
             stale = committed.timestamp.signed.expires - moment < self.expiry.timestamp / 2
@@ -143,7 +149,9 @@ class TufRepository:
             return TufUpdate(added, targets.signed.version, timestamp.signed.version,
                              committed=True)  # fmt: skip
 
-    def check(self, files: Mapping[str, Path] | None = None) -> None:
+    def check(
+        self, files: Mapping[str, Path] | None = None, digests: Mapping[str, str] | None = None
+    ) -> None:
         """PublishError unless the committed metadata (if any) and the keys can be read, and no
         path of ``files`` is a target with other bytes: run before uploading, so that a publish
         this repository would refuse is refused before anything changes."""
@@ -151,7 +159,7 @@ class TufRepository:
             if self._initialised():
                 targets = self._committed().targets.signed
                 self._check_keys()
-                wanted = {path: _target_file(path, local) for path, local in (files or {}).items()}
+                wanted = _target_files(files or {}, digests)
                 self._refuse_conflicts(targets, wanted)
 
     def refresh_timestamp(self, *, now: datetime | None = None) -> TufUpdate:
@@ -326,8 +334,19 @@ def repository_for(
     return TufRepository(directory, signers=signers)
 
 
-def _target_file(target_path: str, local: Path) -> TargetFile:
+def _target_files(
+    files: Mapping[str, Path], digests: Mapping[str, str] | None
+) -> dict[str, TargetFile]:
+    known = digests or {}
+    return {
+        path: _target_file(path, local, known.get(path)) for path, local in sorted(files.items())
+    }
+
+
+def _target_file(target_path: str, local: Path, digest: str | None = None) -> TargetFile:
     try:
+        if digest is not None:  # hashed by the caller: its length is all that is read here
+            return TargetFile(local.stat().st_size, {"sha256": digest}, target_path)
         return TargetFile.from_file(target_path, str(local), ["sha256"])
     except OSError as exc:
         raise PublishError(f"{local}: cannot be read for its TUF target ({exc.strerror})") from None
