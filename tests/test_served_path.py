@@ -9,6 +9,7 @@ never pass.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import pickle
@@ -20,11 +21,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fixtures_wheels import build_wheel, wheel_set
+from fixtures_wheels import build_files_wheel, build_wheel, wheel_set
 
 from release.errors import GateError
 from release.evidence import read_evidence
-from release.gates.served_path import dispatch_line, judge, run_served_path_gate
+from release.gates.served_path import (
+    SHIM_PATH,
+    dispatch_line,
+    judge,
+    run_served_path_gate,
+    shared_file,
+)
 
 SHIM_CODES = {
     "vllm_connector.py:22:ActiveKVConnector.get_num_new_matched_tokens": 1,
@@ -415,3 +422,31 @@ def test_core_offers_again_to_a_request_that_waited_a_step(native: Any) -> None:
     for _ in range(3):  # offered, not allocated, step ends; asked again next step
         assert scheduler.get_num_new_matched_tokens(waiting, 0) == (12, False)
         assert scheduler.build_connector_meta(scheduled([], {})).loads == []
+
+
+def test_the_shared_shim_is_named_by_digest_with_every_wheel_that_carries_it(
+    tmp_path: Path,
+) -> None:
+    """The gate judges the shim in one wheel and vouches for it in all: its evidence names the
+    shim's digest and the wheels that carry it, and a wheel without it, or with other bytes,
+    is a problem (the negative controls)."""
+    shim = SHIM_PATH
+    same = {shim: b"# the shim\n"}
+    a = build_files_wheel(tmp_path / "a", same, name="activekv", version="0.1.0",
+                          tag="cp311-cp311-manylinux_2_28_x86_64")  # fmt: skip
+    b = build_files_wheel(tmp_path / "b", same, name="activekv", version="0.1.0",
+                          tag="cp312-abi3-manylinux_2_28_x86_64")  # fmt: skip
+    figure, problems = shared_file(wheel_set(a, b))
+    assert problems == []
+    assert figure == {"path": shim, "sha256": hashlib.sha256(same[shim]).hexdigest(),
+                      "carried_by": sorted([a.name, b.name])}  # fmt: skip
+    other = build_files_wheel(tmp_path / "c", {shim: b"# other bytes\n"}, name="activekv",
+                              version="0.1.0", tag="cp310-cp310-manylinux_2_28_x86_64")  # fmt: skip
+    figure, problems = shared_file(wheel_set(a, other))
+    assert figure["sha256"] == "differs"
+    assert problems == [f"{shim} differs between wheels: " + str({
+        a.name: hashlib.sha256(same[shim]).hexdigest(),
+        other.name: hashlib.sha256(b"# other bytes\n").hexdigest()})]  # fmt: skip
+    bare = build_files_wheel(tmp_path / "d", {"activekv/py.typed": b""}, name="activekv",
+                             version="0.1.0", tag="cp310-cp310-manylinux_2_28_x86_64")  # fmt: skip
+    assert shared_file(wheel_set(a, bare))[1] == [f"{bare.name}: carries no {shim}"]

@@ -83,17 +83,25 @@ def wheel_for(wheels: WheelSet, tags: list[str]) -> Wheel:
     return next(wheel for wheel in wheels if wheel.path == chosen)
 
 
-def shared_file(wheels: WheelSet) -> dict[str, Any]:
-    """The shim this gate judges: its digest, and which wheels carry those very bytes."""
-    carried: dict[str, list[str]] = {}
+def shared_file(wheels: WheelSet) -> tuple[dict[str, Any], list[str]]:
+    """The shim this gate judges in one wheel and vouches for in all: its digest and the wheels
+    carrying it, and the problems when a wheel lacks it or carries other bytes."""
+    digests: dict[str, str | None] = {}
     for wheel in wheels:
         with zipfile.ZipFile(wheel.path) as archive:
-            try:
-                digest = hashlib.sha256(archive.read(SHIM_PATH)).hexdigest()
-            except KeyError:
-                continue
-        carried.setdefault(digest, []).append(wheel.name)
-    return {"path": SHIM_PATH, "sha256": carried}
+            names = set(archive.namelist())
+            data = archive.read(SHIM_PATH) if SHIM_PATH in names else None
+        digests[wheel.name] = hashlib.sha256(data).hexdigest() if data is not None else None
+    distinct = sorted({d for d in digests.values() if d is not None})
+    problems = [f"{name}: carries no {SHIM_PATH}" for name, d in digests.items() if d is None]
+    if len(distinct) > 1:
+        problems.append(f"{SHIM_PATH} differs between wheels: {digests}")
+    figure = {
+        "path": SHIM_PATH,
+        "sha256": distinct[0] if len(distinct) == 1 else "differs",
+        "carried_by": sorted(name for name, d in digests.items() if d is not None),
+    }
+    return figure, problems
 
 
 def judge(result: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -165,13 +173,14 @@ def run_served_path_gate(
     steps: int = 6,
 ) -> Evidence:
     """Runs the driver on the wheel for vLLM's interpreter; writes and returns the evidence."""
+    shim, shim_problems = shared_file(wheels)
     found = vllm_interpreter(vllm_python)
     if found is None:
         evidence = Evidence(
             gate="served-path",
             verdict="not-run",
             artefacts=wheels.digests,
-            figures={"shared_file": shared_file(wheels)},
+            figures={"shared_file": shim},
             reason="not run: vLLM not installed (no Python 3.12+ with vllm: set "
             "ACTIVEKV_VLLM_PYTHON or pass --vllm-python)",
         )
@@ -194,11 +203,12 @@ def run_served_path_gate(
         result = json.loads(run.stdout.strip().splitlines()[-1])
         result["layers"] = layers
         problems, figures = judge(result)
+    problems += shim_problems
     evidence = Evidence(
         gate="served-path",
         verdict="fail" if problems else "pass",
         artefacts={wheel.name: wheel.sha256},
-        figures={**figures, "failures": problems, "shared_file": shared_file(wheels)},
+        figures={**figures, "failures": problems, "shared_file": shim},
         reason="; ".join(problems),
         tools={"python": str(python)},
     )
