@@ -213,6 +213,14 @@ def test_scikit_build_core_reads_the_same_cuda_architectures(
     assert defines.get("ACTIVEKV_CUDA_ARCHITECTURES") == ";".join(manifest.build.cuda.architectures)
 
 
+def test_the_standard_build_takes_the_manifests_cuda_architectures(manifest: Manifest) -> None:
+    """`pip wheel .` and `python -m build` pass no settings: pyproject's own defines say it."""
+    reader_module = pytest.importorskip("scikit_build_core.settings.skbuild_read_settings")
+    reader = reader_module.SettingsReader(pyproject(), {}, state="wheel", env={})
+    defines = dict(reader.settings.cmake.define)
+    assert defines.get("ACTIVEKV_CUDA_ARCHITECTURES") == ";".join(manifest.build.cuda.architectures)
+
+
 def test_before_all_installs_the_cuda_compiler_pins(cibw: dict[str, Any]) -> None:
     assert before_all_problems(cibw, dependency_group("cuda-compiler")) == []
 
