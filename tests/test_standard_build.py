@@ -1,8 +1,9 @@
-"""The standard PEP 517 build path: `pip wheel .` (what cibuildwheel runs inside its containers,
-and what a contributor types) builds with the host's compilers and no settings at all, its
-build requirements taken from pyproject.toml in an isolated environment; the wheel imports and
-passes the payload gate. (Its policy is the host's: the host g++ links against this machine's
-glibc, so only the hermetic build reaches the manifest's manylinux policy.)"""
+"""The standard PEP 517 build path: `python -m build --wheel` (the frontend cibuildwheel runs
+inside its containers, `build-frontend = "build"`) and `pip wheel .` (what a contributor types)
+build with the host's compilers and no settings at all, the build requirements taken from
+pyproject.toml in an isolated environment; the wheel imports and passes the payload gate. (Its
+policy is the host's: the host g++ links against this machine's glibc, so only the hermetic
+build reaches the manifest's manylinux policy.)"""
 
 from __future__ import annotations
 
@@ -24,11 +25,18 @@ from release.util.private_site import clean_pip_env, install_private
 pytestmark = pytest.mark.integration  # compiles the engine and the bindings with the host g++
 
 
-def test_pip_wheel_builds_with_the_host_compilers_and_no_settings(tmp_path: Path) -> None:
+FRONTENDS = {
+    "build": ("-m", "build", "--wheel", "--outdir"),
+    "pip": ("-m", "pip", "wheel", "--no-deps", "--wheel-dir"),
+}
+
+
+@pytest.mark.parametrize("frontend", sorted(FRONTENDS))
+def test_the_standard_build_needs_no_settings(tmp_path: Path, frontend: str) -> None:
     source = snapshot(REPO_ROOT, tmp_path / "src")  # what a checkout holds, nothing built
     dist = tmp_path / "dist"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dist), str(source)],
+        [sys.executable, *FRONTENDS[frontend], str(dist), str(source)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
