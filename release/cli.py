@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         action="append",
         default=[],
-        help="wheel under test (repeatable; default: <out>/wheels/*.whl)",
+        help="wheel under test (repeatable; default: the wheels <out>/build.json records)",
     )
     sub.add_parser(
         "record-build",
@@ -147,7 +147,10 @@ def _parser() -> argparse.ArgumentParser:
     for gate in ("payload", "policy"):
         step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
         step.add_argument(
-            "wheels", nargs="*", type=Path, help="wheels to judge (default: <out>/wheels/*.whl)"
+            "wheels",
+            nargs="*",
+            type=Path,
+            help="wheels to judge (default: those <out>/build.json records)",
         )
     for gate, text in (
         ("audit", "the payload gate: classify every file, verify every shim citation"),
@@ -155,7 +158,10 @@ def _parser() -> argparse.ArgumentParser:
     ):
         step = sub.add_parser(gate, parents=[common], help=text)
         step.add_argument(
-            "wheels", nargs="*", type=Path, help="wheels to judge (default: <out>/wheels/*.whl)"
+            "wheels",
+            nargs="*",
+            type=Path,
+            help="wheels to judge (default: those <out>/build.json records)",
         )
     served = sub.add_parser(
         "served-path",
@@ -163,7 +169,10 @@ def _parser() -> argparse.ArgumentParser:
         help="drive the vLLM connector through vLLM's hooks; count first-party Python frames",
     )
     served.add_argument(
-        "wheels", nargs="*", type=Path, help="wheels to choose from (default: <out>/wheels/*.whl)"
+        "wheels",
+        nargs="*",
+        type=Path,
+        help="wheels to choose from (default: those <out>/build.json records)",
     )
     served.add_argument(
         "--vllm-python",
