@@ -31,6 +31,7 @@ from release.manifest import Manifest
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.progress import console, tracked
+from release.wheelset import version_tuple
 
 # What decides a wheel's bytes, besides the toolchain and the interpreter.
 SOURCE_ROOTS = ("CMakeLists.txt", "pyproject.toml", "README.md", "engine", "bindings", "shims")
@@ -115,12 +116,6 @@ def plan_targets(
                         )
                     )
     return targets, skipped
-
-
-def version_tuple(version: str) -> tuple[int, int]:
-    """ "3.11" -> (3, 11)."""
-    major, minor = version.split(".")
-    return int(major), int(minor)
 
 
 def source_date_epoch(source_dir: Path) -> int:
