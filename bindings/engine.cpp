@@ -15,6 +15,7 @@
 #include "bindings/common.h"
 #include "bindings/kv_views.h"
 #include "offload/compression.h"
+#include "offload/cuda_route.h"
 #include "offload/engine.h"
 #include "offload/kv_layout.h"
 
@@ -180,6 +181,92 @@ const std::vector<nb::handle>& event_kind_strings() {
   return strings;
 }
 
+// ---- DeviceKvCache ----
+
+// A contiguous view of a Python object's bytes (the buffer protocol: bytes, bytearray, numpy),
+// released when it goes out of scope.
+class HostBytes {
+ public:
+  HostBytes(nb::handle object, const char* name) {
+    if (PyObject_GetBuffer(object.ptr(), &view_, PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      throw EngineInputError(std::string(name) + ": expected a contiguous bytes-like object; got " +
+                             nb::type_name(object.type()).c_str());
+    }
+  }
+  ~HostBytes() { PyBuffer_Release(&view_); }
+  HostBytes(const HostBytes&) = delete;
+  HostBytes& operator=(const HostBytes&) = delete;
+  const void* data() const { return view_.buf; }
+  std::size_t size() const { return static_cast<std::size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+std::size_t layer_index(const activekv::offload::DeviceKvCache& cache, std::int64_t layer) {
+  if (layer < 0 || static_cast<std::size_t>(layer) >= cache.num_layers()) {
+    throw EngineInputError("layer: expected 0 <= layer < " + std::to_string(cache.num_layers()) +
+                           "; got " + std::to_string(layer));
+  }
+  return static_cast<std::size_t>(layer);
+}
+
+void bind_device_kv_cache(nb::module_& m) {
+  using activekv::offload::DeviceKvCache;
+  nb::class_<DeviceKvCache>(
+      m, "DeviceKvCache",
+      "Device KV the wheel allocates itself, for a runner without torch (the GPU gates): one "
+      "zeroed buffer per layer of [2, num_device_blocks, block_size, num_kv_heads, head_dim] raw "
+      "words on the current CUDA device, allocated at construction.")
+      .def(
+          "__init__",
+          [](DeviceKvCache* self, const KvBlockLayout& layout, std::int64_t num_device_blocks) {
+            new (self) DeviceKvCache(layout, non_negative(num_device_blocks, "num_device_blocks"));
+          },
+          nb::arg("layout"), nb::arg("num_device_blocks"))
+      .def_prop_ro("device", &DeviceKvCache::device)
+      .def_prop_ro("num_layers", &DeviceKvCache::num_layers)
+      .def_prop_ro("layer_bytes", &DeviceKvCache::layer_bytes)
+      .def_prop_ro(
+          "layers",
+          [](nb::handle self) {
+            const auto& cache = nb::cast<const DeviceKvCache&>(self);
+            const KvBlockLayout& layout = cache.layout();
+            const std::size_t shape[] = {2, cache.num_device_blocks(), layout.block_size(),
+                                         layout.num_kv_heads(), layout.head_dim()};
+            nb::list layers;
+            for (std::size_t index = 0; index < cache.num_layers(); ++index) {
+              layers.append(nb::cast(nb::ndarray<>(cache.layer(index), 5, shape, self, nullptr,
+                                                   word_dtype(layout), nb::device::cuda::value,
+                                                   cache.device())));
+            }
+            return layers;
+          },
+          nb::sig("def layers(self) -> list[object]"),
+          "One DLPack device array per layer, for Engine.register_kv_caches (each keeps this "
+          "cache alive).")
+      .def(
+          "upload",
+          [](DeviceKvCache& cache, std::int64_t layer, nb::handle data) {
+            const HostBytes bytes(data, "data");
+            cache.upload(layer_index(cache, layer), bytes.data(), bytes.size());
+          },
+          nb::arg("layer"), nb::arg("data"),
+          "Copies one whole layer of host bytes (layer_bytes of them) into the device buffer.")
+      .def(
+          "download",
+          [](const DeviceKvCache& cache, std::int64_t layer) {
+            const std::size_t index = layer_index(cache, layer);
+            nb::bytes out = nb::steal<nb::bytes>(
+                PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(cache.layer_bytes())));
+            if (!out.is_valid()) throw nb::python_error();
+            cache.download(index, PyBytes_AS_STRING(out.ptr()), cache.layer_bytes());
+            return out;
+          },
+          nb::arg("layer"), "One whole layer of the device buffer, copied back as bytes.");
+}
+
 }  // namespace
 
 NB_MODULE(_engine, m) {
@@ -215,6 +302,8 @@ NB_MODULE(_engine, m) {
            "(the exact layout; compressed slots are laid out as SPEC.md §5 says).")
       .def("__repr__",
            [](const KvBlockLayout& layout) { return "KvBlockLayout(" + layout.describe() + ")"; });
+
+  bind_device_kv_cache(m);
 
   m.def(
       "stored_block_bytes",

@@ -47,6 +47,28 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="keys, index data and caches (default: the manifest's publish.state_dir)",
     )
+    common.add_argument(
+        "--channel",
+        default=None,
+        help="release channel (default: the manifest's default_channel); gate runs sign their "
+        "attestations with its signing key",
+    )
+    common.add_argument(
+        "--key-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the stable channel's keys, as `keygen --channel stable DIR` made them (instead of "
+        "the manifest's key references)",
+    )
+    common.add_argument(
+        "--attest-key",
+        type=Path,
+        default=None,
+        metavar="PEM",
+        help="a runner's private key (`keygen --runner`) to sign gate attestations with, "
+        "instead of the channel's signing key",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="STEP")
 
     sub.add_parser("check-manifest", parents=[common], help="validate the manifest")
@@ -111,15 +133,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write nothing; exit 1 when the committed workflow differs from the manifest's",
     )
-    report = sub.add_parser(
+    sub.add_parser(
         "report",
         parents=[common],
         help="write <out>/report.md and report.html from the records under <out>",
-    )
-    report.add_argument(
-        "--channel",
-        default=None,
-        help="channel whose requirements the report shows (default: the one the records name)",
     )
     gpu_gates = sub.add_parser(
         "gpu-gates",
@@ -189,13 +206,14 @@ def _parser() -> argparse.ArgumentParser:
         ("run", "the whole release: build, gates, sign, publish, verify"),
         ("serve", "serve the embedded index in the foreground"),
     ):
-        step = sub.add_parser(name, parents=[common], help=text)
-        if name != "serve":
-            step.add_argument(
-                "--channel",
-                default=None,
-                help="release channel (default: the manifest's default_channel)",
-            )
+        sub.add_parser(name, parents=[common], help=text)
+    keygen = sub.add_parser(
+        "keygen", parents=[common], help="make an operator's stable keys, or a runner's key"
+    )
+    keygen.add_argument(
+        "--runner", default=None, help="a runner's attestation key of this name (else --channel)"
+    )
+    keygen.add_argument("directory", type=Path, metavar="DIR", help="where to write the keys")
     _add_consumer_verify_arguments(sub.choices["verify"])
     return parser  # fmt: skip
 
@@ -306,6 +324,10 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
             sanitizer=args.sanitizer,
         )  # fmt: skip
+    if command == "keygen":
+        from release.trust import steps as trust
+
+        return trust.step_keygen(args.channel, args.runner, args.directory)
     if command in ("sign", "publish", "verify", "serve"):  # the signing and index stack
         from release.trust import steps as trust
 
@@ -335,7 +357,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         manifest = load_manifest(args.manifest)
         state_dir = args.state_dir or (REPO_ROOT / manifest.publish.state_dir)
-        context = Context(manifest, REPO_ROOT, args.out.resolve(), state_dir.resolve())
+        context = Context(
+            manifest, REPO_ROOT, args.out.resolve(), state_dir.resolve(),
+            channel_name=args.channel, key_dir=args.key_dir and args.key_dir.resolve(),
+            attest_key=args.attest_key and args.attest_key.resolve(),
+        )  # fmt: skip
         return _dispatch(args, context)
     except ReleaseError as error:
         error_console.print(

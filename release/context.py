@@ -19,6 +19,9 @@ class Context:
     source_dir: Path
     out_dir: Path
     state_dir: Path
+    channel_name: str | None = None  # --channel; None: the manifest's default channel
+    key_dir: Path | None = None  # --key-dir: the stable keys as `keygen` made them
+    attest_key: Path | None = None  # --attest-key: a runner's key for gate attestations
 
     @property
     def wheels_dir(self) -> Path:

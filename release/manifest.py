@@ -217,13 +217,38 @@ class _Model(BaseModel):
 # --- the schema, one model per table ---
 
 
+SIGNING_KEY_ATTESTER = "signing-key"
+
+
+def _attester(value: str) -> str:
+    path = PurePosixPath(value)
+    _check(
+        value == SIGNING_KEY_ATTESTER
+        or (not path.is_absolute() and ".." not in path.parts and value.endswith(".pub.json")),
+        f'"{SIGNING_KEY_ATTESTER}" (the channel\'s signing key) or the path of a public key file '
+        '"<name>.pub.json" relative to the manifest, without ".."',
+    )
+    return value
+
+
+Attester = Annotated[StrictStr, AfterValidator(_attester)]
+
+
 class ChannelSpec(_Model):
-    """``[release.channels.<name>]``: the gates a channel requires and the key that signs it."""
+    """``[release.channels.<name>]``: the gates a channel requires, the key that signs it, and
+    whose gate attestations it takes."""
 
     requires: Annotated[
         tuple[Name, ...], AfterValidator(_non_empty), AfterValidator(_unique("gate names"))
     ]
     signing: Name
+    # Per runner class, the keys whose gate attestations count (release/trust/attestation.py).
+    attesters: dict[Literal["cpu", "gpu"], tuple[Attester, ...]] = Field(
+        default_factory=lambda: {"cpu": (SIGNING_KEY_ATTESTER,)}
+    )
+    # Folders of the checkout holding attestations made elsewhere (a GPU runner's), taken when
+    # they name exactly the digests being published.
+    attestations: tuple[Annotated[StrictStr, AfterValidator(_relative_dir)], ...] = ()
 
 
 class ReleaseSettings(_Model):
@@ -512,7 +537,7 @@ def load_manifest(path: Path) -> Manifest:
     except ValidationError as exc:
         issues = [_from_pydantic(error) for error in exc.errors()]
     else:
-        issues = _cross_references(manifest)
+        issues = _cross_references(manifest) + _attester_references(manifest, path.parent)
     if issues:
         raise ManifestError(
             "\n".join(_line(path, issue.loc, issue.expected, issue.got) for issue in issues)
@@ -596,6 +621,21 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                         ("gates", name, key), "a positive integer (a gpu gate needs it)", "nothing"
                     )
                 )
+    return issues
+
+
+def _attester_references(m: Manifest, manifest_dir: Path) -> list[_Issue]:
+    """Every public key file an attester names exists beside the manifest. (A channel without
+    attesters for a runner it needs is refused at publish, naming the gates.)"""
+    issues: list[_Issue] = []
+    for name, channel in m.release.channels.items():
+        loc: Loc = ("release", "channels", name, "attesters")
+        for runner, attesters in channel.attesters.items():
+            for index, attester in enumerate(attesters):
+                if attester != SIGNING_KEY_ATTESTER and not (manifest_dir / attester).is_file():
+                    issues.append(_Issue((*loc, runner, index), "a public key file beside the "
+                                         f"manifest ({manifest_dir / attester})",
+                                         "no such file"))  # fmt: skip
     return issues
 
 

@@ -32,6 +32,19 @@ if TYPE_CHECKING:
     pass
 
 
+def judge(context: Context, name: str, inputs: GateInputs) -> Evidence:
+    """Runs one gate through the registry and signs its evidence as an in-toto attestation
+    (`<out>/evidence/<gate>.intoto.json`) with the runner's key; the key is loaded first, so a
+    long gate never runs to have its verdict refused for want of a key."""
+    from release.trust.attestation import attest
+    from release.trust.keys import attesting_signer
+
+    signer, _ = attesting_signer(context)
+    evidence = run_gate(name, inputs)
+    attest(evidence, signer, context.out_dir)
+    return evidence
+
+
 def print_verdict(evidence: Evidence) -> int:
     colour = VERDICT_STYLE[evidence.verdict]
     console.print(f"[{colour}]{evidence.gate}: {evidence.verdict}[/]")
@@ -77,7 +90,7 @@ def step_build(context: Context, only: list[str], toolchain_kind: str | None = N
     """`build`: the wheels, then the policy gate on exactly them (the policy is part of the
     build: auditwheel's verdict on the wheels just made)."""
     wheels = build(context, only, toolchain_kind)
-    return print_verdict(run_gate("policy", gate_inputs(context, wheels)))
+    return print_verdict(judge(context, "policy", gate_inputs(context, wheels)))
 
 
 def gate_inputs(
@@ -92,14 +105,14 @@ def gate_inputs(
 
 def step_gate(context: Context, name: str, wheels: WheelSet, options: GateOptions) -> int:
     """One gate alone (`python -m release <gate>`), declared in the manifest or not."""
-    return print_verdict(run_gate(name, gate_inputs(context, wheels, options)))
+    return print_verdict(judge(context, name, gate_inputs(context, wheels, options)))
 
 
 def step_gpu_gates(context: Context, wheels: WheelSet) -> int:
     """Every GPU gate of the manifest on `wheels`: 0 on pass or "not run", 1 on a failure."""
     inputs = gate_inputs(context, wheels)
     gpu_gates = [name for name, spec in context.manifest.gates.items() if spec.runner == "gpu"]
-    verdicts = [run_gate(name, inputs) for name in gpu_gates]
+    verdicts = [judge(context, name, inputs) for name in gpu_gates]
     for evidence in verdicts:
         print_verdict(evidence)
     return 1 if any(evidence.verdict == "fail" for evidence in verdicts) else 0
@@ -109,7 +122,7 @@ def run_gates(context: Context, wheels: WheelSet) -> None:
     """Every gate the manifest declares, in its order, each through the registry."""
     inputs = gate_inputs(context, wheels)
     for name in context.manifest.gates:
-        print_verdict(run_gate(name, inputs))
+        print_verdict(judge(context, name, inputs))
 
 
 # --- the whole release ---

@@ -14,6 +14,7 @@ from release.build.record_build import record_build
 from release.cli import DEFAULT_MANIFEST
 from release.evidence import Evidence, write_evidence
 from release.manifest import load_manifest
+from release.trust.attestation import attest
 from release.trust.sign import build_statement, load_signer, sign_statement, write_envelope
 from release.util.digests import sha256_file
 from release.util.paths import REPO_ROOT
@@ -32,13 +33,18 @@ def signed_envelope(wheels: list[Path], state_dir: Path, out: Path, version: str
     return out
 
 
-def gated_out(out: Path, tags: Sequence[str], version: str) -> tuple[list[Path], dict[str, str]]:
+def gated_out(
+    out: Path, tags: Sequence[str], version: str, state_dir: Path
+) -> tuple[list[Path], dict[str, str]]:
     """``out`` as the build and the dev channel's gates leave it: one fixture wheel per tag,
-    passing evidence of every required gate, and the build record. The wheels and their digests.
-    """
+    passing evidence of every required gate, attested with the dev key of ``state_dir``, and the
+    build record. The wheels and their digests."""
     wheels = [build_wheel(out / "wheels", version=version, tag=tag) for tag in tags]
     digests = {wheel.name: sha256_file(wheel) for wheel in wheels}
+    signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
     for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
-        write_evidence(out, Evidence(gate=gate, verdict="pass", artefacts=digests))
+        evidence = Evidence(gate=gate, verdict="pass", artefacts=digests)
+        write_evidence(out, evidence)
+        attest(evidence, signer, out)
     records.write(out, record_build(wheel_set(*wheels), REPO_ROOT))
     return wheels, digests

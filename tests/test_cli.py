@@ -42,7 +42,7 @@ def test_publish_without_evidence_is_refused_before_any_index_starts(tmp_path, c
     (wheels / "activekv-0.1.0-py3-none-any.whl").write_bytes(b"not really a wheel")
     assert main(["publish", "--out", str(tmp_path), "--state-dir", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
-    assert "refuses to publish" in err and "payload: no evidence" in err
+    assert "refuses to publish" in err and "payload: no attestation in" in err
     assert not (tmp_path / "s" / "index").exists()
 
 

@@ -20,7 +20,7 @@ from securesystemslib.signer import CryptoSigner
 
 from release.cli import DEFAULT_MANIFEST, main
 from release.errors import PublishError
-from release.trust.sign import PAYLOAD_TYPE, sign_statement
+from release.trust.sign import PAYLOAD_TYPE, load_signer, sign_statement
 from release.trust.tuf_metadata import TufRepository
 from release.util.pins import project_version
 
@@ -45,7 +45,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sign: every case breaks exactly one thing in a copy of it."""
     ws = tmp_path_factory.mktemp("corpus-template")
     out, state = ws / "out", ws / "state"
-    _, digests = gated_out(out, TAGS, VERSION)
+    _, digests = gated_out(out, TAGS, VERSION, state)
     assert main(["sign", "--out", str(out), "--state-dir", str(state)]) == 0
     TufRepository(ws / "tuf").add_targets({})
     (ws / "artefacts.json").write_text(json.dumps(digests))
@@ -68,6 +68,30 @@ def _resign_with_other_key(path: Path) -> None:
     assert envelope.payload_type == PAYLOAD_TYPE
 
 
+def _edited_statement(path: Path, edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    statement = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+    edit(statement)
+    return statement
+
+
+def _edit_payload(path: Path, key: str, value: Any) -> None:
+    """Changes the attested predicate and keeps the old signatures (a hand edit)."""
+    document = json.loads(path.read_text())
+    statement = _edited_statement(path, lambda s: s["predicate"].__setitem__(key, value))
+    document["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    path.write_text(json.dumps(document))
+
+
+def _reattest(path: Path, state: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Signs an edited statement again with the dev key: what a gate that judged so writes."""
+    signer, _ = load_signer("generate", channel="dev", state_dir=state)
+    path.write_text(json.dumps(sign_statement(_edited_statement(path, edit), signer).to_dict()))
+
+
+def _subjects(digests: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": name, "digest": {"sha256": digest}} for name, digest in digests.items()]
+
+
 def _apply(ws: Path, ops: list[list[Any]]) -> None:
     artefacts = (ws / "artefacts.json").read_text()
 
@@ -84,6 +108,13 @@ def _apply(ws: Path, ops: list[list[Any]]) -> None:
             json.dumps({**json.loads(at(p).read_text()), key: value})
         ),
         "resign_other_key": lambda p: _resign_with_other_key(at(p)),
+        "edit_payload": lambda p, key, value: _edit_payload(at(p), key, value),
+        "reattest": lambda p, key, value: _reattest(
+            at(p), ws / "state", lambda s: s["predicate"].__setitem__(key, value)
+        ),
+        "reattest_subjects": lambda p, digests: _reattest(
+            at(p), ws / "state", lambda s: s.__setitem__("subject", _subjects(digests))
+        ),
         "manifest_replace": lambda old, new: (ws / "bad.toml").write_text(
             _replaced(DEFAULT_MANIFEST.read_text(encoding="utf-8"), old, new)
         ),

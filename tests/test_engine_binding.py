@@ -217,3 +217,59 @@ def test_lookups_from_another_thread_during_steps(native):
         thread.join()
     assert seen and set(seen) == {2}
     assert driver.engine.lookup([1, 2, 149, 249]) == 4
+
+
+def _layout_and_gpu(native: Any) -> tuple[Any, str | None]:
+    from release.gates.gpu_runner import detect_gpu
+
+    return native.KvBlockLayout(2, 16, 2, 8, native.KvDtype.bf16), detect_gpu()
+
+
+def test_device_kv_cache_refuses_bad_arguments_and_names_the_cuda_call(native):
+    layout, gpu = _layout_and_gpu(native)
+    with pytest.raises(native.EngineInputError, match="num_device_blocks: expected a non-neg"):
+        native.DeviceKvCache(layout, -1)
+    if gpu is not None:
+        pytest.skip(f"this machine has a GPU ({gpu}): the round trip test below runs instead")
+    with pytest.raises(native.CudaRouteError, match="cudaGetDevice"):
+        native.DeviceKvCache(layout, 4)
+
+
+def test_device_kv_cache_round_trip_through_the_engine(native):
+    """On a GPU: the wheel's own device KV takes bytes, gives them back, and the engine's CUDA
+    route stores and loads through it (what the GPU gates use instead of torch)."""
+    layout, gpu = _layout_and_gpu(native)
+    if gpu is None:
+        pytest.skip("no GPU runner")
+    cache = native.DeviceKvCache(layout, 4)
+    assert (cache.num_layers, cache.layer_bytes) == (2, 4 * layout.bytes_per_layer)
+    assert cache.download(0) == bytes(cache.layer_bytes)  # zeroed at construction
+    words = np.random.default_rng(3).integers(0, 2**16, (2, 4, 16, 2, 8), dtype=np.uint16)
+    for layer in range(2):
+        cache.upload(layer, words + layer)
+    with pytest.raises(native.EngineInputError, match="layer: expected 0 <= layer < 2"):
+        cache.download(2)
+    with pytest.raises(ValueError, match="expected .* bytes"):
+        cache.upload(0, b"short")
+    slot = native.stored_block_bytes(layout, "exact")
+    engine = native.Engine(layout, "exact", 8 * slot, 2, 4, 4, device="cuda")
+    engine.register_kv_caches(cache.layers)
+    engine.plan_store([11, 12], [0, 1])  # blocks 0 and 1 of every layer go to the host pool
+    run_step = [engine.build_step, engine.start_load]
+    for call in run_step:
+        call()
+    for layer in range(2):
+        engine.wait_for_layer_load(layer)
+        engine.save_kv_layer(layer)
+    engine.wait_for_save()
+    engine.events()
+    engine.plan_load([11, 12], [2, 3])  # and come back into blocks 2 and 3
+    for call in run_step:
+        call()
+    for layer in range(2):
+        engine.wait_for_layer_load(layer)
+        engine.save_kv_layer(layer)
+    engine.wait_for_save()
+    for layer in range(2):
+        back = np.frombuffer(cache.download(layer), np.uint16).reshape(words.shape)
+        np.testing.assert_array_equal(back[:, 2:4], (words + layer)[:, 0:2])

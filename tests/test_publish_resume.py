@@ -42,7 +42,7 @@ def _release(*args: str | Path) -> list[str]:
 def signed_out(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
     """An output directory as the gates and the sign step leave it, for three fixture wheels."""
     out, state = tmp_path / "out", tmp_path / "state"
-    wheels, _ = gated_out(out, TAGS, project_version())
+    wheels, _ = gated_out(out, TAGS, project_version(), state)
     signed = subprocess.run(_release("sign", "--out", out, "--state-dir", state), cwd=REPO,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert signed.returncode == 0, signed.stdout + signed.stderr

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -478,6 +480,60 @@ FenceOutcome CudaRoute::observe(Direction direction, std::size_t region_index, b
   cudaGetLastError();  // the failed query's error is this fence's, not the next call's
   r.drain(direction);
   return FenceOutcome::unknown;
+}
+
+struct DeviceKvCache::Buffers {
+  std::vector<std::unique_ptr<DeviceBuffer>> layers;
+};
+
+namespace {
+std::size_t device_layer_bytes(const KvBlockLayout& layout, std::size_t num_device_blocks) {
+  if (num_device_blocks > 0 &&
+      layout.bytes_per_layer() > std::numeric_limits<std::size_t>::max() / num_device_blocks) {
+    throw std::invalid_argument("num_device_blocks: " + std::to_string(num_device_blocks) +
+                                " blocks of " + layout.describe() + " overflow a buffer size");
+  }
+  return layout.bytes_per_layer() * num_device_blocks;
+}
+}  // namespace
+
+DeviceKvCache::DeviceKvCache(const KvBlockLayout& layout, std::size_t num_device_blocks)
+    : layout_(layout),
+      num_device_blocks_(num_device_blocks),
+      layer_bytes_(device_layer_bytes(layout, num_device_blocks)),
+      buffers_(std::make_unique<Buffers>()) {
+  check(cudaGetDevice(&device_), "cudaGetDevice");
+  for (std::size_t index = 0; index < layout.num_layers(); ++index) {
+    buffers_->layers.push_back(std::make_unique<DeviceBuffer>(layer_bytes_));
+    if (layer_bytes_ > 0) {
+      check(cudaMemset(buffers_->layers.back()->data, 0, layer_bytes_), "cudaMemset");
+    }
+  }
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+DeviceKvCache::~DeviceKvCache() = default;
+
+std::size_t DeviceKvCache::num_layers() const { return buffers_->layers.size(); }
+
+void* DeviceKvCache::layer(std::size_t index) const { return buffers_->layers.at(index)->data; }
+
+void DeviceKvCache::upload(std::size_t index, const void* host, std::size_t bytes) {
+  void* device = layer(index);
+  if (bytes != layer_bytes_) {
+    throw std::invalid_argument("upload: expected " + std::to_string(layer_bytes_) +
+                                " bytes (one layer); got " + std::to_string(bytes));
+  }
+  if (bytes > 0) check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+
+void DeviceKvCache::download(std::size_t index, void* host, std::size_t bytes) const {
+  const void* device = layer(index);
+  if (bytes != layer_bytes_) {
+    throw std::invalid_argument("download: expected " + std::to_string(layer_bytes_) +
+                                " bytes (one layer); got " + std::to_string(bytes));
+  }
+  if (bytes > 0) check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
 }
 
 }  // namespace activekv::offload

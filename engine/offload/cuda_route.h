@@ -72,4 +72,35 @@ class CudaRoute {
   std::unique_ptr<Resources> resources_;
 };
 
+// Device KV of the wheel's own, for a runner that holds no framework (the GPU gates run with the
+// standard library and the wheel): one zeroed buffer per layer of [2, num_device_blocks,
+// block_size, num_kv_heads, head_dim] words, allocated on the current device at construction
+// (warm-up), so the steps that use it allocate nothing.
+class DeviceKvCache {
+ public:
+  DeviceKvCache(const KvBlockLayout& layout, std::size_t num_device_blocks);
+  ~DeviceKvCache();
+  DeviceKvCache(const DeviceKvCache&) = delete;
+  DeviceKvCache& operator=(const DeviceKvCache&) = delete;
+
+  const KvBlockLayout& layout() const { return layout_; }
+  std::size_t num_device_blocks() const { return num_device_blocks_; }
+  int device() const { return device_; }
+  std::size_t num_layers() const;
+  std::size_t layer_bytes() const { return layer_bytes_; }
+  void* layer(std::size_t index) const;
+  // Synchronous copies of one whole layer (bytes must be layer_bytes()); CudaRouteError names
+  // the call that failed, std::out_of_range a layer past the last.
+  void upload(std::size_t index, const void* host, std::size_t bytes);
+  void download(std::size_t index, void* host, std::size_t bytes) const;
+
+ private:
+  struct Buffers;
+  KvBlockLayout layout_;
+  std::size_t num_device_blocks_;
+  int device_ = 0;
+  std::size_t layer_bytes_ = 0;
+  std::unique_ptr<Buffers> buffers_;
+};
+
 }  // namespace activekv::offload

@@ -6,7 +6,8 @@ arguments>``
 serves, besides everything pypiserver serves (``/simple/``, ``/packages/``, uploads):
 
 * ``/tuf/metadata/<file>`` from ``--tuf-metadata`` (root, targets, snapshot, timestamp);
-* ``/tuf/targets/provenance/<file>`` from ``--provenance`` (the signed statements, TUF targets).
+* ``/tuf/targets/provenance/<file>`` from ``--provenance`` (the signed statements, TUF targets);
+* ``/tuf/targets/provenance/<release>.attestations/<file>``: the gate attestations each names.
 
 pypiserver serves only package files from its package directory, so the metadata gets routes of
 its own on pypiserver's bottle app instead of being copied among the packages. Names starting with
@@ -23,6 +24,9 @@ from typing import Any
 
 TUF_METADATA_ROUTE = "/tuf/metadata/<name>"
 TUF_PROVENANCE_ROUTE = "/tuf/targets/provenance/<name>"
+# A release's gate attestations, beside its statement: provenance/<release>.attestations/<name>.
+TUF_ATTESTATION_ROUTE = "/tuf/targets/provenance/<folder>/<name>"
+ATTESTATIONS_SUFFIX = ".attestations"
 
 
 def _static_route(directory: Path) -> Callable[[str], Any]:
@@ -32,6 +36,17 @@ def _static_route(directory: Path) -> Callable[[str], Any]:
         if name.startswith(".") or "/" in name:
             return HTTPError(404, "File does not exist.")
         return static_file(name, root=str(directory), mimetype="application/json")
+
+    return serve
+
+
+def _attestation_route(directory: Path) -> Callable[[str, str], Any]:
+    from pypiserver.bottle_wrapper import HTTPError
+
+    def serve(folder: str, name: str) -> Any:
+        if folder.startswith(".") or not folder.endswith(ATTESTATIONS_SUFFIX):
+            return HTTPError(404, "File does not exist.")
+        return _static_route(directory / folder)(name)
 
     return serve
 
@@ -56,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         app = add_pypiserver_routes(app, config)
         app.route(TUF_METADATA_ROUTE, "GET", _static_route(ours.tuf_metadata.resolve()))
         app.route(TUF_PROVENANCE_ROUTE, "GET", _static_route(ours.provenance.resolve()))
+        app.route(TUF_ATTESTATION_ROUTE, "GET", _attestation_route(ours.provenance.resolve()))
         return app
 
     # pypiserver's main looks the hook up on its package at run time; it builds the app with it.

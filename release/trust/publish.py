@@ -97,18 +97,24 @@ def publish(
     metadata_dir: Path,
     tuf: TufRepository | None = None,
     digests: Mapping[str, str] | None = None,
+    attachments: Mapping[str, Path] | None = None,
 ) -> PublishReport:
     """Upload the ``wheels`` not yet on ``index``, store ``envelope`` for their version and make
     both TUF targets of ``tuf``. ``digests`` are the wheels' sha256 as the caller just hashed
-    them; without them they are hashed here."""
+    them; without them they are hashed here. ``attachments`` (name -> file: the gate
+    attestations the statement names) are stored beside the statement, once, as targets too."""
     project, version = _project_and_version(wheels)
+    attached_dir = attachments_dir_for(metadata_dir, project, version)
+    attached = {name: attached_dir / name for name in attachments or {}}
     local = dict(digests) if digests is not None else {w.name: sha256_file(w) for w in wheels}
     paths = {wheel.name: wheel for wheel in wheels}
     _check_envelope_names(envelope, local, what="the envelope to publish")
     stored_path = envelope_path_for(metadata_dir, project, version)
     if tuf is not None:
+        # What the targets will be: a file already stored stays (the first publish's is kept).
+        pending = {n: p if p.exists() else (attachments or {})[n] for n, p in attached.items()}
         tuf.check(_tuf_targets(paths, stored_path if stored_path.exists() else envelope,
-                               stored_path.name), digests=local)  # fmt: skip
+                               stored_path.name, pending), digests=local)  # fmt: skip
 
     present = list_project_files(index.simple_url, project)
     conflicts = [
@@ -144,11 +150,13 @@ def publish(
                     f"expected {local[name]}"
                 )
 
+    for name, local_file in (attachments or {}).items():
+        _store_once(local_file, attached[name])
     envelope_stored = _store_once(envelope, stored_path)
     tuf_update = None
     if tuf is not None:
         tuf_update = tuf.add_targets(
-            _tuf_targets(paths, stored_path, stored_path.name), digests=local
+            _tuf_targets(paths, stored_path, stored_path.name, attached), digests=local
         )
     files = tuple(
         PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
@@ -165,9 +173,22 @@ def publish(
     )
 
 
-def _tuf_targets(wheels: dict[str, Path], statement: Path, statement_name: str) -> dict[str, Path]:
-    """TUF target path to local file: the wheels, and the statement under provenance/."""
-    return {**wheels, PROVENANCE_PREFIX + statement_name: statement}
+def attachments_dir_for(metadata_dir: Path, project: str, version: str) -> Path:
+    """Where the gate attestations of ``project`` ``version`` are stored, beside its statement."""
+    return metadata_dir / f"{normalize_project(project)}-{version}.attestations"
+
+
+def _tuf_targets(
+    wheels: dict[str, Path], statement: Path, statement_name: str, attached: Mapping[str, Path]
+) -> dict[str, Path]:
+    """TUF target path to local file: the wheels, and under provenance/ the statement and the
+    attestations it names."""
+    attached_prefix = PROVENANCE_PREFIX + statement_name.removesuffix(".intoto.json")
+    return {
+        **wheels,
+        PROVENANCE_PREFIX + statement_name: statement,
+        **{f"{attached_prefix}.attestations/{name}": path for name, path in attached.items()},
+    }
 
 
 def _test_pause() -> None:

@@ -17,6 +17,7 @@ Private key material never appears in a message, a log or an output file of this
 from __future__ import annotations
 
 import binascii
+import contextlib
 import json
 import os
 import stat
@@ -46,6 +47,10 @@ GENERATE = "generate"
 _FILE_SCHEME = "file:"
 _PROTECTED_CHANNEL = "stable"
 _PRIVATE_MODE = 0o600
+
+
+class UnlistedSignerError(SigningError):
+    """An envelope whose signatures are by keys other than the ones that count."""
 
 
 # --------------------------------------------------------------------------- keys
@@ -83,17 +88,33 @@ def load_signer(
     )
 
 
+def dev_keyids(state_dir: Path) -> dict[str, Path]:
+    """keyid -> public key file of every key this pipeline generated under ``state_dir``: the
+    dev signing keys (``keys/``) and the embedded index's TUF role keys (``index/tuf/keys/``)."""
+    found: dict[str, Path] = {}
+    for pattern in ("keys/*.pub.json", "*/*/keys/*.pub.json"):
+        for path in sorted(state_dir.glob(pattern)):
+            with contextlib.suppress(SigningError):
+                found.setdefault(load_public_key(path).keyid, path)
+    return found
+
+
+def refuse_dev_key(key: Key, what: str, channel: str, state_dir: Path) -> None:
+    """SigningError when ``key`` is, by its fingerprint, a dev key generated under
+    ``state_dir``, wherever its files were copied since."""
+    generated = dev_keyids(state_dir).get(key.keyid) if channel == _PROTECTED_CHANNEL else None
+    if generated is not None:
+        raise SigningError(
+            f"{what} is a generated dev key (key {key.keyid}, the public key of {generated}); "
+            f"dev keys never sign for {channel!r}"
+        )
+
+
 def _not_a_dev_key(
     key_ref: str, channel: str, state_dir: Path, loaded: tuple[Signer, Key]
 ) -> tuple[Signer, Key]:
     """Refuses, for stable, a key that is one of the dev keys generated under ``state_dir``."""
-    if channel == _PROTECTED_CHANNEL:
-        for generated in sorted((state_dir / "keys").glob("*-signing-key.pub.json")):
-            if load_public_key(generated).keyid == loaded[1].keyid:
-                raise SigningError(
-                    f"key reference {key_ref!r} is a generated dev key (its public key is "
-                    f"{generated}); dev keys never sign for {channel!r}"
-                )
+    refuse_dev_key(loaded[1], f"key reference {key_ref!r}", channel, state_dir)
     return loaded
 
 
@@ -239,11 +260,15 @@ def build_statement(
     source_uri: str | None = None,
     builder_id: str = BUILDER_ID,
     digests: Mapping[str, str] | None = None,
+    gates: Sequence[str] = (),
+    attestations: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """An in-toto v1 Statement with a SLSA v1 provenance predicate naming every wheel.
 
     ``source_uri`` defaults to ``git+file://<repository holding the manifest>``. ``digests``
     (wheel file name to sha256) are the build's; without them each wheel is hashed here.
+    ``gates`` are the gates the channel requires, ``attestations`` the signed gate attestations
+    the release rests on (``release.trust.attestation.provenance_entry``), as byproducts.
     """
     if not wheels:
         raise SigningError("nothing to sign: no wheels given")
@@ -283,6 +308,7 @@ def build_statement(
                     },
                     "channel": channel,
                     "version": version,
+                    "gates": list(gates),
                 },
                 "internalParameters": {
                     "source_date_epoch": source_date_epoch,
@@ -297,6 +323,7 @@ def build_statement(
                     "startedOn": _rfc3339(started, "started"),
                     "finishedOn": _rfc3339(finished, "finished"),
                 },
+                "byproducts": [dict(entry) for entry in attestations],
             },
         },
     }
@@ -344,22 +371,35 @@ def write_envelope(envelope: Envelope, path: Path) -> None:
 def read_and_verify_envelope(path: Path, public_key: Key) -> dict[str, Any]:
     """The statement of the DSSE envelope at ``path``, after its signature by ``public_key``
     verified."""
+    return read_and_verify_by_any(path, {public_key.keyid: public_key}, "the expected key")[0]
+
+
+def read_and_verify_by_any(
+    path: Path, trusted: Mapping[str, Key], listed: str
+) -> tuple[dict[str, Any], Key]:
+    """The statement of the envelope at ``path`` and the key that signed it, after that key's
+    signature verified; ``trusted`` maps keyid to key, ``listed`` says in messages where those
+    keys come from. SigningError for an unsigned envelope, one signed by no trusted key, or one
+    whose signature does not verify (the payload or the signature was altered)."""
     envelope = _read_envelope(path)
     if not envelope.signatures:
         raise SigningError(f"{path}: the envelope has no signature")
-    if public_key.keyid not in envelope.signatures:
-        raise SigningError(
+    signers = [keyid for keyid in sorted(envelope.signatures) if keyid in trusted]
+    if not signers:
+        known = ", ".join(sorted(trusted)) or "none"
+        raise UnlistedSignerError(
             f"{path}: signed by key(s) {', '.join(sorted(envelope.signatures))}, "
-            f"not by the expected key {public_key.keyid}"
+            f"not by {listed} ({known})"
         )
+    key = trusted[signers[0]]
     try:
-        envelope.verify([public_key], 1)
+        envelope.verify([key], 1)
     except UnverifiedSignatureError:
         raise SigningError(
-            f"{path}: the signature of key {public_key.keyid} does not verify "
+            f"{path}: the signature of key {key.keyid} does not verify "
             "(the payload or the signature was altered)"
         ) from None
-    return _decode_statement(path, envelope)
+    return _decode_statement(path, envelope), key
 
 
 def read_statement_unverified(path: Path) -> dict[str, Any]:

@@ -17,23 +17,37 @@ from rich.markup import escape
 
 from release import records
 from release.context import Context
-from release.errors import PublishError, VerifyError
-from release.evidence import evidence_problems
-from release.manifest import ChannelSpec
+from release.errors import PublishError, SigningError, VerifyError
+from release.gates import registry
+from release.manifest import SIGNING_KEY_ATTESTER, ChannelSpec
 from release.records import BuildRecord
+from release.trust.attestation import (
+    Attestation,
+    GateKeys,
+    choose,
+    provenance_entry,
+)
 from release.trust.index import EmbeddedIndex, install_hint
+from release.trust.keys import (
+    channel_signer,
+    make_channel_keys,
+    make_runner_key,
+    tuf_keys_spec,
+)
 from release.trust.publish import envelope_path_for, publish
 from release.trust.sign import (
+    Key,
     build_statement,
-    load_signer,
+    load_public_key,
     read_and_verify_envelope,
+    refuse_dev_key,
     sign_statement,
     write_envelope,
     write_public_key,
 )
 from release.trust.tuf_client import TrustedIndex
 from release.trust.tuf_metadata import TufRepository, repository_for
-from release.trust.verify import verify_from_index, verify_release
+from release.trust.verify import verify_attestations, verify_from_index, verify_release
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.pins import project_version
@@ -50,15 +64,67 @@ def _git_commit(source_dir: Path) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def _signing(context: Context, channel: str, spec: ChannelSpec) -> tuple[Any, Any]:
-    sign = context.manifest.sign[spec.signing]
-    public_key = sign.public_key and context.manifest.path.parent / sign.public_key  # if relative
-    return load_signer(
-        sign.key, channel=channel, state_dir=context.state_dir, public_key=public_key
-    )
+def _attester_keys(
+    context: Context, channel: str, spec: ChannelSpec, signing_key: Key
+) -> dict[str, dict[str, Key]]:
+    """Per runner class, keyid -> key of the attesters the manifest lists for `channel`."""
+    keys: dict[str, dict[str, Key]] = {}
+    for runner, attesters in spec.attesters.items():
+        keys[runner] = {}
+        for index, attester in enumerate(attesters):
+            where = f"release.channels.{channel}.attesters.{runner}[{index}]"
+            if attester == SIGNING_KEY_ATTESTER:
+                key = signing_key
+            else:
+                key = load_public_key(context.manifest.path.parent / attester)
+                refuse_dev_key(key, f"{context.manifest.path}: {where}", channel,
+                               context.state_dir)  # fmt: skip
+            keys[runner][key.keyid] = key
+    return keys
 
 
-def _sign(context: Context, channel: str, wheels: WheelSet, signer: Any, public_key: Any) -> None:
+def channel_attestations(
+    context: Context, channel: str, spec: ChannelSpec, digests: dict[str, str], signing_key: Key
+) -> list[tuple[Attestation, str]]:
+    """For each gate `channel` requires, the signed attestation that it passed on exactly
+    `digests`, with its runner class; PublishError naming each gate without one (and each file
+    that was altered), before anything is uploaded."""
+    keys = _attester_keys(context, channel, spec, signing_key)
+    gates = []
+    for gate in spec.requires:
+        runner = registry.runner_of(gate)
+        listed = f"a key of {context.manifest.path} release.channels.{channel}.attesters.{runner}"
+        gates.append(GateKeys(gate, keys.get(runner, {}), listed))
+    folders = [context.out_dir / "evidence"]
+    folders += [context.source_dir / folder for folder in spec.attestations]
+    try:
+        chosen, problems = choose(gates, folders, digests)
+    except SigningError as error:
+        raise PublishError(f"channel {channel!r} refuses to publish; nothing was uploaded: "
+                           f"an attestation cannot be trusted: {error}") from None  # fmt: skip
+    if problems:
+        raise PublishError(
+            f"channel {channel!r} refuses to publish; nothing was uploaded:\n  "
+            + "\n  ".join(problems)
+        )
+    return [(chosen[gate], registry.runner_of(gate)) for gate in spec.requires]
+
+
+def _attested(
+    context: Context, channel: str, spec: ChannelSpec, public_key: Key
+) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
+    """The built wheels as they lie now, hashed again (publish hands these bytes on), and the
+    signed attestations that every gate the channel requires passed on exactly their digests;
+    else PublishError."""
+    wheels = WheelSet.from_files(context.manifest, context.wheel_files())
+    return wheels, channel_attestations(context, channel, spec, wheels.digests, public_key)
+
+
+def _sign(
+    context: Context, channel: str, spec: ChannelSpec, signer: Any, public_key: Key
+) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
+    """Signs the provenance of the wheels, naming the attestations it rests on."""
+    wheels, attestations = _attested(context, channel, spec, public_key)
     build_record = records.read(context.out_dir, BuildRecord)
     statement = build_statement(
         wheels.paths,
@@ -72,6 +138,8 @@ def _sign(context: Context, channel: str, wheels: WheelSet, signer: Any, public_
         started=build_record.started,
         finished=build_record.finished,
         digests=wheels.digests,
+        gates=spec.requires,
+        attestations=[provenance_entry(a, runner) for a, runner in attestations],
     )
     envelope = context.envelope_path
     envelope.parent.mkdir(parents=True, exist_ok=True)
@@ -82,26 +150,16 @@ def _sign(context: Context, channel: str, wheels: WheelSet, signer: Any, public_
         channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
         keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.digests,
     ))  # fmt: skip
-    console.print(f"signed {len(wheels)} wheel(s): {envelope} (key {public_key.keyid[:16]})")
+    console.print(f"signed {len(wheels)} wheel(s) and the {len(attestations)} gate attestations "
+                  f"they rest on: {envelope} (key {public_key.keyid[:16]})")  # fmt: skip
+    return wheels, attestations
 
 
 def step_sign(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
-    signer, public_key = _signing(context, channel, spec)
-    _sign(context, channel, context.built_wheels(), signer, public_key)
+    signer, public_key = channel_signer(context, channel, spec)
+    _sign(context, channel, spec, signer, public_key)
     return 0
-
-
-def check_channel_evidence(
-    context: Context, channel: str, spec: ChannelSpec, digests: dict[str, str]
-) -> None:
-    """Refuses (PublishError) unless every required gate passed on exactly these digests."""
-    problems = evidence_problems(context.out_dir, spec.requires, digests)
-    if problems:
-        raise PublishError(
-            f"channel {channel!r} refuses to publish; nothing was uploaded:\n  "
-            + "\n  ".join(problems)
-        )
 
 
 def _index(context: Context) -> EmbeddedIndex:
@@ -113,31 +171,41 @@ def _index(context: Context) -> EmbeddedIndex:
     return EmbeddedIndex(context.state_dir, context.manifest.publish.username)
 
 
-def publishable_wheels(context: Context, channel: str, spec: ChannelSpec) -> WheelSet:
-    """The built wheels as they lie now, hashed again (publish hands these bytes on), once every
-    gate the channel requires passed on exactly their digests; else PublishError."""
-    wheels = WheelSet.from_files(context.manifest, context.wheel_files())
-    check_channel_evidence(context, channel, spec, wheels.digests)
-    return wheels
-
-
-def open_publish(context: Context, channel: str, public_key: Any) -> TufRepository:
+def open_publish(
+    context: Context, channel: str, public_key: Key, attestations: list[tuple[Attestation, str]]
+) -> TufRepository:
     """The signature and key checks, made before any index is started or contacted; the TUF
     repository to publish with (its keys loaded: stable has no generated ones)."""
-
-    read_and_verify_envelope(context.envelope_path, public_key)
+    statement = read_and_verify_envelope(context.envelope_path, public_key)
+    named = {entry["digest"]["sha256"] for entry in statement["predicate"]["runDetails"].get(
+        "byproducts", [])}  # fmt: skip
+    if named != {a.sha256 for a, _ in attestations}:
+        raise PublishError(
+            f"{context.envelope_path}: the signed provenance names other gate attestations than "
+            f"those that pass now ({', '.join(str(a.path) for a, _ in attestations)}); run "
+            "`python -m release sign` again. Nothing was uploaded"
+        )
+    tuf_keys = context.manifest.publish.tuf_keys
+    if context.key_dir is not None:
+        tuf_keys = tuf_keys_spec(context.key_dir)
     return repository_for(
-        _index(context).tuf_dir, context.manifest.publish.tuf_keys, channel=channel,
+        _index(context).tuf_dir, tuf_keys, channel=channel,
         state_dir=context.state_dir, manifest_dir=context.manifest.path.parent,
     )  # fmt: skip
 
 
 def _publish_with(
-    context: Context, index: EmbeddedIndex, channel: str, wheels: WheelSet, tuf: TufRepository
+    context: Context,
+    index: EmbeddedIndex,
+    channel: str,
+    wheels: WheelSet,
+    tuf: TufRepository,
+    attestations: list[tuple[Attestation, str]],
 ) -> None:
+    attached = {f"{a.evidence.gate}.intoto.json": a.path for a, _ in attestations}
     report = publish(
-        wheels.paths, index, envelope=context.envelope_path,
-        metadata_dir=index.provenance_dir, tuf=tuf, digests=wheels.digests,
+        wheels.paths, index, envelope=context.envelope_path, metadata_dir=index.provenance_dir,
+        tuf=tuf, digests=wheels.digests, attachments=attached,
     )  # fmt: skip
     console.print(escape(report.message))
     records.write(context.out_dir, records.PublishRecord(
@@ -163,6 +231,14 @@ def _verify_with(context: Context, index: EmbeddedIndex, public_key: Any) -> Non
     trusted = TrustedIndex(index.tuf_url, TufRepository(index.tuf_dir).trusted_root_path,
                            context.state_dir / "verify-tuf-cache")  # fmt: skip
     trusted.refresh()
+    project = context.manifest.release.name
+    for attestation in verify_attestations(statement, trusted, project, version,
+                                           context.out_dir / "verify"):  # fmt: skip
+        console.print(
+            f"  {attestation.evidence.gate}: attestation signed by "
+            f"{attestation.key.keyid[:16]} passed on every wheel",
+            markup=False,
+        )
     with console.status("installing from the index into fresh venvs"):
         checks = verify_from_index(
             simple_url=index.simple_url, project=context.manifest.release.name, version=version,
@@ -183,17 +259,17 @@ def _verify_with(context: Context, index: EmbeddedIndex, public_key: Any) -> Non
 
 def step_publish(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
-    wheels = publishable_wheels(context, channel, spec)
-    _, public_key = _signing(context, channel, spec)
-    tuf = open_publish(context, channel, public_key)
+    _, public_key = channel_signer(context, channel, spec)
+    wheels, attestations = _attested(context, channel, spec, public_key)
+    tuf = open_publish(context, channel, public_key, attestations)
     with _index(context) as index:
-        _publish_with(context, index, channel, wheels, tuf)
+        _publish_with(context, index, channel, wheels, tuf, attestations)
     return 0
 
 
 def step_verify(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
-    _, public_key = _signing(context, channel, spec)
+    _, public_key = channel_signer(context, channel, spec)
     with _index(context) as index:
         _verify_with(context, index, public_key)
     return 0
@@ -238,13 +314,32 @@ def step_verify_index(context: Context, args: Any) -> int:
 def sign_publish_verify(context: Context, channel: str, spec: ChannelSpec) -> None:
     """The trust half of `run`, after the gates: refuse unless the channel's evidence names
     exactly the wheels as they lie now; sign them; publish; verify from the index."""
-    published = publishable_wheels(context, channel, spec)
     console.rule("sign")
-    signer, public_key = _signing(context, channel, spec)
-    _sign(context, channel, published, signer, public_key)
-    tuf = open_publish(context, channel, public_key)
+    signer, public_key = channel_signer(context, channel, spec)
+    published, attestations = _sign(context, channel, spec, signer, public_key)
+    tuf = open_publish(context, channel, public_key, attestations)
     with _index(context) as index:
         console.rule(f"publish to {index.simple_url}")
-        _publish_with(context, index, channel, published, tuf)
+        _publish_with(context, index, channel, published, tuf, attestations)
         console.rule("verify")
         _verify_with(context, index, public_key)
+
+
+def step_keygen(channel: str | None, runner: str | None, directory: Path) -> int:
+    """`keygen --channel stable DIR` or `keygen --runner NAME DIR` (release/trust/keys.py)."""
+    if (channel is None) == (runner is None):
+        raise SigningError("keygen: expected one of --channel stable or --runner NAME")
+    if runner is not None:
+        key = make_runner_key(runner, directory)
+        console.print(f"runner key {key.keyid[:16]}: {directory / runner}.pem (private, 0600) "
+                      f"and {directory / runner}.pub.json (list it in the manifest's "
+                      "[release.channels.<name>.attesters])",
+                      markup=False, soft_wrap=True)  # fmt: skip
+        return 0
+    assert channel is not None
+    for name, key in make_channel_keys(channel, directory).items():
+        console.print(f"{name}: key {key.keyid[:16]}: {directory / name}.pem (0600) and "
+                      f"{name}.pub.json", markup=False, soft_wrap=True)  # fmt: skip
+    console.print(f"publish with --channel {channel} --key-dir {directory}", markup=False,
+                  soft_wrap=True)  # fmt: skip
+    return 0

@@ -10,7 +10,9 @@ to come from the venv.
 activekv==VERSION``): it needs only the index URL, the trusted TUF root and the public key of the
 provenance signer. It refreshes the index's TUF metadata (rollback, freeze, expiry and wrong keys
 are refused), downloads the version's signed statement as a TUF target and checks its signature,
-then checks each wheel pip downloads against its TUF target and the statement before installing.
+checks the gate attestations the statement names (each a TUF target, signed by the runner key the
+statement names, passed on exactly the statement's wheels), then checks each wheel pip downloads
+against its TUF target and the statement before installing.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from release.errors import ReleaseError, VerifyError
+from release.errors import ReleaseError, SigningError, VerifyError
+from release.trust.attestation import Attestation, check_release
 from release.trust.index import normalize_project
 from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
 from release.trust.tuf_client import TrustedIndex
@@ -150,11 +153,28 @@ def verify_release(
             f"the signed statement {statement_target} is for version {signed_version!r}, "
             f"not {version!r}"
         )
+    verify_attestations(statement, trusted, project, version, workdir)
     return verify_from_index(
         simple_url=index_url, project=project, version=version, statement=statement,
         interpreters=interpreters, imports=imports, workdir=workdir,
         file_check=trusted.check_file,
     )  # fmt: skip
+
+
+def verify_attestations(
+    statement: Mapping[str, Any], trusted: TrustedIndex, project: str, version: str, workdir: Path
+) -> list[Attestation]:
+    """The gate attestations the verified statement rests on, each fetched as a TUF target and
+    checked (release/trust/attestation.py: check_release); VerifyError says which fails."""
+    folder = workdir / "provenance" / f"{project}-{version}.attestations"
+
+    def fetch(target: str) -> Path:
+        return trusted.download(target, folder / target.rsplit("/", 1)[-1])
+
+    try:
+        return check_release(statement, fetch, normalize_project(project), version)
+    except SigningError as exc:
+        raise VerifyError(f"the gate attestations of {project} {version}: {exc}") from None
 
 
 def _statement_version(statement: Mapping[str, Any]) -> object:

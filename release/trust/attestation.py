@@ -1,0 +1,229 @@
+"""Gate attestations: each gate run's evidence as an in-toto Statement, DSSE-signed by its runner.
+
+A gate run writes ``<out>/evidence/<gate>.intoto.json``: an in-toto v1 Statement whose subjects
+are the judged wheels (file name and sha256) and whose predicate (``GATE_PREDICATE_TYPE``) is the
+evidence record (gate, verdict, reason, figures, runner, tool versions, time), in a DSSE envelope
+signed by the runner's key: a GPU runner's own key, or on the release job the channel's signing
+key.
+
+A channel takes, for each gate it requires, an attestation that is signed by a key the manifest
+lists for the gate's runner class on that channel (``[release.channels.<name>].attesters``), says
+pass, and names exactly the digests being published; from ``<out>/evidence/`` or the channel's
+committed folders (``attestations``). An envelope with no signature, or whose signature does not
+verify, refuses the publish by itself, naming the file: it was altered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from securesystemslib.signer import Key, Signer
+
+from release.errors import SigningError
+from release.evidence import Evidence
+from release.trust.sign import (
+    STATEMENT_TYPE,
+    UnlistedSignerError,
+    read_and_verify_by_any,
+    read_statement_unverified,
+    sign_statement,
+    subject_digests,
+    write_envelope,
+)
+from release.util.digests import sha256_file
+
+GATE_PREDICATE_TYPE = "https://github.com/activekv/release/gate-verdict/v1"
+SUFFIX = ".intoto.json"
+
+
+def attestation_path(out_dir: Path, gate: str) -> Path:
+    return out_dir / "evidence" / f"{gate}{SUFFIX}"
+
+
+def gate_statement(evidence: Evidence) -> dict[str, Any]:
+    """The in-toto Statement of one gate run: its judged wheels and its evidence."""
+    predicate = {k: v for k, v in asdict(evidence).items() if k not in ("artefacts", "schema")}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [
+            {"name": name, "digest": {"sha256": digest}}
+            for name, digest in sorted(evidence.artefacts.items())
+        ],
+        "predicateType": GATE_PREDICATE_TYPE,
+        "predicate": predicate,
+    }
+
+
+def attest(evidence: Evidence, signer: Signer, out_dir: Path) -> Path:
+    """Signs `evidence` with the runner's `signer`; the envelope's path."""
+    path = attestation_path(out_dir, evidence.gate)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_envelope(sign_statement(gate_statement(evidence), signer), path)
+    return path
+
+
+@dataclass(frozen=True)
+class Attestation:
+    path: Path
+    sha256: str  # of the envelope file: the provenance names it by this
+    key: Key  # the key whose signature verified
+    evidence: Evidence
+
+
+def read_attestation(path: Path, trusted: Mapping[str, Key], listed: str) -> Attestation:
+    """The attestation at `path`, its signature verified by one of `trusted` (keyid to key;
+    `listed` says where they are listed). SigningError names the file and what is wrong."""
+    statement, key = read_and_verify_by_any(path, trusted, listed)
+    return Attestation(path, sha256_file(path), key, _evidence(path, statement))
+
+
+def _evidence(path: Path, statement: Mapping[str, Any]) -> Evidence:
+    if statement.get("predicateType") != GATE_PREDICATE_TYPE:
+        raise SigningError(f"{path}: predicateType: expected {GATE_PREDICATE_TYPE!r}; got "
+                           f"{statement.get('predicateType')!r}")  # fmt: skip
+    predicate = statement.get("predicate")
+    try:
+        return Evidence(artefacts=subject_digests(statement), **predicate)
+    except TypeError as error:
+        raise SigningError(f"{path}: predicate: expected the fields of a gate's evidence; "
+                           f"{error}") from None  # fmt: skip
+
+
+def attested_gate(path: Path) -> str | None:
+    """The gate an envelope claims to attest, read WITHOUT checking its signature (to sort
+    candidates only; None for the envelope of another kind of statement). SigningError for a
+    file that is not a DSSE envelope of an in-toto Statement."""
+    statement = read_statement_unverified(path)
+    predicate = statement.get("predicate")
+    if statement.get("predicateType") != GATE_PREDICATE_TYPE or not isinstance(predicate, dict):
+        return None
+    gate = predicate.get("gate")
+    return gate if isinstance(gate, str) else None
+
+
+@dataclass(frozen=True)
+class GateKeys:
+    """For one gate: the keys whose attestations count and where the manifest lists them."""
+
+    gate: str
+    keys: Mapping[str, Key]
+    listed: str
+
+
+def choose(
+    gates: Sequence[GateKeys], folders: Sequence[Path], digests: Mapping[str, str]
+) -> tuple[dict[str, Attestation], list[str]]:
+    """For each gate, an attestation by one of its keys that passed on exactly `digests`; and,
+    for each gate without one, why each candidate was not taken. An altered, unsigned or
+    unreadable candidate raises SigningError at once: nothing it could say is taken."""
+    candidates: dict[str, list[Path]] = {g.gate: [] for g in gates}
+    for folder in folders:
+        for path in sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else ():
+            gate = attested_gate(path)
+            if gate in candidates:
+                candidates[gate].append(path)
+    chosen: dict[str, Attestation] = {}
+    problems: list[str] = []
+    for spec in gates:
+        reasons: list[str] = []
+        for path in candidates[spec.gate]:
+            try:
+                attestation = read_attestation(path, spec.keys, spec.listed)
+            except UnlistedSignerError as error:  # signed, but by a key that does not count
+                reasons.append(str(error))
+                continue
+            reason = _unusable(attestation.evidence, digests)
+            if reason is None:
+                chosen[spec.gate] = attestation
+                break
+            reasons.append(f"{path}: {reason}")
+        if spec.gate not in chosen:
+            where = ", ".join(str(folder) for folder in folders)
+            if not reasons:
+                problems.append(f"{spec.gate}: no attestation in {where}")
+                continue
+            problems.append(f"{spec.gate}: no attestation in {where} passes on the wheels being "
+                            "published" + "".join(f"\n    {r}" for r in reasons))  # fmt: skip
+    return chosen, problems
+
+
+def _unusable(evidence: Evidence, digests: Mapping[str, str]) -> str | None:
+    if evidence.verdict != "pass":
+        detail = f" ({evidence.reason})" if evidence.reason else ""
+        return f"verdict is {evidence.verdict}{detail}"
+    if evidence.artefacts == digests:
+        return None
+    changed = [f"{name} (attested {evidence.artefacts[name][:12]}, built {digest[:12]})"
+               for name, digest in sorted(digests.items())
+               if name in evidence.artefacts and evidence.artefacts[name] != digest]  # fmt: skip
+    missing = sorted(set(digests) - set(evidence.artefacts))
+    extra = sorted(set(evidence.artefacts) - set(digests))
+    parts = [f"changed since it was judged: {', '.join(changed)}"] if changed else []
+    parts += [f"not judged: {', '.join(missing)}"] if missing else []
+    parts += [f"judged but not published: {', '.join(extra)}"] if extra else []
+    return "names other wheels; " + "; ".join(parts)
+
+
+def provenance_entry(attestation: Attestation, runner: str) -> dict[str, Any]:
+    """How the signed provenance names an attestation it rests on (an SLSA ResourceDescriptor
+    among runDetails.byproducts), with the public key a consumer verifies it by."""
+    key = attestation.key
+    return {
+        "name": f"{attestation.evidence.gate}{SUFFIX}",
+        "digest": {"sha256": attestation.sha256},
+        "annotations": {
+            "gate": attestation.evidence.gate,
+            "runner": runner,
+            "keyid": key.keyid,
+            "publicKey": json.loads(json.dumps(key.to_dict())),
+        },
+    }
+
+
+def attestation_target(project: str, version: str, name: str) -> str:
+    """Where a release's attestation lies among the TUF targets, beside its statement."""
+    return f"provenance/{project}-{version}.attestations/{name}"
+
+
+def check_release(
+    statement: Mapping[str, Any], fetch: Callable[[str], Path], project: str, version: str
+) -> list[Attestation]:
+    """A consumer's check of the gate attestations a signed provenance rests on: each is fetched
+    (`fetch(target) -> local file`, TUF-verified), has the digest the provenance names, is signed
+    by the key the provenance names, passed, and names exactly the provenance's subjects; every
+    gate the provenance says was required has one. SigningError says what is wrong."""
+    predicate = statement.get("predicate", {})
+    required = predicate.get("buildDefinition", {}).get("externalParameters", {}).get("gates", [])
+    entries = predicate.get("runDetails", {}).get("byproducts", [])
+    subjects = subject_digests(statement)
+    checked: list[Attestation] = []
+    for entry in entries:
+        annotations = entry.get("annotations", {})
+        gate, name = annotations.get("gate"), entry.get("name")
+        if not isinstance(gate, str) or not isinstance(name, str) or "/" in name:
+            raise SigningError(f"the provenance names a malformed attestation: {entry}")
+        path = fetch(attestation_target(project, version, name))
+        if sha256_file(path) != entry.get("digest", {}).get("sha256"):
+            raise SigningError(f"{name}: its sha256 is not the one the signed provenance names")
+        try:
+            key = Key.from_dict(annotations["keyid"], dict(annotations["publicKey"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise SigningError(
+                f"{name}: the provenance names no usable public key ({error})"
+            ) from None
+        attestation = read_attestation(path, {key.keyid: key}, "the key the provenance names")
+        if attestation.evidence.gate != gate:
+            raise SigningError(f"{name}: attests gate {attestation.evidence.gate!r}, not {gate!r}")
+        reason = _unusable(attestation.evidence, subjects)
+        if reason is not None:
+            raise SigningError(f"{name}: {reason}")
+        checked.append(attestation)
+    missing = sorted(set(required) - {a.evidence.gate for a in checked})
+    if missing:
+        raise SigningError(f"the provenance requires gates {', '.join(missing)} but names no "
+                           "attestation for them")  # fmt: skip
+    return checked
