@@ -1,0 +1,241 @@
+"""Gate attestations (release/trust/attestation.py) and the keys behind them
+(release/trust/keys.py): a verdict counts only when a key the manifest lists for the gate's
+runner class signed it over exactly the published digests; an altered, unsigned or unreadable
+envelope refuses the publish by itself; an operator's stable keys are made by `keygen`, and dev
+keys are refused for stable by fingerprint wherever their files were copied."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+from fixtures_wheels import build_wheel
+from securesystemslib.signer import CryptoSigner
+
+from release.cli import main
+from release.context import Context
+from release.errors import ManifestError, SigningError
+from release.evidence import Evidence
+from release.manifest import load_manifest
+from release.trust.attestation import (
+    GateKeys,
+    attest,
+    attestation_path,
+    check_release,
+    choose,
+    provenance_entry,
+    read_attestation,
+)
+from release.trust.keys import (
+    attesting_signer,
+    channel_signer,
+    make_channel_keys,
+    tuf_keys_spec,
+)
+from release.trust.sign import key_paths, load_signer
+from release.util.digests import sha256_file
+from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
+
+
+@pytest.fixture
+def digests(tmp_path: Path) -> dict[str, str]:
+    tags = ("py3-none-any", "cp311-cp311-manylinux_2_28_x86_64")
+    wheels = [build_wheel(tmp_path / "dist", tag=tag) for tag in tags]
+    return {wheel.name: sha256_file(wheel) for wheel in wheels}
+
+
+def _runner() -> tuple[CryptoSigner, dict]:
+    signer = CryptoSigner.generate_ed25519()
+    return signer, {signer.public_key.keyid: signer.public_key}
+
+
+def _attested(out: Path, gate: str, digests: dict[str, str], signer, verdict="pass") -> Path:
+    evidence = Evidence(gate=gate, verdict=verdict, artefacts=dict(digests), figures={"n": 1},
+                        reason="" if verdict == "pass" else "it broke")  # fmt: skip
+    return attest(evidence, signer, out)
+
+
+def test_an_attestation_is_an_in_toto_statement_over_the_judged_digests(tmp_path, digests):
+    signer, keys = _runner()
+    path = _attested(tmp_path, "warmup", digests, signer)
+    assert path == attestation_path(tmp_path, "warmup")
+    envelope = json.loads(path.read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert {s["name"]: s["digest"]["sha256"] for s in statement["subject"]} == digests
+    assert (
+        statement["predicate"]["gate"] == "warmup" and statement["predicate"]["verdict"] == "pass"
+    )
+    read = read_attestation(path, keys, "the runner's key")
+    assert read.evidence.artefacts == digests and read.evidence.figures == {"n": 1}
+    assert read.key.keyid == signer.public_key.keyid and read.sha256 == sha256_file(path)
+
+
+def test_a_gate_takes_the_attestation_that_names_exactly_the_published_digests(tmp_path, digests):
+    signer, keys = _runner()
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    old = {name: "0" * 64 for name in digests}  # the same wheels at an earlier commit
+    for name, judged in (("old", old), ("new", digests)):
+        made = _attested(tmp_path / name, "warmup", judged, signer)
+        shutil.move(made, committed / f"warmup-{name}.intoto.json")
+    chosen, problems = choose([GateKeys("warmup", keys, "gpu keys")], [committed], digests)
+    assert problems == [] and chosen["warmup"].path.name == "warmup-new.intoto.json"
+
+
+def test_changed_wheels_are_named_when_no_attestation_matches(tmp_path, digests):
+    signer, keys = _runner()
+    changed = dict(digests)
+    name = sorted(changed)[0]
+    changed[name] = "f" * 64  # this wheel was judged with other bytes (the README changed, say)
+    _attested(tmp_path, "warmup", changed, signer)
+    _, problems = choose([GateKeys("warmup", keys, "gpu keys")], [tmp_path / "evidence"], digests)
+    (problem,) = problems
+    assert "warmup: no attestation in" in problem
+    assert f"changed since it was judged: {name} (attested ffffffffffff" in problem
+    assert sorted(changed)[1] not in problem.split("changed since it was judged:")[1]
+
+
+@pytest.mark.parametrize("verdict", ["fail", "not-run"])
+def test_a_verdict_other_than_pass_is_not_taken(tmp_path, digests, verdict):
+    signer, keys = _runner()
+    _attested(tmp_path, "warmup", digests, signer, verdict)
+    _, (problem,) = choose([GateKeys("warmup", keys, "gpu keys")], [tmp_path / "evidence"], digests)
+    assert f"verdict is {verdict} (it broke)" in problem
+
+
+def test_an_unlisted_key_is_not_taken_and_is_named(tmp_path, digests):
+    signer, _ = _runner()
+    _, listed = _runner()
+    _attested(tmp_path, "warmup", digests, signer)
+    _, (problem,) = choose([GateKeys("warmup", listed, "a key of attesters.gpu")],
+                           [tmp_path / "evidence"], digests)  # fmt: skip
+    assert f"signed by key(s) {signer.public_key.keyid}, not by a key of attesters.gpu" in problem
+
+
+def _edit(path: Path, change) -> None:
+    document = json.loads(path.read_text())
+    statement = json.loads(base64.b64decode(document["payload"]))
+    change(statement, document)
+    document["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    path.write_text(json.dumps(document))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s, d: s["predicate"].update(verdict="pass"), "does not verify"),
+        (lambda s, d: s["subject"].pop(), "does not verify"),
+        (lambda s, d: d.update(signatures=[]), "the envelope has no signature"),
+    ],
+    ids=["verdict-edited", "subject-dropped", "signature-removed"],
+)
+def test_an_altered_or_unsigned_attestation_refuses_by_itself(tmp_path, digests, change, message):
+    signer, keys = _runner()
+    path = _attested(tmp_path, "warmup", digests, signer, "fail")
+    _edit(path, change)
+    with pytest.raises(SigningError, match=message) as raised:
+        choose([GateKeys("warmup", keys, "gpu keys")], [tmp_path / "evidence"], digests)
+    assert str(path) in str(raised.value)
+
+
+def test_the_consumer_checks_what_the_provenance_names(tmp_path, digests):
+    signer, keys = _runner()
+    path = _attested(tmp_path, "warmup", digests, signer)
+    attestation = read_attestation(path, keys, "gpu keys")
+    statement = {
+        "subject": [{"name": n, "digest": {"sha256": d}} for n, d in digests.items()],
+        "predicate": {
+            "buildDefinition": {"externalParameters": {"gates": ["warmup"]}},
+            "runDetails": {"byproducts": [provenance_entry(attestation, "gpu")]},
+        },
+    }
+    fetched: list[str] = []
+
+    def fetch(target: str) -> Path:
+        fetched.append(target)
+        return path
+
+    assert [a.evidence.gate for a in check_release(statement, fetch, "activekv", "0.1.0")] == [
+        "warmup"
+    ]
+    assert fetched == ["provenance/activekv-0.1.0.attestations/warmup.intoto.json"]
+    statement["predicate"]["buildDefinition"]["externalParameters"]["gates"].append("parity")
+    with pytest.raises(SigningError, match="requires gates parity but names no attestation"):
+        check_release(statement, fetch, "activekv", "0.1.0")
+    statement["predicate"]["buildDefinition"]["externalParameters"]["gates"].pop()
+    path.write_text(path.read_text().replace('"sig"', '"sig" '))  # other bytes, same meaning
+    with pytest.raises(SigningError, match="its sha256 is not the one the signed provenance names"):
+        check_release(statement, fetch, "activekv", "0.1.0")
+
+
+# --- keys ---
+
+
+def test_keygen_makes_the_stable_keys_private_and_never_replaces_them(tmp_path, capsys):
+    keys = tmp_path / "keys"
+    assert main(["keygen", "--channel", "stable", str(keys)]) == 0
+    names = {"stable-signing-key", "tuf-root", "tuf-targets", "tuf-snapshot", "tuf-timestamp"}
+    assert {p.name for p in keys.iterdir()} == {f"{n}{s}" for n in names
+                                               for s in (".pem", ".pub.json")}  # fmt: skip
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    for name in names:
+        assert stat.S_IMODE((keys / f"{name}.pem").stat().st_mode) == 0o600
+    before = (keys / "tuf-root.pem").read_bytes()
+    assert main(["keygen", "--channel", "stable", str(keys)]) == 2
+    assert "keys are never replaced" in capsys.readouterr().err
+    assert (keys / "tuf-root.pem").read_bytes() == before
+    assert main(["keygen", "--channel", "dev", str(tmp_path / "dev")]) == 2
+    assert "expected stable" in capsys.readouterr().err
+    assert main(["keygen", "--runner", "Bad Name", str(tmp_path / "r")]) == 2
+    assert main(["keygen", str(tmp_path / "r")]) == 2
+    assert "expected one of --channel stable or --runner NAME" in capsys.readouterr().err
+
+
+def _context(tmp_path: Path, **given) -> Context:
+    manifest = load_manifest(DEFAULT_MANIFEST)
+    return Context(manifest, REPO_ROOT, tmp_path / "out", tmp_path / "state", **given)
+
+
+def test_the_key_dir_signs_stable_and_a_copied_dev_key_is_refused_by_fingerprint(tmp_path):
+    keys = tmp_path / "keys"
+    make_channel_keys("stable", keys)
+    context = _context(tmp_path, key_dir=keys)
+    _, public = channel_signer(context, "stable", context.manifest.channel("stable"))
+    assert public.keyid == json.loads((keys / "stable-signing-key.pub.json").read_text())["keyid"]
+    # The dev key of this state dir, copied over the stable key: same bytes, other place.
+    load_signer("generate", channel="dev", state_dir=tmp_path / "state")
+    shutil.copyfile(key_paths(tmp_path / "state", "dev")[0], keys / "stable-signing-key.pem")
+    with pytest.raises(SigningError, match="is a generated dev key"):
+        channel_signer(context, "stable", context.manifest.channel("stable"))
+    (keys / "tuf-root.pem").unlink()
+    with pytest.raises(SigningError, match=r"--key-dir .*: expected tuf-root\.pem"):
+        tuf_keys_spec(keys)
+
+
+def test_gate_runs_sign_with_the_runner_key_or_the_channel_key(tmp_path):
+    runner = tmp_path / "runner"
+    assert main(["keygen", "--runner", "h200", str(runner)]) == 0
+    context = _context(tmp_path, attest_key=runner / "h200.pem")
+    _, key = attesting_signer(context)
+    assert key.keyid == json.loads((runner / "h200.pub.json").read_text())["keyid"]
+    _, dev = attesting_signer(_context(tmp_path))  # the default channel's (dev) generated key
+    assert (tmp_path / "state" / "keys" / "dev-signing-key.pem").exists()
+    assert dev.keyid != key.keyid
+
+
+def test_the_manifest_names_attester_keys_that_exist(tmp_path):
+    text = DEFAULT_MANIFEST.read_text(encoding="utf-8")
+    table = "[release.channels.stable]\n"
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace(table, table + 'attesters = { gpu = ["keys/none.pub.json"] }\n'))
+    with pytest.raises(ManifestError, match=r"stable\.attesters\.gpu\[0\]: expected a public key "
+                       r"file beside the manifest .*; got no such file"):  # fmt: skip
+        load_manifest(bad)
+    bad.write_text(text.replace(table, table + 'attesters = { gpu = ["/etc/k.pem"] }\n'))
+    with pytest.raises(ManifestError, match=r'attesters\.gpu\[0\]: expected "signing-key"'):
+        load_manifest(bad)
