@@ -207,6 +207,19 @@ def _install(groups: list[str]) -> dict[str, Any]:
     )
 
 
+def _pythons_last(manifest: Manifest, last: str) -> LiteralScalarString:
+    """Every declared version for setup-python, `last` last (it becomes the default python)."""
+    return LiteralScalarString("\n".join([*(v for v in manifest.build.python if v != last), last]))
+
+
+def _channel_env(ci: CiSettings) -> dict[str, str]:
+    """The channel of this run: a manual run's choice, else the tag's channel."""
+    return {
+        "CHANNEL": "${{ github.event_name == 'workflow_dispatch' && inputs.channel || "
+        f"'{ci.tag_channel}' }}}}"
+    }
+
+
 def _gpu_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
     return {
         "name": "GPU gates on the built wheels",
@@ -214,16 +227,22 @@ def _gpu_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
         # A self-hosted runner never runs code from a fork's pull request.
         "if": SAME_REPOSITORY,
         "runs-on": ["self-hosted", *ci.gpu_runner_labels],
+        "env": _channel_env(ci),
         "steps": [
             _checkout(history=False),
-            _uses(SETUP_PYTHON, python_version=ci.gpu_python),
+            # Each wheel is judged in an interpreter of its version; the last one runs the gates.
+            _uses(SETUP_PYTHON, python_version=_pythons_last(manifest, ci.gpu_python)),
             _download_wheels(),
-            _install(["release"]),
+            _install(["gpu-runner"]),
+            # The runner's own key (`python -m release keygen --runner`) signs the attestations;
+            # it never leaves the runner, and its public key is in the manifest's attesters.
             _run(
                 "GPU gates",
                 "wheels=()\n"
                 'for wheel in out/wheels/*.whl; do wheels+=(--wheel "$wheel"); done\n'
-                'python -m release gpu-gates "${wheels[@]}"',
+                'python -m release gpu-gates --channel "$CHANNEL" '
+                '--attest-key "${ACTIVEKV_RUNNER_KEY:?set on the runner: its attestation key}" '
+                '"${wheels[@]}"',
             ),
             # One archive, so evidence/ and gpu-staging.json land where they were written.
             _run(
@@ -269,7 +288,11 @@ def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
         _run("record the build", "python -m release record-build"),
         # The evidence, not a gate's exit status, decides what is published.
         *(
-            _run(f"{gate} gate on these wheels", f"python -m release {gate}", tolerate=True)
+            _run(
+                f"{gate} gate on these wheels",
+                f'python -m release {gate} --channel "$CHANNEL"',
+                tolerate=True,
+            )
             for gate in cpu_gates
         ),
         _run("sign", 'python -m release sign --channel "$CHANNEL"'),
@@ -295,10 +318,7 @@ def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
         "if": "${{ !cancelled() && needs.wheels.result == 'success' && "
         "github.event_name != 'pull_request' }}",
         "runs-on": ci.build_runner,
-        "env": {
-            "CHANNEL": "${{ github.event_name == 'workflow_dispatch' && inputs.channel || "
-            f"'{ci.tag_channel}' }}}}"
-        },
+        "env": _channel_env(ci),
         "steps": steps,
     }
 

@@ -6,6 +6,7 @@ The wheels are built once for the module (compiler caches are shared with the re
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -110,16 +111,40 @@ def test_a_wheel_changed_after_its_gates_is_refused(release_run, tmp_path):
     assert refused.returncode == 2
     assert "refuses to publish; nothing was uploaded" in refused.stderr
     assert re.search(
-        r"payload: evidence names .* not the artefacts being published", refused.stderr
+        rf"payload: no attestation in .* passes on the wheels being published.*names other "
+        rf"wheels; changed since it was judged: {re.escape(wheel.name)}",
+        " ".join(refused.stderr.split()),
     )
     assert _index_files(state) == before
 
 
-def test_stable_refuses_without_gpu_evidence(release_run):
+def test_the_published_release_names_its_gate_attestations(release_run):
+    result, out, state = release_run
+    envelope = json.loads((out / "provenance" / "activekv-0.1.0.intoto.json").read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    named = {entry["annotations"]["gate"]: entry["digest"]["sha256"]
+             for entry in statement["predicate"]["runDetails"]["byproducts"]}  # fmt: skip
+    requires = statement["predicate"]["buildDefinition"]["externalParameters"]["gates"]
+    assert set(named) == set(requires) == {"policy", "payload", "casters"}
+    stored = state / "index" / "metadata" / "activekv-0.1.0.attestations"
+    for gate, digest in named.items():
+        assert sha256_file(out / "evidence" / f"{gate}.intoto.json") == digest
+        assert sha256_file(stored / f"{gate}.intoto.json") == digest
+        assert f"{gate}: attestation signed by" in result.stdout
+
+
+def test_stable_refuses_dev_attestations_and_a_missing_gpu_verdict(release_run, tmp_path):
     _, out, state = release_run
+    keys = tmp_path / "keys"
+    made = _release("keygen", "--channel", "stable", str(keys), out=out, state=state)
+    assert made.returncode == 0, made.stderr
     before = _index_files(state)
-    refused = _release("publish", "--channel", "stable", out=out, state=state)
+    refused = _release("publish", "--channel", "stable", "--key-dir", str(keys), out=out,
+                       state=state)  # fmt: skip
     assert refused.returncode == 2
-    assert "channel 'stable' refuses to publish" in refused.stderr
-    assert "warmup: verdict is not-run (not run: no GPU runner)" in refused.stderr
+    text = " ".join(refused.stderr.split())
+    assert "channel 'stable' refuses to publish; nothing was uploaded" in text
+    # The CPU gates ran on the dev channel: the dev key's attestations do not count for stable.
+    assert re.search(r"policy: no attestation .* not by a key of .*attesters\.cpu", text)
+    assert re.search(r"warmup: no attestation .* not by a key of .*attesters\.gpu", text)
     assert _index_files(state) == before
