@@ -18,6 +18,12 @@ nox.options.sessions = ["tests"]
 PYPROJECT = nox.project.load_toml(Path(__file__).resolve().parent / "pyproject.toml")
 
 
+def _interpreter(version: str) -> str:
+    """A working pythonX.Y, pyenv installs included (pyenv's shims fail for unselected ones)."""
+    found = find_interpreter(version)
+    return str(found) if found else version
+
+
 def _install(session: nox.Session, *groups: str) -> None:
     session.install(*nox.project.dependency_groups(PYPROJECT, *groups))
 
@@ -29,11 +35,26 @@ def wheels(session: nox.Session) -> None:
     session.run("python", "-m", "release", "build", *session.posargs)
 
 
-@nox.session
+@nox.session(python=_interpreter("3.12"))
 def release(session: nox.Session) -> None:
-    """The main job: wheels, gates, sign, publish to the embedded index, verify (channel dev)."""
+    """The main job: wheels, gates, sign, publish to the embedded index, verify (channel dev;
+    `-- --channel stable --key-dir DIR` for stable, with the pinned vLLM for its served-path)."""
     _install(session, "build", "release")
+    if _channel(session.posargs) == "stable":
+        session.log("stable requires the served-path gate: installing the pinned vLLM into this "
+                    "session, as nox -s vllm does")  # fmt: skip
+        _install(session, "vllm")
     session.run("python", "-m", "release", "run", *session.posargs)
+
+
+def _channel(arguments: list[str]) -> str | None:
+    """The value of --channel among a session's arguments (None when not given)."""
+    for index, argument in enumerate(arguments):
+        if argument.startswith("--channel="):
+            return argument.split("=", 1)[1]
+        if argument == "--channel" and index + 1 < len(arguments):
+            return arguments[index + 1]
+    return None
 
 
 @nox.session
@@ -75,12 +96,6 @@ def gpu_staging(session: nox.Session) -> None:
     _install(session, "build", "release")
     session.run("python", "-m", "release", "build")
     session.run("python", "-m", "release", "gpu-staging", *session.posargs)
-
-
-def _interpreter(version: str) -> str:
-    """A working pythonX.Y, pyenv installs included (pyenv's shims fail for unselected ones)."""
-    found = find_interpreter(version)
-    return str(found) if found else version
 
 
 @nox.session(python=_interpreter("3.12"))

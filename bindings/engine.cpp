@@ -261,7 +261,9 @@ void bind_device_kv_cache(nb::module_& m) {
             nb::bytes out = nb::steal<nb::bytes>(
                 PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(cache.layer_bytes())));
             if (!out.is_valid()) throw nb::python_error();
-            cache.download(index, PyBytes_AS_STRING(out.ptr()), cache.layer_bytes());
+            char* data = PyBytes_AsString(out.ptr());
+            if (data == nullptr) throw nb::python_error();
+            cache.download(index, data, cache.layer_bytes());
             return out;
           },
           nb::arg("layer"), "One whole layer of the device buffer, copied back as bytes.");
