@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 from pathlib import Path
 
 import pytest
@@ -159,22 +160,44 @@ def test_the_python_reference_lives_outside_the_pipeline_and_the_tests() -> None
     assert Path(engine.__file__).resolve().parent == REFERENCE_DIR
 
 
-def test_a_gpu_runner_judging_its_gates_needs_neither_the_build_nor_the_signing_stack() -> None:
-    """What `python -m release gpu-gates` and `parity` import before judging: nothing of
-    pyelftools, auditwheel, twine, pypiserver, python-tuf or securesystemslib."""
+# The distributions of pyproject's `gpu-runner` group (and theirs), by top-level module.
+GPU_RUNNER_MODULES = frozenset({
+    "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions",
+    "rich", "markdown_it", "mdurl", "pygments", "packaging", "securesystemslib", "cryptography",
+    "cffi", "_cffi_backend", "pycparser", "numpy",
+})  # fmt: skip
+
+
+def test_a_gpu_runner_needs_only_its_dependency_group(tmp_path: Path) -> None:
+    """`python -m release gpu-gates`, judging a wheel and signing its attestations with a
+    runner key (here without a GPU: "not run", still signed), loads third-party modules of the
+    `gpu-runner` group only: nothing of the build, index or TUF stacks."""
     import subprocess
     import sys
 
+    from fixtures_wheels import build_wheel
+
+    wheel = build_wheel(tmp_path / "dist", tag="cp312-abi3-manylinux_2_28_x86_64")
     code = (
-        "import sys; import release.cli, release.steps, release.context; "
-        "from release.gates import registry; registry.load('warmup'); registry.load('parity'); "
-        "heavy = ('elftools', 'auditwheel', 'twine', 'pypiserver', 'tuf', 'securesystemslib'); "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+        "import runpy, sys, sysconfig\n"
+        "started = set(sys.modules)  # what site's .pth hooks loaded is not the pipeline's\n"
+        "sys.argv = ['release', *sys.argv[1:]]\n"
+        "try:\n    runpy.run_module('release', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "site = sysconfig.get_paths()['purelib']\n"
+        "print(sorted({name.split('.')[0] for name, module in list(sys.modules.items())\n"
+        "              if name not in started\n"
+        "              and (getattr(module, '__file__', None) or '').startswith(site)}))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "[]"
+        [sys.executable, "-c", code, "gpu-gates", "--wheel", str(wheel), "--out",
+         str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    loaded = set(json.loads(result.stdout.strip().splitlines()[-1].replace("'", '"')))
+    assert loaded - GPU_RUNNER_MODULES == set(), result.stdout
+    assert {"securesystemslib", "cryptography"} <= loaded  # it did sign
+    assert (tmp_path / "out" / "evidence" / "warmup.intoto.json").is_file()
 
 
 def test_a_new_gate_is_one_module_and_one_registry_line(monkeypatch, tmp_path: Path) -> None:
