@@ -22,8 +22,9 @@ GATE_COMMANDS = {
     "served-path": "served-path", "parity": "parity", "reproduce": "reproducible",
 }  # fmt: skip
 # Command-line arguments of the gate commands, and the GateOptions field each fills.
-_GATE_OPTION_ARGS = {"cell": "cells", "device": "device", "vllm_python": "vllm_python",
-                     "layers": "layers", "steps": "steps", "python": "python"}  # fmt: skip
+_GATE_OPTION_ARGS = {"cell": "cells", "vllm_python": "vllm_python", "layers": "layers",
+                     "steps": "steps", "python": "python",
+                     "interpreters": "interpreters"}  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,13 +94,14 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="replay the manifest's parity cells: reference against engine",
     )
-    _wheel_option(parity)
+    _wheels_option(parity)
+    _interpreters_option(parity)
     parity.add_argument(
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="engine route: cpu, or cuda (this machine's GPU; adds the GPU cells; evidence "
-        "gpu-parity)",
+        help="engine route: cpu, or cuda (this machine's GPU: the gpu-parity gate, with the GPU "
+        "cells)",
     )
     parity.add_argument(
         "--cell",
@@ -141,15 +143,11 @@ def _parser() -> argparse.ArgumentParser:
     gpu_gates = sub.add_parser(
         "gpu-gates",
         parents=[common],
-        help='GPU warm-up gate under CUPTI ("not run: no GPU runner" without a GPU)',
+        help="the GPU gates (warm-up under CUPTI, GPU parity) on every wheel, each in an "
+        'interpreter of its version ("not run: no GPU runner" without a GPU)',
     )
-    gpu_gates.add_argument(
-        "--wheel",
-        type=Path,
-        action="append",
-        default=[],
-        help="wheel under test (repeatable; default: the wheels <out>/build.json records)",
-    )
+    _wheels_option(gpu_gates)
+    _interpreters_option(gpu_gates)
     sub.add_parser(
         "record-build",
         parents=[common],
@@ -290,6 +288,29 @@ def _wheel_option(parser: argparse.ArgumentParser, what: str = "wheel under test
     )
 
 
+def _wheels_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wheel",
+        type=Path,
+        action="append",
+        default=[],
+        help="wheel under test (repeatable; default: the wheels <out>/build.json records)",
+    )
+
+
+def _interpreters_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--python",
+        dest="interpreters",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an interpreter to judge the wheels of its version with (repeatable; default: "
+        "this one, or one found on PATH or under pyenv)",
+    )
+
+
 def _gate_options(args: argparse.Namespace) -> GateOptions:
     """What a gate's command line gave (`--cell`, `--device`, `--vllm-python`, ...)."""
     given = vars(args)
@@ -307,14 +328,15 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
         return 0
     if command in GATE_COMMANDS:
         gate = GATE_COMMANDS[command]
-        wheel = getattr(args, "wheel", None)  # parity's --wheel; the others take WHEEL...
-        named = [wheel] if wheel else getattr(args, "wheels", [])
-        flag = "--wheel" if wheel else "wheel argument"
+        if command == "parity" and args.device == "cuda":
+            gate = "gpu-parity"
+        named = getattr(args, "wheel", None) or getattr(args, "wheels", [])  # parity: --wheel
+        flag = "--wheel" if getattr(args, "wheel", None) else "wheel argument"
         # The reproducible gate builds its own wheels from the sources.
         wheels = WheelSet(()) if gate == "reproducible" else context.wheels_given(named, flag)
         return steps.step_gate(context, gate, wheels, _gate_options(args))
     if command == "gpu-gates":
-        return steps.step_gpu_gates(context, context.wheels_given(args.wheel))
+        return steps.step_gpu_gates(context, context.wheels_given(args.wheel), _gate_options(args))
     if command == "build":
         return steps.step_build(context, args.python, args.toolchain)
     if command == "cpp-tests":

@@ -1,7 +1,8 @@
 """Evidence records: what each gate judged, its verdict and figures, bound to artefact digests.
 
-Every gate writes one JSON file under `<out>/evidence/`. Publishing reads them back and refuses
-unless each gate the channel requires passed on exactly the digests being published.
+Every gate writes one JSON file under `<out>/evidence/`, which the summary and the report read; the
+same record, signed by the runner, is its attestation (release/trust/attestation.py), which is
+what publishing reads.
 """
 
 from __future__ import annotations
@@ -84,21 +85,3 @@ def read_evidence(out_dir: Path, gate: str) -> Evidence | None:
     if evidence.gate != gate:
         raise GateError(f"{path}: gate: expected {gate!r}; got {evidence.gate!r}")
     return evidence
-
-
-def evidence_problems(out_dir: Path, gates: tuple[str, ...], digests: dict[str, str]) -> list[str]:
-    """Why the evidence forbids publishing `digests`; empty when every gate passed on them."""
-    problems: list[str] = []
-    for gate in gates:
-        evidence = read_evidence(out_dir, gate)
-        if evidence is None:
-            problems.append(f"{gate}: no evidence at {evidence_path(out_dir, gate)}")
-        elif evidence.verdict != "pass":
-            detail = f" ({evidence.reason})" if evidence.reason else ""
-            problems.append(f"{gate}: verdict is {evidence.verdict}{detail}")
-        elif evidence.artefacts != digests:
-            problems.append(
-                f"{gate}: evidence names {sorted(evidence.artefacts.items())}, "
-                f"not the artefacts being published {sorted(digests.items())}"
-            )
-    return problems

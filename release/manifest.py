@@ -612,13 +612,15 @@ def _cross_references(m: Manifest) -> list[_Issue]:
             _Issue(("gates", "parity", "cells"), "a non-empty array of parity cells", "nothing")
         )
     for name, gate in m.gates.items():
-        if gate.runner != "gpu":
+        if name != "warmup":
             continue
         for key in ("warmup_steps", "steady_steps"):
             if getattr(gate, key) is None:
                 issues.append(
                     _Issue(
-                        ("gates", name, key), "a positive integer (a gpu gate needs it)", "nothing"
+                        ("gates", name, key),
+                        "a positive integer (the warm-up gate needs it)",
+                        "nothing",
                     )
                 )
     return issues

@@ -108,9 +108,9 @@ def step_gate(context: Context, name: str, wheels: WheelSet, options: GateOption
     return print_verdict(judge(context, name, gate_inputs(context, wheels, options)))
 
 
-def step_gpu_gates(context: Context, wheels: WheelSet) -> int:
+def step_gpu_gates(context: Context, wheels: WheelSet, options: GateOptions) -> int:
     """Every GPU gate of the manifest on `wheels`: 0 on pass or "not run", 1 on a failure."""
-    inputs = gate_inputs(context, wheels)
+    inputs = gate_inputs(context, wheels, options)
     gpu_gates = [name for name, spec in context.manifest.gates.items() if spec.runner == "gpu"]
     verdicts = [judge(context, name, inputs) for name in gpu_gates]
     for evidence in verdicts:

@@ -249,7 +249,7 @@ def test_device_kv_cache_round_trip_through_the_engine(native):
         cache.upload(layer, words + layer)
     with pytest.raises(native.EngineInputError, match="layer: expected 0 <= layer < 2"):
         cache.download(2)
-    with pytest.raises(ValueError, match="expected .* bytes"):
+    with pytest.raises(ValueError, match=r"expected .* bytes"):
         cache.upload(0, b"short")
     slot = native.stored_block_bytes(layout, "exact")
     engine = native.Engine(layout, "exact", 8 * slot, 2, 4, 4, device="cuda")

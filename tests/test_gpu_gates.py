@@ -11,13 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
-from release.evidence import evidence_problems, read_evidence
+from release.evidence import read_evidence
 from release.gates import warmup as gpu_gates
 from release.gates.gpu_runner import NO_GPU_RUNNER, detect_gpu
 from release.manifest import GateSpec, load_manifest
+from release.trust.attestation import read_attestation
+from release.trust.sign import load_signer
+from release.util.interpreters import find_interpreter
+from release.util.paths import DEFAULT_MANIFEST
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = GateSpec(runner="gpu", warmup_steps=4, steady_steps=1000)
@@ -202,7 +207,8 @@ def test_without_a_gpu_the_gate_is_not_run_and_stable_refuses(tmp_path: Path) ->
     wheel.write_bytes(b"not a real wheel: never installed without a GPU")
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "release", "gpu-gates", "--wheel", str(wheel), "--out", str(out)],
+        [sys.executable, "-m", "release", "gpu-gates", "--wheel", str(wheel), "--out", str(out),
+         "--state-dir", str(tmp_path / "state")],
         cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -214,8 +220,9 @@ def test_without_a_gpu_the_gate_is_not_run_and_stable_refuses(tmp_path: Path) ->
     assert set(evidence.artefacts) == {wheel.name}
     stable = load_manifest(REPO / "manifests" / "activekv.toml").channel("stable")
     assert "warmup" in stable.requires
-    problems = evidence_problems(out, ("warmup",), dict(evidence.artefacts))
-    assert problems == [f"warmup: verdict is not-run ({NO_GPU_RUNNER})"]
+    _, key = load_signer("generate", channel="dev", state_dir=tmp_path / "state")
+    attested = read_attestation(out / "evidence" / "warmup.intoto.json", {key.keyid: key}, "dev")
+    assert attested.evidence.verdict == "not-run" and attested.evidence.reason == NO_GPU_RUNNER
 
 
 def test_gpu_gates_names_a_missing_wheel(tmp_path: Path) -> None:
@@ -252,12 +259,26 @@ def test_committed_gpu_evidence_record_is_whole() -> None:
         assert figures["engine_staging"] == "pass"
 
 
-def test_each_wheel_is_measured_by_an_interpreter_that_can_install_it(tmp_path: Path) -> None:
-    from release.wheelset import Wheel, running_python
+def test_each_wheel_is_measured_by_an_interpreter_of_its_version(tmp_path: Path) -> None:
+    from release.util.interpreters import interpreter_for, version_of
+    from release.wheelset import running_python
 
     here = running_python()
-    ours = Wheel(tmp_path / "ours.whl", "0" * 64, here, (here,), 0)
-    assert gpu_gates.interpreter_for(ours) == Path(sys.executable)
+    assert interpreter_for((here,)) == Path(sys.executable)
+    assert interpreter_for(("3.99",)) is None
+    other = next((p for v in ("3.10", "3.11", "3.13") if (p := find_interpreter(v))), None)
+    if other is not None:  # one named with --python is taken for its version
+        assert interpreter_for((version_of(other),), [Path(sys.executable), other]) == other
+
+
+def test_a_wheel_without_an_interpreter_is_not_run_and_never_passes(tmp_path: Path) -> None:
+    """On a GPU runner without Python 3.99, the 3.99 wheel is "not run", naming the version."""
+    from release.wheelset import Wheel, WheelSet
+
     unknown = Wheel(tmp_path / "activekv-0.1.0-cp399-cp399.whl", "0" * 64, "3.99", ("3.99",), 0)
-    with pytest.raises(gpu_gates.GateError, match=r"no interpreter here can install it.*3\.99"):
-        gpu_gates.interpreter_for(unknown)
+    manifest = load_manifest(DEFAULT_MANIFEST)
+    with mock.patch.object(gpu_gates, "gpu_identity", return_value={"kind": "gpu"}):
+        evidence = gpu_gates.run_warmup_gate(manifest, WheelSet((unknown,)), tmp_path)
+    assert evidence.verdict == "not-run"
+    assert "not run: no Python 3.99 on this runner" in evidence.reason
+    assert evidence.artefacts == {unknown.name: "0" * 64}

@@ -406,7 +406,7 @@ CASES = [
     pytest.param(
         drop_line("steady_steps = "),
         "gates.warmup.steady_steps",
-        "a positive integer (a gpu gate needs it)",
+        "a positive integer (the warm-up gate needs it)",
         id="gpu-gate-steps",
     ),
     pytest.param(

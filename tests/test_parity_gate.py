@@ -20,6 +20,7 @@ from release.gates.parity import (
 from release.gates.trace import generate
 from release.manifest import load_manifest
 from release.util.digests import sha256_file
+from release.wheelset import Wheel, WheelSet, running_python
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = load_manifest(REPO / "manifests" / "activekv.toml")
@@ -48,17 +49,40 @@ def _kinds(cell_name: str, implementation) -> set[str]:
     return {kind for outcome in outcomes for kind, _ in outcome.events}
 
 
-def test_gate_passes_and_binds_evidence_to_the_wheel(built_wheel, engine_site, tmp_path):
+def test_gate_passes_and_binds_evidence_to_the_wheel(built_wheel, tmp_path):
     subset = [PRESSURE, REFUSALS, FAULTS, ALL_QUARANTINED, FP8, INT8]
-    evidence = run_parity_gate(
-        MANIFEST, wheel_set(built_wheel).wheels[0], tmp_path, cells=subset, site=engine_site
-    )
+    evidence = run_parity_gate(MANIFEST, wheel_set(built_wheel), tmp_path, cells=subset)
     assert evidence.verdict == "pass", evidence.reason
     assert evidence.artefacts == {built_wheel.name: sha256_file(built_wheel)}
     record = json.loads((tmp_path / "evidence" / "parity.json").read_text())
-    assert [c["verdict"] for c in record["figures"]["cells"]] == ["bit-identical"] * len(subset)
-    assert all(c["events"] > 0 for c in record["figures"]["cells"])
+    judged = record["figures"]["wheels"][built_wheel.name]
+    assert judged["python"].startswith(running_python() + ".")  # its child ran this version
+    assert [c["verdict"] for c in judged["cells"]] == ["bit-identical"] * len(subset)
+    assert all(c["events"] > 0 for c in judged["cells"])
     assert (tmp_path / "parity" / "traces" / f"{PRESSURE}.jsonl").exists()
+
+
+@pytest.mark.parametrize(("fault", "cell", "where"), [
+    ("fp8_ulp", FP8, "byte offset"), ("lru_mru_first", PRESSURE, "event"),
+])  # fmt: skip
+def test_a_planted_reference_fault_fails_the_gate_through_its_child(
+    built_wheel, tmp_path, fault, cell, where
+):
+    """The negative controls, through the same child process the gate runs per wheel."""
+    evidence = run_parity_gate(
+        MANIFEST, wheel_set(built_wheel), tmp_path, cells=[cell], plant=[fault]
+    )
+    assert evidence.verdict == "fail"
+    assert evidence.reason.startswith(f"{built_wheel.name}: {cell}: operation ")
+    assert where in evidence.reason
+
+
+def test_a_wheel_without_an_interpreter_of_its_version_is_not_run(tmp_path):
+    unknown = Wheel(tmp_path / "activekv-0.1.0-cp399-cp399.whl", "1" * 64, "3.99", ("3.99",), 0)
+    evidence = run_parity_gate(MANIFEST, WheelSet((unknown,)), tmp_path, cells=[PRESSURE])
+    assert evidence.verdict == "not-run"
+    assert "not run: no Python 3.99 on this runner" in evidence.reason
+    assert evidence.artefacts == {unknown.name: "1" * 64}
 
 
 def test_cells_exercise_what_they_promise(reference):
@@ -87,14 +111,8 @@ def test_a_changed_eviction_order_is_caught(engine_site, reference):
     assert difference is not None and "event" in difference
 
 
-def test_unknown_cell_is_refused(built_wheel, engine_site, tmp_path):
+def test_unknown_cell_is_refused(built_wheel, tmp_path):
     from release.errors import GateError
 
     with pytest.raises(GateError, match="--cell"):
-        run_parity_gate(
-            MANIFEST,
-            wheel_set(built_wheel).wheels[0],
-            tmp_path,
-            cells=["no-such-cell"],
-            site=engine_site,
-        )
+        run_parity_gate(MANIFEST, wheel_set(built_wheel), tmp_path, cells=["no-such-cell"])

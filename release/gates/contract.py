@@ -34,8 +34,8 @@ class Judges(Enum):
 class GateOptions:
     """What a gate's own command line may add; the whole release runs with the defaults."""
 
-    cells: tuple[str, ...] = ()  # parity: only these cells
-    device: Literal["cpu", "cuda"] = "cpu"  # parity: the engine's route
+    cells: tuple[str, ...] = ()  # parity, gpu-parity: only these cells
+    interpreters: tuple[Path, ...] = ()  # per-wheel gates: interpreters to judge wheels with
     vllm_python: Path | None = None  # served-path: an interpreter that has vLLM
     layers: int = 4  # served-path: model layers
     steps: int = 6  # served-path: scheduler steps

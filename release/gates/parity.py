@@ -1,79 +1,51 @@
 """The parity gate: replay each manifest cell's trace through the Python reference and through the
-engine of the built wheel; every returned byte and every event must be identical.
+engine of every built wheel, each in an interpreter of that wheel's Python version; every returned
+byte and every event must be identical.
 
 One driver runs both implementations through the same API (engine/offload/SPEC.md §7), so what
-differs is only the implementation. A difference is reported at its first position: operation
-index, layer and byte offset, or the first differing event.
+differs is only the implementation. The replay runs in a child process per wheel
+(release/scripts/parity_replay.py: standard library, numpy, the reference and the wheel): the
+interpreter is one named with `--python` that reports a version the wheel serves, else this one,
+else one found on PATH or under pyenv; a wheel without one is "not run: no Python 3.10 on this
+runner", and the gate then never passes. numpy comes from that interpreter, else from a cached
+private site (`release.util.private_site.numpy_for`: the package index, or $ACTIVEKV_WHEELHOUSE
+on a runner without network). A difference is reported at its first position: operation index,
+layer and byte offset, or the first differing event. With device "cuda" (the gpu-parity gate)
+the engines run their CUDA route on this machine's GPU, on the cells and the GPU cells.
 """
 
 from __future__ import annotations
 
-import importlib
+import json
+import os
+import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
-
-import numpy as np
 
 from release.errors import GateError
 from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
-from release.gates.trace import Lookup, Step, Trace, generate
-from release.manifest import Manifest
-from release.util.private_site import install_private
+from release.gates.trace import Trace, generate
+from release.manifest import Manifest, ParityCell
+from release.scripts import parity_replay
+from release.scripts.parity_replay import (
+    Implementation,
+    OpOutcome,
+    engine_implementation,
+    first_difference,
+    reference_implementation,
+)
+from release.util.interpreters import interpreter_for
+from release.util.paths import REPO_ROOT
+from release.util.pins import pinned_version
+from release.util.private_site import install_private, numpy_for
 from release.util.progress import console, tracked
-from release.wheelset import Wheel
+from release.wheelset import Wheel, WheelSet
 
-Event = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class Implementation:
-    """One side of the comparison: its module and how it builds a layout."""
-
-    name: str
-    module: Any
-    make_layout: Callable[[dict[str, Any]], Any]
-
-
-@dataclass
-class OpOutcome:
-    events: list[Event]
-    lookup: int | None = None
-    lost: list[list[int]] | None = None  # per layer
-    loaded: dict[int, list[bytes]] | None = None  # device block -> bytes per layer
-
-
-def reference_implementation(reload: bool = False) -> Implementation:
-    """The oracle in reference/ (never shipped), imported from this checkout beside `release`."""
-    module = importlib.import_module("reference.engine")
-    if reload:
-        module = importlib.reload(module)
-    return Implementation("reference", module, lambda layout: SimpleNamespace(**layout))
-
-
-def engine_implementation(site: Path) -> Implementation:
-    """The engine as the wheel installed under `site` ships it."""
-    if str(site) not in sys.path:
-        sys.path.insert(0, str(site))
-    module = importlib.import_module("activekv._engine")
-    origin = Path(module.__file__).resolve()
-    if site.resolve() not in origin.parents:
-        raise GateError(
-            f"activekv._engine was imported from {origin}, not from the wheel at {site}"
-        )
-
-    def make_layout(layout: dict[str, Any]) -> Any:
-        return module.KvBlockLayout(
-            layout["num_layers"], layout["block_size"], layout["num_kv_heads"],
-            layout["head_dim"], getattr(module.KvDtype, layout["dtype"]),
-        )  # fmt: skip
-
-    return Implementation("engine", module, make_layout)
+__all__ = ["Implementation", "engine_implementation", "reference_implementation"]
 
 
 def install_wheel(wheel: Path, site: Path) -> Path:
@@ -81,156 +53,13 @@ def install_wheel(wheel: Path, site: Path) -> Path:
     return install_private(Path(sys.executable), wheel, site)
 
 
-def _word_dtype(dtype: str) -> type[np.unsignedinteger[Any]]:
-    return np.uint32 if dtype == "fp32" else np.uint16
-
-
-def _fill(layers: list[np.ndarray], kv_seed: int) -> None:
-    rng = np.random.Generator(np.random.PCG64(kv_seed))
-    for layer in layers:
-        bits = layer.dtype.itemsize * 8
-        layer[...] = rng.integers(0, 2**bits, layer.shape, dtype=layer.dtype)
-
-
-class HostKv:
-    """The device KV of the CPU route: numpy arrays of raw words, one per layer."""
-
-    def __init__(self, shape: tuple[int, ...], word: type, num_layers: int) -> None:
-        self.layers = [np.zeros(shape, dtype=word) for _ in range(num_layers)]
-        self.arrays: list[Any] = self.layers
-        self.stream = 0
-
-    def fill(self, kv_seed: int) -> None:
-        _fill(self.layers, kv_seed)
-
-    def read(self) -> list[np.ndarray]:
-        return self.layers
-
-
-class CudaKv(HostKv):
-    """The device KV of the CUDA route: torch tensors on the GPU (torch only drives the test; the
-    wheel never links it), filled from and read back into the same host words."""
-
-    def __init__(self, shape: tuple[int, ...], word: type, num_layers: int) -> None:
-        super().__init__(shape, word, num_layers)
-        try:
-            import torch
-        except ImportError as error:
-            raise GateError("parity --device cuda: expected torch with CUDA to hold the device "
-                            f"KV; {error}") from error  # fmt: skip
-        self._torch = torch
-        signed = torch.int32 if word is np.uint32 else torch.int16
-        unsigned = torch.uint32 if word is np.uint32 else torch.uint16
-        self._signed = np.int32 if word is np.uint32 else np.int16
-        self.tensors = [torch.zeros(shape, dtype=signed, device="cuda") for _ in self.layers]
-        self.arrays = [tensor.view(unsigned) for tensor in self.tensors]
-        self.stream = torch.cuda.current_stream().cuda_stream
-
-    def fill(self, kv_seed: int) -> None:
-        super().fill(kv_seed)
-        for tensor, layer in zip(self.tensors, self.layers, strict=True):
-            tensor.copy_(self._torch.from_numpy(layer.view(self._signed)))
-        self._torch.cuda.synchronize()
-
-    def read(self) -> list[np.ndarray]:
-        pairs = zip(self.tensors, self.layers, strict=True)
-        return [tensor.cpu().numpy().view(layer.dtype) for tensor, layer in pairs]
+def _as_dict(trace: Trace) -> dict[str, Any]:
+    return parity_replay.trace_from_lines(trace.to_lines())
 
 
 def replay(trace: Trace, implementation: Implementation, device: str = "cpu") -> list[OpOutcome]:
-    """Runs every operation of `trace`; what each returned, in order."""
-    layout_spec, spec = trace.layout, trace.engine
-    module = implementation.module
-    layout = implementation.make_layout(layout_spec)
-    slot_bytes = module.stored_block_bytes(layout, spec["mode"])
-    on_device = {"device": device} if device != "cpu" else {}
-    engine = module.Engine(
-        layout, spec["mode"], spec["pool_blocks"] * slot_bytes, spec["num_regions"],
-        spec["region_blocks"], spec["num_device_blocks"], **on_device,
-    )  # fmt: skip
-    shape = (2, spec["num_device_blocks"], layout_spec["block_size"],
-             layout_spec["num_kv_heads"], layout_spec["head_dim"])  # fmt: skip
-    kv_type = CudaKv if device == "cuda" else HostKv
-    kv = kv_type(shape, _word_dtype(layout_spec["dtype"]), layout_spec["num_layers"])
-    engine.register_kv_caches(kv.arrays)
-    outcomes: list[OpOutcome] = []
-    for op in trace.ops:
-        if isinstance(op, Lookup):
-            found = engine.lookup(list(op.hashes))
-            outcomes.append(OpOutcome(list(engine.events()), lookup=found))
-            continue
-        outcomes.append(_replay_step(engine, op, kv))
-    return outcomes
-
-
-def _replay_step(engine: Any, step: Step, kv: HostKv) -> OpOutcome:
-    kv.fill(step.kv_seed)
-    if step.loads:
-        engine.plan_load([h for h, _ in step.loads], [d for _, d in step.loads])
-    if step.stores:
-        engine.plan_store([h for h, _ in step.stores], [d for _, d in step.stores])
-    engine.build_step()
-    for fault in step.faults:
-        engine.inject_fence_fault(fault.direction, fault.layer)
-    engine.start_load()
-    lost = []
-    for layer in range(len(kv.layers)):
-        lost.append(sorted(engine.wait_for_layer_load(layer)))
-        if kv.stream:
-            engine.save_kv_layer(layer, stream=kv.stream)
-        else:
-            engine.save_kv_layer(layer)
-    engine.wait_for_save()
-    events = [tuple(event) for event in engine.events()]
-    loaded_hashes = {value for kind, value in events if kind == "loaded"}
-    layers = kv.read()
-    loaded = {
-        device: [layer[:, device].tobytes() for layer in layers]
-        for block_hash, device in step.loads
-        if block_hash in loaded_hashes
-    }
-    return OpOutcome(events, lost=lost, loaded=loaded)
-
-
-def first_difference(expected: list[OpOutcome], actual: list[OpOutcome]) -> str | None:
-    """Where the engine first departs from the reference, in words; None when identical."""
-    for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
-        if want.lookup != got.lookup:
-            return f"operation {index}: lookup returned {got.lookup}, reference {want.lookup}"
-        for position, (a, b) in enumerate(zip(want.events, got.events, strict=False)):
-            if a != b:
-                return f"operation {index}: event {position} is {b}, reference {a}"
-        if len(want.events) != len(got.events):
-            return (f"operation {index}: {len(got.events)} events, reference "
-                    f"{len(want.events)}")  # fmt: skip
-        if want.lost != got.lost:
-            pairs = zip(want.lost or [], got.lost or [], strict=True)
-            layer = next(i for i, (a, b) in enumerate(pairs) if a != b)
-            return f"operation {index}: layer {layer}: lost blocks differ"
-        for device, want_layers in (want.loaded or {}).items():
-            got_layers = (got.loaded or {}).get(device)
-            if got_layers is None:
-                return f"operation {index}: device block {device} not loaded by the engine"
-            for layer, (a, b) in enumerate(zip(want_layers, got_layers, strict=True)):
-                if a != b:
-                    offset = next(i for i in range(len(a)) if a[i] != b[i])
-                    return (f"operation {index}: layer {layer}: device block {device}: "
-                            f"byte offset {offset}")  # fmt: skip
-    return None
-
-
-@dataclass(frozen=True)
-class CellResult:
-    cell: str
-    mode: str
-    operations: int
-    events: int
-    difference: str | None
-    seconds: float
-
-    @property
-    def verdict(self) -> str:
-        return "bit-identical" if self.difference is None else "differs"
+    """Runs every operation of `trace` in this process; what each returned, in order."""
+    return parity_replay.replay(_as_dict(trace), implementation, device)
 
 
 def compare_cell(
@@ -241,99 +70,137 @@ def compare_cell(
     return first_difference(expected, actual), sum(len(o.events) for o in expected)
 
 
-def run_parity_gate(
-    manifest: Manifest,
-    wheel: Wheel,
-    out_dir: Path,
-    *,
-    cells: Sequence[str] = (),
-    site: Path | None = None,
-    device: str = "cpu",
-) -> Evidence:
-    """Replays the manifest's cells against the engine of `wheel` (installed under `site`, or
-    into `<out>/parity/site` here); writes the parity evidence. With device "cuda" the engine
-    runs its CUDA route on this machine's GPU, on the same cells plus the GPU cells, and the
-    evidence (gate "gpu-parity") names the GPU and the driver."""
+def _chosen_cells(manifest: Manifest, cells: Sequence[str], device: str) -> list[ParityCell]:
     gate = manifest.gates.get("parity")
     if gate is None or not gate.cells:
         raise GateError(f"{manifest.path}: gates.parity.cells: expected parity cells")
     declared = list(gate.cells) + (list(gate.gpu_cells or ()) if device == "cuda" else [])
-    chosen = [c for c in declared if not cells or c.name in cells]
     unknown = sorted(set(cells) - {c.name for c in declared})
     if unknown:
         raise GateError(f"--cell: expected cells of {manifest.path} gates.parity; got {unknown}")
-    engine = engine_implementation(site or install_wheel(wheel.path, out_dir / "parity" / "site"))
-    reference = reference_implementation()
+    return [c for c in declared if not cells or c.name in cells]
+
+
+def _replay_wheel(
+    wheel: Wheel, traces: list[Path], workdir: Path, *, device: str, python: Path,
+    cache_dir: Path, plant: Sequence[str],
+) -> dict[str, Any]:  # fmt: skip
+    """One wheel's replay in a child of `python`; its report (the child's JSON)."""
+    site = install_private(python, wheel.path, workdir / "site")
+    paths = [str(REPO_ROOT)]  # the reference and the replay script
+    numpy = numpy_for(python, cache_dir, pinned_version("gpu-runner", "numpy") or "2.2.6")
+    if numpy is not None:
+        paths.append(str(numpy))
+    report = workdir / "report.json"
+    command = [str(python), "-m", "release.scripts.parity_replay", "--site", str(site),
+               "--device", device, "--report", str(report),
+               *(f"--plant={fault}" for fault in plant),
+               *(f"--trace={trace}" for trace in traces)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    sys.stdout.write(result.stdout)
+    if result.returncode != 0 or not report.exists():
+        tail = "\n".join(result.stderr.strip().splitlines()[-8:])
+        raise GateError(f"parity replay of {wheel.name} with {python} failed "
+                        f"(exit {result.returncode}):\n{tail}")  # fmt: skip
+    return json.loads(report.read_text())
+
+
+def _count(cells: list[dict[str, Any]], modes: dict[str, str], *, exact: bool) -> str:
+    group = [c for c in cells if (modes[c["cell"]] == "exact") == exact]
+    same = sum(c["difference"] is None for c in group)
+    return f"{same} of {len(group)} bit-identical"
+
+
+def run_parity_gate(
+    manifest: Manifest,
+    wheels: WheelSet,
+    out_dir: Path,
+    *,
+    cells: Sequence[str] = (),
+    device: str = "cpu",
+    interpreters: Sequence[Path] = (),
+    cache_dir: Path | None = None,
+    plant: Sequence[str] = (),
+) -> Evidence:
+    """Replays the manifest's cells against the engine of every wheel, each in an interpreter
+    of its version; writes one evidence record naming every wheel's digest (gate "parity", or
+    "gpu-parity" on the CUDA route, which names the GPU and the driver). `plant` names
+    reference faults (reference/engine.py, compression.py) for the negative controls only."""
+    chosen = _chosen_cells(manifest, cells, device)
+    if not len(wheels):
+        raise GateError("parity: expected at least one wheel to judge")
     traces_dir = out_dir / "parity" / "traces"
     traces_dir.mkdir(parents=True, exist_ok=True)
-    results = []
-    for cell in tracked(chosen, "parity cells", lambda c: c.name):
-        trace = generate(cell)
-        trace.write(traces_dir / f"{cell.name}.jsonl")
-        started = time.monotonic()
-        with console.status(f"parity: {cell.name}"):
-            difference, events = compare_cell(trace, reference, engine, device)
-        result = CellResult(cell.name, cell.mode, len(trace.ops), events, difference,
-                            time.monotonic() - started)  # fmt: skip
-        console.print(f"  {cell.name}: {result.verdict}"
-                      + (f" — {difference}" if difference else ""))  # fmt: skip
-        results.append(result)
-    failures = [r for r in results if r.difference]
+    traces = []
+    for cell in chosen:
+        traces.append(traces_dir / f"{cell.name}.jsonl")
+        generate(cell).write(traces[-1])
+    modes = {cell.name: cell.mode for cell in chosen}
+    cache = cache_dir or out_dir / "parity" / "cache"
+    per_wheel: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    not_run: list[str] = []
+    for wheel in tracked(list(wheels), "parity: wheels", lambda w: w.name):
+        python = interpreter_for(wheel.serves, interpreters)
+        if python is None:
+            reason = f"not run: no Python {wheel.python} on this runner"
+            per_wheel[wheel.name] = {"status": reason}
+            not_run.append(f"{wheel.name}: {reason}")
+            continue
+        console.print(f"parity: engine of {wheel.name} ({device} route) with {python}")
+        with tempfile.TemporaryDirectory(prefix="activekv-parity-") as work:
+            try:
+                report = _replay_wheel(wheel, traces, Path(work), device=device, python=python,
+                                       cache_dir=cache, plant=plant)  # fmt: skip
+            except GateError as error:
+                per_wheel[wheel.name] = {"status": f"fail: {error}"}
+                problems.append(f"{wheel.name}: {error}")
+                continue
+        for cell in report["cells"]:
+            cell["mode"] = modes[cell["cell"]]
+            cell["verdict"] = "bit-identical" if cell["difference"] is None else "differs"
+            if cell["difference"]:
+                problems.append(f"{wheel.name}: {cell['cell']}: {cell['difference']}")
+        per_wheel[wheel.name] = {
+            "status": "pass" if all(c["difference"] is None for c in report["cells"]) else "fail",
+            "python": report["python"], "numpy": report["numpy"], "cells": report["cells"],
+            "exact": _count(report["cells"], modes, exact=True),
+            "compressed": _count(report["cells"], modes, exact=False),
+        }  # fmt: skip
+    verdict = "fail" if problems else "not-run" if not_run else "pass"
     if device == "cuda":
         from release.gates.warmup import gpu_identity
 
         runner = gpu_identity()
     else:
         runner = runner_identity()
+    summary = {key: "; ".join(f"{name}: {figures[key]}" for name, figures in per_wheel.items()
+                              if key in figures)
+               for key in ("exact", "compressed")}  # fmt: skip
     evidence = Evidence(
-        gate="gpu-parity" if device == "cuda" else "parity",
-        runner=runner,
-        verdict="fail" if failures else "pass",
-        artefacts={wheel.name: wheel.sha256},
-        figures={
-            "cells": [
-                {
-                    "cell": r.cell,
-                    "mode": r.mode,
-                    "verdict": r.verdict,
-                    "first_difference": r.difference,
-                    "operations": r.operations,
-                    "events": r.events,
-                    "seconds": round(r.seconds, 2),
-                }
-                for r in results
-            ],
-            "exact": _count(results, exact=True),
-            "compressed": _count(results, exact=False),
-        },
-        reason="; ".join(f"{r.cell}: {r.difference}" for r in failures),
-        tools={"numpy": np.__version__},
-    )
+        gate="gpu-parity" if device == "cuda" else "parity", runner=runner, verdict=verdict,
+        artefacts=wheels.digests, figures={"wheels": per_wheel, **summary},
+        reason="; ".join(problems + not_run), tools={"interpreters": ", ".join(
+            f"{name}: Python {f.get('python', '-')}" for name, f in per_wheel.items())},
+    )  # fmt: skip
     write_evidence(out_dir, evidence)
     return evidence
-
-
-def _count(results: list[CellResult], *, exact: bool) -> str:
-    group = [r for r in results if (r.mode == "exact") == exact]
-    same = sum(r.difference is None for r in group)
-    return f"{same} of {len(group)} bit-identical"
 
 
 class ParityGate:
     name = "parity"
     runner: Runner = "cpu"
-    judges = Judges.RUNNING_INTERPRETER_WHEEL
+    judges = Judges.EVERY_WHEEL_IN_ITS_INTERPRETER
     shared_file = None
+    device = "cpu"
 
     def run(self, inputs: GateInputs) -> Evidence:
-        wheel = inputs.wheels.for_running_interpreter()
         options = inputs.options
-        console.print(
-            f"parity: engine of {wheel.name} ({options.device} route) against the Python reference"
-        )
         return run_parity_gate(
-            inputs.manifest, wheel, inputs.out_dir, cells=options.cells, device=options.device
-        )
+            inputs.manifest, inputs.wheels, inputs.out_dir, cells=options.cells,
+            device=self.device, interpreters=options.interpreters, cache_dir=inputs.cache_dir,
+        )  # fmt: skip
 
 
 GATE = ParityGate()

@@ -25,6 +25,7 @@ _GATES: dict[str, tuple[str, Runner]] = {
     "served-path": ("release.gates.served_path", "cpu"),
     "parity": ("release.gates.parity", "cpu"),
     "warmup": ("release.gates.warmup", "gpu"),
+    "gpu-parity": ("release.gates.gpu_parity", "gpu"),
     "reproducible": ("release.gates.reproducible", "cpu"),
 }
 

@@ -28,11 +28,11 @@ from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.manifest import GateSpec, Manifest
 from release.scripts.cupti_warmup import CONTROLS
-from release.util.interpreters import find_interpreter
+from release.util.interpreters import interpreter_for
 from release.util.paths import REPO_ROOT
 from release.util.private_site import install_private
 from release.util.progress import console
-from release.wheelset import Wheel, WheelSet, running_python
+from release.wheelset import Wheel, WheelSet
 
 NAME = "warmup"
 # Phases after seal that must be clean (release/scripts/cupti_warmup.py lists every phase).
@@ -190,18 +190,7 @@ def gpu_identity() -> dict[str, str]:
     return {**runner_identity(), "kind": "gpu", "gpu": name, "driver": driver, "pci_bus_id": bus}
 
 
-def interpreter_for(wheel: Wheel) -> Path:
-    """This interpreter when it can install `wheel`, else a local one of the wheel's version."""
-    if running_python() in wheel.serves:
-        return Path(sys.executable)
-    found = find_interpreter(wheel.python)
-    if found is None:
-        raise GateError(f"{wheel.name}: no interpreter here can install it (needs {wheel.python})")
-    return found
-
-
-def _measure(wheel: Wheel, spec: GateSpec, workdir: Path) -> dict[str, Any]:
-    python = interpreter_for(wheel)
+def _measure(wheel: Wheel, spec: GateSpec, workdir: Path, python: Path) -> dict[str, Any]:
     site = workdir / "site"
     install_private(python, wheel.path, site)
     report_path = workdir / "report.json"
@@ -222,19 +211,23 @@ def _measure(wheel: Wheel, spec: GateSpec, workdir: Path) -> dict[str, Any]:
     return json.loads(report_path.read_text())
 
 
-def _judge_wheel(wheel: Wheel, spec: GateSpec) -> tuple[list[str], dict[str, Any]]:
+def _judge_wheel(wheel: Wheel, spec: GateSpec, python: Path) -> tuple[list[str], dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="activekv-warmup-") as workdir:
         try:
-            report = _measure(wheel, spec, Path(workdir))
+            report = _measure(wheel, spec, Path(workdir), python)
         except GateError as error:
             return [str(error)], {}
     judgement = judge(report, spec)
-    return judgement.problems, judgement.figures
+    return judgement.problems, {"python": report.get("python", ""), **judgement.figures}
 
 
-def run_warmup_gate(manifest: Manifest, wheels: WheelSet, out_dir: Path) -> Evidence:
-    """Runs the gate on every wheel on this machine's GPU and writes one evidence record naming
-    all their digests (the registry writes "not run: no GPU runner" where there is no GPU)."""
+def run_warmup_gate(
+    manifest: Manifest, wheels: WheelSet, out_dir: Path, interpreters: Sequence[Path] = ()
+) -> Evidence:
+    """Runs the gate on every wheel on this machine's GPU, each in an interpreter of its version
+    (one of `interpreters`, else found here; without one, that wheel is "not run: no Python X.Y
+    on this runner" and the gate cannot pass), and writes one evidence record naming all their
+    digests (the registry writes "not run: no GPU runner" where there is no GPU)."""
     spec = manifest.gates.get(NAME)
     if spec is None or spec.runner != "gpu":
         raise GateError(f'{manifest.path}: gates.{NAME}: expected a gate with runner = "gpu"')
@@ -242,13 +235,21 @@ def run_warmup_gate(manifest: Manifest, wheels: WheelSet, out_dir: Path) -> Evid
         raise GateError("gpu-gates: expected at least one wheel to judge")
     runner = gpu_identity()
     problems: list[str] = []
+    not_run: list[str] = []
     per_wheel: dict[str, dict[str, Any]] = {}
     for wheel in wheels:
-        wheel_problems, per_wheel[wheel.name] = _judge_wheel(wheel, spec)
+        python = interpreter_for(wheel.serves, interpreters)
+        if python is None:
+            reason = f"not run: no Python {wheel.python} on this runner"
+            per_wheel[wheel.name] = {"status": reason}
+            not_run.append(f"{wheel.name}: {reason}")
+            continue
+        wheel_problems, per_wheel[wheel.name] = _judge_wheel(wheel, spec, python)
         problems += [f"{wheel.name}: {problem}" for problem in wheel_problems]
+    verdict = "fail" if problems else "not-run" if not_run else "pass"
     evidence = Evidence(
-        gate=NAME, verdict="fail" if problems else "pass", artefacts=wheels.digests,
-        figures={"wheels": per_wheel}, reason="; ".join(problems), runner=runner,
+        gate=NAME, verdict=verdict, artefacts=wheels.digests, figures={"wheels": per_wheel},
+        reason="; ".join(problems + not_run), runner=runner,
         tools={"python": sys.version.split()[0]},
     )  # fmt: skip
     write_evidence(out_dir, evidence)
@@ -264,7 +265,7 @@ def figure_lines(evidence: Evidence) -> list[str]:
         f"{figures['warmup_allocations']}, first second after seal "
         f"{figures['first_second_allocations']}"
         for name, figures in evidence.figures.get("wheels", {}).items()
-        if figures
+        if "decode_step_median_us" in figures
     ]
 
 
@@ -275,7 +276,9 @@ class WarmupGate:
     shared_file = None
 
     def run(self, inputs: GateInputs) -> Evidence:
-        evidence = run_warmup_gate(inputs.manifest, inputs.wheels, inputs.out_dir)
+        evidence = run_warmup_gate(
+            inputs.manifest, inputs.wheels, inputs.out_dir, inputs.options.interpreters
+        )
         for line in figure_lines(evidence):
             console.print(f"  {line}", markup=False, highlight=False)
         return evidence

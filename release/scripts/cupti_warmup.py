@@ -1,8 +1,8 @@
 """The measured run of the GPU warm-up gate, in its own process, under a CUPTI subscriber.
 
-Standard library only, plus the wheel under test (put on `sys.path` by `--site`) and torch where
-present (it holds the engine's device KV), so it runs on a GPU machine with none of the
-pipeline's dependencies. It prints nothing but progress to stderr
+Standard library only, plus the wheel under test (put on `sys.path` by `--site`; it also
+allocates the engine's device KV), so it runs on a GPU machine with none of the pipeline's
+dependencies and no framework. It prints nothing but progress to stderr
 and writes one JSON report; `release.gates.warmup` judges the report and writes the evidence. A
 separate process keeps CUDA and CUPTI state out of the pipeline and turns a native crash into a
 clear error there.
@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
+import platform
+import random
 import sys
 import time
 from pathlib import Path
@@ -88,32 +90,26 @@ STAGING = {"layers": 4, "tokens": 16, "heads": 8, "head_dim": 128, "blocks": 64,
 
 
 class EngineStaging:
-    """The engine's CUDA route, built during warm-up (pinned pool, streams, events, device KV) so
-    that the steps after seal may allocate nothing."""
+    """The engine's CUDA route, built during warm-up (pinned pool, streams, events, and the device
+    KV, which the wheel allocates itself: no torch) so that the steps after seal allocate
+    nothing."""
 
     def __init__(self) -> None:
         import activekv._engine as engine
 
-        try:
-            import torch  # holds the device KV (DLPack); the wheel itself never links torch
-        except ImportError:
-            self.status = "not run: torch is not installed to hold the engine's device KV"
-            return
         layout = engine.KvBlockLayout(STAGING["layers"], STAGING["tokens"], STAGING["heads"],
                                       STAGING["head_dim"], engine.KvDtype.bf16)  # fmt: skip
         blocks = STAGING["blocks"]
         slot = engine.stored_block_bytes(layout, "exact")
         self.engine = engine.Engine(layout, "exact", STAGING["slots"] * slot, 4, blocks,
                                     2 * blocks, device="cuda")  # fmt: skip
-        shape = (2, 2 * blocks, STAGING["tokens"], STAGING["heads"], STAGING["head_dim"])
         # Random words in the blocks stored each step; loads land in the other half, so after the
         # run each loaded block must equal the block it was stored from.
-        self.words = [torch.randint(-(2**15), 2**15, shape, dtype=torch.int16, device="cuda")
-                      for _ in range(STAGING["layers"])]  # fmt: skip
-        self.kv = [words.view(torch.uint16) for words in self.words]
-        torch.cuda.synchronize()
-        self.engine.register_kv_caches(self.kv)
-        self._torch = torch
+        self.kv = engine.DeviceKvCache(layout, 2 * blocks)
+        source = random.Random(7)
+        for layer in range(STAGING["layers"]):
+            self.kv.upload(layer, source.randbytes(self.kv.layer_bytes))
+        self.engine.register_kv_caches(self.kv.layers)
         self.stored: list[int] = []
         self.next_hash = 1
         self.status = "ready"
@@ -153,13 +149,17 @@ class EngineStaging:
         }
 
     def verify(self, result: dict[str, Any]) -> dict[str, Any]:
-        """After the judged phase: every loaded block holds the bytes it was stored with."""
+        """After the judged phase: every loaded block holds the bytes it was stored with. A layer
+        is [2, 2 * blocks, T, H, D] words: in each of its K and V planes, the first half (loaded)
+        must equal the second (stored)."""
         if result["status"] != "pass":
             return result
-        blocks = STAGING["blocks"]
-        equal = self._torch.equal
-        wrong = [layer for layer, words in enumerate(self.words)
-                 if not equal(words[:, :blocks], words[:, blocks:])]  # fmt: skip
+        wrong = []
+        for layer in range(STAGING["layers"]):
+            words = self.kv.download(layer)
+            plane, half = len(words) // 2, len(words) // 4
+            if any(words[p : p + half] != words[p + half : p + plane] for p in (0, plane)):
+                wrong.append(layer)
         if wrong:
             result["status"] = f"fail: loaded blocks differ from the stored ones in layers {wrong}"
         result["bytes_verified"] = not wrong
@@ -178,7 +178,8 @@ def run(
     sys.path.insert(0, str(site))
     import activekv._fabric as fabric
 
-    report: dict[str, Any] = {"fabric_module": fabric.__file__, "build_info": fabric.build_info()}
+    report: dict[str, Any] = {"fabric_module": fabric.__file__, "build_info": fabric.build_info(),
+                              "python": platform.python_version()}  # fmt: skip
     phases: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
     monitor = fabric.CuptiMonitor(cupti, "warmup")
@@ -246,7 +247,7 @@ def run(
     mark = time.perf_counter()
     staged = staging.run(steady_steps)
     phases["engine-staging"] = {"seconds": time.perf_counter() - mark, "steps": steady_steps}
-    monitor.set_phase("engine-verify")  # torch compares on the GPU here; not a steady phase
+    monitor.set_phase("engine-verify")  # copies the device KV back to compare; not a steady phase
     report["engine_staging"] = staging.verify(staged)
     report["arena"] = worker.arena
     report["refusal_counts"] = worker.refusals  # after the capture control's refused enqueue

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from packaging.version import Version
 
 
-def _reports_version(executable: Path, version: str) -> bool:
+def version_of(executable: Path) -> str | None:
+    """The "X.Y" an interpreter reports by running it (None when it does not run)."""
     # pyenv shims exist for every version but fail for ones not selected; run them to be sure.
     try:
         result = subprocess.run(
@@ -20,8 +23,26 @@ def _reports_version(executable: Path, version: str) -> bool:
             timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return result.returncode == 0 and result.stdout.strip() == version
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def _reports_version(executable: Path, version: str) -> bool:
+    return version_of(executable) == version
+
+
+def interpreter_for(serves: Sequence[str], given: Sequence[Path] = ()) -> Path | None:
+    """An interpreter of one of the versions `serves` ("3.12", ...): one of `given` (by the
+    version it reports), else this one, else one found on PATH or under pyenv."""
+    for candidate in given:
+        if version_of(candidate) in serves:
+            return candidate
+    if f"{sys.version_info.major}.{sys.version_info.minor}" in serves:
+        return Path(sys.executable)
+    for version in serves:
+        if found := find_interpreter(version):
+            return found
+    return None
 
 
 def _pyenv_candidates(version: str) -> list[Path]:

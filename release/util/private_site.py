@@ -4,6 +4,7 @@ environment, never from an index, with no pip configuration of this machine taki
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,10 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from release.errors import GateError
+from release.util.interpreters import version_of
+
+# A folder of wheels that `numpy_for` installs from instead of the package index.
+WHEELHOUSE_ENV = "ACTIVEKV_WHEELHOUSE"
 
 # Variables that would let something other than the index, or other than the venv, answer.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "VIRTUAL_ENV")
@@ -29,15 +34,50 @@ def clean_pip_env() -> dict[str, str]:
     return env
 
 
-def install_private(python: Path, wheel: Path, site: Path) -> Path:
-    """Installs `wheel` alone with `python` into `site`; GateError with pip's message if not."""
+def _pip_target(python: Path, site: Path, *requirements: str, index: bool = False) -> None:
+    """`pip install --target site` for the interpreter `python`, run by this interpreter's pip
+    (an interpreter carried to a runner may have none): pip takes only what `python`'s version
+    can import (`--python-version`, binary wheels only)."""
+    version = version_of(python)
+    if version is None:
+        raise GateError(f"{python}: expected a Python interpreter that runs")
+    sources = ["--no-index"]
+    if index and (wheelhouse := os.environ.get(WHEELHOUSE_ENV)):
+        sources = ["--no-index", "--find-links", wheelhouse]
+    elif index:
+        sources = []  # the package index pip is configured for (never this machine's config)
     result = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-compile", "--target", str(site), str(wheel)],
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+         "--only-binary=:all:", "--implementation", "cp", "--python-version", version,
+         *sources, "--target", str(site), *requirements],
         env=clean_pip_env(), capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode != 0:
-        raise GateError(f"{wheel}: pip install --target {site} failed: {result.stderr.strip()}")
+        wanted = " ".join(requirements)
+        raise GateError(f"pip install --target {site} {wanted} for Python {version} failed: "
+                        f"{result.stderr.strip()}")  # fmt: skip
+
+
+def install_private(python: Path, wheel: Path, site: Path) -> Path:
+    """Installs `wheel` alone into `site`, for the interpreter `python`; GateError with pip's
+    message if it cannot (a wheel of another Python version, say)."""
+    _pip_target(python, site, str(wheel))
+    return site
+
+
+def numpy_for(python: Path, cache_dir: Path, version: str) -> Path | None:
+    """A folder to put on `python`'s path so that it imports numpy `version`: None when it
+    imports numpy already; else a cached private site, installed from $ACTIVEKV_WHEELHOUSE (a
+    folder of wheels, for a runner without network) or from the package index."""
+    probe = subprocess.run([str(python), "-c", "import numpy"], capture_output=True)
+    if probe.returncode == 0:
+        return None
+    site = cache_dir / "numpy" / f"{version_of(python)}-{version}"
+    if not (site / "numpy").is_dir():
+        partial = site.with_name(site.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        _pip_target(python, partial, f"numpy=={version}", index=True)
+        partial.replace(site)
     return site
 
 
