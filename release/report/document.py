@@ -161,13 +161,26 @@ def _short_cell_name(name: str, dtype: str) -> str:
     return parts[2] if len(parts) == 3 and parts[1] == dtype else name
 
 
+def _parity_cells(evidence: Evidence | None) -> dict[str, dict[str, Any]]:
+    """Each replayed cell across the judged wheels: bit-identical only where every wheel's engine
+    was; the first difference found, named with its wheel."""
+    cells: dict[str, dict[str, Any]] = {}
+    for name, judged in (evidence.figures.get("wheels", {}) if evidence else {}).items():
+        for cell in judged.get("cells", []):
+            merged = cells.setdefault(cell["cell"], {"cell": cell["cell"],
+                                                     "verdict": "bit-identical"})  # fmt: skip
+            if cell.get("difference") and "difference" not in merged:
+                merged.update(verdict="differs", difference=f"{name}: {cell['difference']}")
+    return cells
+
+
 def _parity(manifest: Manifest, records: Records) -> Section | None:
     gate = manifest.gates.get("parity")
     evidence = records.evidence.get("parity")
     if gate is None or not gate.cells:
         return None
     section = Section("Parity matrix", "parity")
-    results = {c["cell"]: c for c in (evidence.figures.get("cells", []) if evidence else [])}
+    results = _parity_cells(evidence)
     modes = list(dict.fromkeys(c.mode for c in gate.cells))
     dtypes = list(dict.fromkeys(c.dtype for c in gate.cells))
     rows = []
@@ -194,19 +207,16 @@ def _parity(manifest: Manifest, records: Records) -> Section | None:
     if evidence is None:
         section.blocks.append(Text("The parity gate left no evidence in this run.", "not-run"))
     else:
-        judged = ", ".join(evidence.artefacts)
-        section.blocks.append(
-            Text(
-                f"Reference against the engine of {judged}: exact "
-                f"{evidence.figures.get('exact', '?')}, compressed "
-                f"{evidence.figures.get('compressed', '?')}."
-            )
-        )
+        for name, judged in evidence.figures.get("wheels", {}).items():
+            said = (f"exact {judged['exact']}, compressed {judged['compressed']}"
+                    if "exact" in judged else judged.get("status", "?"))  # fmt: skip
+            python = f" (Python {judged['python']})" if "python" in judged else ""
+            section.blocks.append(Text(f"Reference against the engine of {name}{python}: {said}."))
     section.blocks.append(Table(("mode / dtype", *dtypes), tuple(rows), grid=True))
     for result in results.values():
-        if result.get("first_difference"):
+        if result.get("difference"):
             section.blocks.append(
-                Text(f"{result['cell']}: first difference: {result['first_difference']}", "fail")
+                Text(f"{result['cell']}: first difference: {result['difference']}", "fail")
             )
     return section
 
@@ -385,7 +395,7 @@ def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[st
     gate = manifest.gates.get("parity")
     parity = records.evidence.get("parity")
     if gate and gate.cells and parity is not None:
-        replayed = {c.get("cell") for c in parity.figures.get("cells", [])}
+        replayed = set(_parity_cells(parity))
         for cell in gate.cells:
             if cell.name not in replayed:
                 lines.append(

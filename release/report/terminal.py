@@ -40,10 +40,10 @@ def _detail(gate: GateRow) -> str:
     if gate.name == "policy" and gate.verdict == "pass":
         shown = {w["auditwheel_show"] for w in figures["wheels"].values()}
         return f"auditwheel show: {', '.join(sorted(shown))}; no CUDA library vendored"
-    if gate.name == "parity":
-        judged = ", ".join(record.artefacts)
-        return (f"exact {figures['exact']}, compressed {figures['compressed']} "
-                f"(engine of {judged})") + (f"; {reason}" if reason else "")  # fmt: skip
+    if gate.name in ("parity", "gpu-parity") and figures.get("exact"):
+        # Per wheel: "<wheel>: 13 of 13 bit-identical; ..." for exact and compressed cells.
+        return (f"exact: {figures['exact']}; compressed: {figures['compressed']}"
+                + (f"; {reason}" if reason else ""))  # fmt: skip
     if gate.name == "payload" and gate.verdict == "pass":
         kinds = Counter(entry["kind"] for entry in figures["files"])
         return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
