@@ -85,7 +85,7 @@ def test_real_manifest_loads() -> None:
     assert manifest.release.name == "activekv"
     assert manifest.release.default_channel == "dev"
     assert manifest.channel("stable").requires == (
-        "policy", "payload", "casters", "parity", "served-path", "warmup"
+        "policy", "payload", "casters", "parity", "served-path", "warmup", "gpu-parity"
     )  # fmt: skip
     assert manifest.channel("dev").requires == ("policy", "payload", "casters")
     assert manifest.channel("dev").signing == "dev"
@@ -235,7 +235,7 @@ CASES = [
         id="no-stable-channel",
     ),
     pytest.param(
-        replace('"served-path", "warmup"]', '"served-path", "speed"]'),
+        replace('"served-path", "warmup", "gpu-parity"]', '"served-path", "speed", "gpu-parity"]'),
         "release.channels.stable.requires[5]",
         "a gate declared in [gates.*]",
         id="unknown-gate",
