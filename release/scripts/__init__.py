@@ -1,5 +1,6 @@
 """Programs run in child interpreters, never imported by the pipeline for their work: the casters
-scan, the CUPTI warm-up run, the served-path driver, the index server and the GPU smoke check.
+scan, the parity replay, the CUPTI warm-up run, the served-path driver, the index server and the
+GPU smoke check.
 
 Each runs under an interpreter the pipeline does not control (another Python version, vLLM's, a
 GPU runner's), so each imports the standard library and what its child interpreter has (vLLM,
