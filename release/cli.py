@@ -346,10 +346,10 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,
             sanitizer=args.sanitizer,
         )  # fmt: skip
-    if command == "keygen":
-        from release.trust import steps as trust
+    if command == "keygen":  # a GPU runner makes its key here: no index or TUF stack
+        from release.trust.keys import step_keygen
 
-        return trust.step_keygen(args.channel, args.runner, args.directory)
+        return step_keygen(args.channel, args.runner, args.directory)
     if command in ("sign", "publish", "verify", "serve"):  # the signing and index stack
         from release.trust import steps as trust
 

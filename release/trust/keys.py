@@ -21,6 +21,7 @@ from release.context import Context
 from release.errors import SigningError
 from release.manifest import ChannelSpec, SignSpec, TufKeys
 from release.trust.sign import generated_key_pair, load_signer
+from release.util.progress import console
 
 _RUNNER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
@@ -108,3 +109,23 @@ def attesting_signer(context: Context) -> tuple[Signer, Key]:
             f"file:{context.attest_key}", channel=channel, state_dir=context.state_dir
         )
     return channel_signer(context, channel, spec)
+
+
+def step_keygen(channel: str | None, runner: str | None, directory: Path) -> int:
+    """`keygen --channel stable DIR` or `keygen --runner NAME DIR` (release/trust/keys.py)."""
+    if (channel is None) == (runner is None):
+        raise SigningError("keygen: expected one of --channel stable or --runner NAME")
+    if runner is not None:
+        key = make_runner_key(runner, directory)
+        console.print(f"runner key {key.keyid[:16]}: {directory / runner}.pem (private, 0600) "
+                      f"and {directory / runner}.pub.json (list it in the manifest's "
+                      "[release.channels.<name>.attesters])",
+                      markup=False, soft_wrap=True)  # fmt: skip
+        return 0
+    assert channel is not None
+    for name, key in make_channel_keys(channel, directory).items():
+        console.print(f"{name}: key {key.keyid[:16]}: {directory / name}.pem (0600) and "
+                      f"{name}.pub.json", markup=False, soft_wrap=True)  # fmt: skip
+    console.print(f"publish with --channel {channel} --key-dir {directory}", markup=False,
+                  soft_wrap=True)  # fmt: skip
+    return 0

@@ -28,12 +28,7 @@ from release.trust.attestation import (
     provenance_entry,
 )
 from release.trust.index import EmbeddedIndex, install_hint
-from release.trust.keys import (
-    channel_signer,
-    make_channel_keys,
-    make_runner_key,
-    tuf_keys_spec,
-)
+from release.trust.keys import channel_signer, tuf_keys_spec
 from release.trust.publish import envelope_path_for, publish
 from release.trust.sign import (
     Key,
@@ -323,23 +318,3 @@ def sign_publish_verify(context: Context, channel: str, spec: ChannelSpec) -> No
         _publish_with(context, index, channel, published, tuf, attestations)
         console.rule("verify")
         _verify_with(context, index, public_key)
-
-
-def step_keygen(channel: str | None, runner: str | None, directory: Path) -> int:
-    """`keygen --channel stable DIR` or `keygen --runner NAME DIR` (release/trust/keys.py)."""
-    if (channel is None) == (runner is None):
-        raise SigningError("keygen: expected one of --channel stable or --runner NAME")
-    if runner is not None:
-        key = make_runner_key(runner, directory)
-        console.print(f"runner key {key.keyid[:16]}: {directory / runner}.pem (private, 0600) "
-                      f"and {directory / runner}.pub.json (list it in the manifest's "
-                      "[release.channels.<name>.attesters])",
-                      markup=False, soft_wrap=True)  # fmt: skip
-        return 0
-    assert channel is not None
-    for name, key in make_channel_keys(channel, directory).items():
-        console.print(f"{name}: key {key.keyid[:16]}: {directory / name}.pem (0600) and "
-                      f"{name}.pub.json", markup=False, soft_wrap=True)  # fmt: skip
-    console.print(f"publish with --channel {channel} --key-dir {directory}", markup=False,
-                  soft_wrap=True)  # fmt: skip
-    return 0
