@@ -537,7 +537,7 @@ def load_manifest(path: Path) -> Manifest:
     except ValidationError as exc:
         issues = [_from_pydantic(error) for error in exc.errors()]
     else:
-        issues = _cross_references(manifest) + _attester_references(manifest, path.parent)
+        issues = _cross_references(manifest)
     if issues:
         raise ManifestError(
             "\n".join(_line(path, issue.loc, issue.expected, issue.got) for issue in issues)
@@ -623,21 +623,6 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                         "nothing",
                     )
                 )
-    return issues
-
-
-def _attester_references(m: Manifest, manifest_dir: Path) -> list[_Issue]:
-    """Every public key file an attester names exists beside the manifest. (A channel without
-    attesters for a runner it needs is refused at publish, naming the gates.)"""
-    issues: list[_Issue] = []
-    for name, channel in m.release.channels.items():
-        loc: Loc = ("release", "channels", name, "attesters")
-        for runner, attesters in channel.attesters.items():
-            for index, attester in enumerate(attesters):
-                if attester != SIGNING_KEY_ATTESTER and not (manifest_dir / attester).is_file():
-                    issues.append(_Issue((*loc, runner, index), "a public key file beside the "
-                                         f"manifest ({manifest_dir / attester})",
-                                         "no such file"))  # fmt: skip
     return issues
 
 

@@ -18,7 +18,7 @@ from securesystemslib.signer import CryptoSigner
 
 from release.cli import main
 from release.context import Context
-from release.errors import ManifestError, SigningError
+from release.errors import ManifestError, PublishError, SigningError
 from release.evidence import Evidence
 from release.manifest import load_manifest
 from release.trust.attestation import (
@@ -37,6 +37,7 @@ from release.trust.keys import (
     tuf_keys_spec,
 )
 from release.trust.sign import key_paths, load_signer
+from release.trust.steps import channel_attestations
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
 
@@ -228,14 +229,30 @@ def test_gate_runs_sign_with_the_runner_key_or_the_channel_key(tmp_path):
     assert dev.keyid != key.keyid
 
 
-def test_the_manifest_names_attester_keys_that_exist(tmp_path):
+def test_attester_keys_are_files_beside_the_manifest(tmp_path):
     text = DEFAULT_MANIFEST.read_text(encoding="utf-8")
-    table = "[release.channels.stable]\n"
+    listed = '"keys/h200-runner-2026-12-04.pub.json"'
     bad = tmp_path / "bad.toml"
-    bad.write_text(text.replace(table, table + 'attesters = { gpu = ["keys/none.pub.json"] }\n'))
-    with pytest.raises(ManifestError, match=r"stable\.attesters\.gpu\[0\]: expected a public key "
-                       r"file beside the manifest .*; got no such file"):  # fmt: skip
-        load_manifest(bad)
-    bad.write_text(text.replace(table, table + 'attesters = { gpu = ["/etc/k.pem"] }\n'))
+    bad.write_text(text.replace(listed, '"/etc/k.pem"'))
     with pytest.raises(ManifestError, match=r'attesters\.gpu\[0\]: expected "signing-key"'):
         load_manifest(bad)
+    bad.write_text(text.replace(listed, '"keys/none.pub.json"'))
+    context = Context(load_manifest(bad), REPO_ROOT, tmp_path / "out", tmp_path / "state")
+    _, signing = CryptoSigner.generate_ed25519(), CryptoSigner.generate_ed25519().public_key
+    with pytest.raises(PublishError, match=r"stable\.attesters\.gpu\[0\]: expected a public "
+                       r"key file beside the manifest; .*none\.pub\.json"):  # fmt: skip
+        channel_attestations(context, "stable", context.manifest.channel("stable"), {}, signing)
+
+
+def test_a_dev_key_listed_as_an_attester_is_refused_for_stable(tmp_path):
+    load_signer("generate", channel="dev", state_dir=tmp_path / "state")
+    manifest_dir = tmp_path / "m"
+    (manifest_dir / "keys").mkdir(parents=True)
+    shutil.copyfile(tmp_path / "state" / "keys" / "dev-signing-key.pub.json",
+                    manifest_dir / "keys" / "h200-runner-2026-12-04.pub.json")  # fmt: skip
+    shutil.copyfile(DEFAULT_MANIFEST, manifest_dir / "activekv.toml")
+    manifest = load_manifest(manifest_dir / "activekv.toml")
+    context = Context(manifest, REPO_ROOT, tmp_path / "out", tmp_path / "state")
+    signing = CryptoSigner.generate_ed25519().public_key
+    with pytest.raises(SigningError, match=r"attesters\.gpu\[0\] is a generated dev key"):
+        channel_attestations(context, "stable", manifest.channel("stable"), {}, signing)

@@ -6,12 +6,10 @@ of the judgement gets a planted violation that must fail it, and the clean repor
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -20,8 +18,7 @@ from release.gates import warmup as gpu_gates
 from release.gates.gpu_runner import NO_GPU_RUNNER, detect_gpu
 from release.manifest import GateSpec, load_manifest
 from release.trust.attestation import read_attestation
-from release.trust.sign import load_signer
-from release.util.interpreters import find_interpreter
+from release.trust.sign import load_public_key, load_signer
 from release.util.paths import DEFAULT_MANIFEST
 
 REPO = Path(__file__).resolve().parent.parent
@@ -236,49 +233,32 @@ def test_gpu_gates_names_a_missing_wheel(tmp_path: Path) -> None:
     assert "nope.whl: expected a wheel file; got no such file" in result.stderr
 
 
-def test_committed_gpu_evidence_record_is_whole() -> None:
-    """A check of the committed record of the last GPU run (tests/gpu/evidence/warmup-*.json),
-    not of this build: it passed, names its wheel and runner, every control flipped the verdict
-    and the engine's staging steps ran clean."""
-    records = sorted((REPO / "tests" / "gpu" / "evidence").glob("warmup-*.json"))
-    if not records:
-        pytest.skip("no GPU evidence committed yet")
-    for path in records:
-        record = json.loads(path.read_text())
-        assert record["gate"] == "warmup" and record["verdict"] == "pass", path
-        ((wheel, digest),) = record["artefacts"].items()
-        assert digest[:12] in path.name
-        assert record["runner"]["gpu"] and record["runner"]["driver"]
-        figures = record["figures"]["wheels"][wheel]
-        assert figures["steady_steps"] >= 2 * 1000
-        assert figures["first_second_allocations"] == 0
-        for phase, found in figures["steady_violations"].items():
-            assert not any(found.values()), phase
-        for kind, rule in gpu_gates.CONTROLS.items():
-            assert figures["control_violations"][kind][rule] > 0, kind
-        assert figures["engine_staging"] == "pass"
-
-
-def test_each_wheel_is_measured_by_an_interpreter_of_its_version(tmp_path: Path) -> None:
-    from release.util.interpreters import interpreter_for, version_of
-    from release.wheelset import running_python
-
-    here = running_python()
-    assert interpreter_for((here,)) == Path(sys.executable)
-    assert interpreter_for(("3.99",)) is None
-    other = next((p for v in ("3.10", "3.11", "3.13") if (p := find_interpreter(v))), None)
-    if other is not None:  # one named with --python is taken for its version
-        assert interpreter_for((version_of(other),), [Path(sys.executable), other]) == other
-
-
-def test_a_wheel_without_an_interpreter_is_not_run_and_never_passes(tmp_path: Path) -> None:
-    """On a GPU runner without Python 3.99, the 3.99 wheel is "not run", naming the version."""
-    from release.wheelset import Wheel, WheelSet
-
-    unknown = Wheel(tmp_path / "activekv-0.1.0-cp399-cp399.whl", "0" * 64, "3.99", ("3.99",), 0)
+def test_committed_gpu_attestations_are_whole() -> None:
+    """The committed attestations of the last GPU run (tests/gpu/evidence/*.intoto.json), not of
+    this build: signed by the runner key stable lists, passed on every wheel each in its own
+    interpreter, every control flipped the verdict and the engine's staging steps ran clean."""
     manifest = load_manifest(DEFAULT_MANIFEST)
-    with mock.patch.object(gpu_gates, "gpu_identity", return_value={"kind": "gpu"}):
-        evidence = gpu_gates.run_warmup_gate(manifest, WheelSet((unknown,)), tmp_path)
-    assert evidence.verdict == "not-run"
-    assert "not run: no Python 3.99 on this runner" in evidence.reason
-    assert evidence.artefacts == {unknown.name: "0" * 64}
+    keys = [load_public_key(DEFAULT_MANIFEST.parent / attester)
+            for attester in manifest.channel("stable").attesters["gpu"]]  # fmt: skip
+    trusted = {key.keyid: key for key in keys}
+    folder = REPO / "tests" / "gpu" / "evidence"
+    for path in sorted(folder.glob("warmup-*.intoto.json")):
+        evidence = read_attestation(path, trusted, "stable's gpu attesters").evidence
+        assert evidence.gate == "warmup" and evidence.verdict == "pass", path
+        assert evidence.runner["gpu"] and evidence.runner["driver"]
+        assert len(evidence.artefacts) == 3  # cp310, cp311 and the abi3 wheel
+        for wheel, figures in evidence.figures["wheels"].items():
+            assert figures["python"][:4] in wheel.replace("cp3", "3.")  # its own interpreter
+            assert figures["steady_steps"] >= 2 * 1000
+            assert figures["first_second_allocations"] == 0
+            for phase, found in figures["steady_violations"].items():
+                assert not any(found.values()), phase
+            for kind, rule in gpu_gates.CONTROLS.items():
+                assert figures["control_violations"][kind][rule] > 0, kind
+            assert figures["engine_staging"] == "pass"
+    for path in sorted(folder.glob("gpu-parity-*.intoto.json")):
+        evidence = read_attestation(path, trusted, "stable's gpu attesters").evidence
+        assert evidence.verdict == "pass" and len(evidence.artefacts) == 3, path
+        for figures in evidence.figures["wheels"].values():
+            assert all(cell["difference"] is None for cell in figures["cells"])
+            assert len(figures["cells"]) == 31

@@ -71,7 +71,12 @@ def _attester_keys(
             if attester == SIGNING_KEY_ATTESTER:
                 key = signing_key
             else:
-                key = load_public_key(context.manifest.path.parent / attester)
+                path = context.manifest.path.parent / attester
+                try:
+                    key = load_public_key(path)
+                except SigningError as error:
+                    raise PublishError(f"{context.manifest.path}: {where}: expected a public key "
+                                       f"file beside the manifest; {error}") from None  # fmt: skip
                 refuse_dev_key(key, f"{context.manifest.path}: {where}", channel,
                                context.state_dir)  # fmt: skip
             keys[runner][key.keyid] = key
