@@ -133,18 +133,28 @@ def test_the_published_release_names_its_gate_attestations(release_run):
         assert f"{gate}: attestation signed by" in result.stdout
 
 
-def test_stable_refuses_dev_attestations_and_a_missing_gpu_verdict(release_run, tmp_path):
+def test_stable_refuses_dev_attestations_and_gpu_attestations_of_other_wheels(
+    release_run, tmp_path
+):
     _, out, state = release_run
     keys = tmp_path / "keys"
     made = _release("keygen", "--channel", "stable", str(keys), out=out, state=state)
     assert made.returncode == 0, made.stderr
+    # One wheel changed after the GPU runner judged this commit's wheels (tests/gpu/evidence).
+    changed_out = tmp_path / "out"
+    shutil.copytree(out, changed_out)
+    wheel = sorted((changed_out / "wheels").glob("*.whl"))[0]
+    with wheel.open("ab") as stream:
+        stream.write(b"\0")
     before = _index_files(state)
-    refused = _release("publish", "--channel", "stable", "--key-dir", str(keys), out=out,
-                       state=state)  # fmt: skip
+    refused = _release("publish", "--channel", "stable", "--key-dir", str(keys),
+                       out=changed_out, state=state)  # fmt: skip
     assert refused.returncode == 2
     text = " ".join(refused.stderr.split())
     assert "channel 'stable' refuses to publish; nothing was uploaded" in text
     # The CPU gates ran on the dev channel: the dev key's attestations do not count for stable.
     assert re.search(r"policy: no attestation .* not by a key of .*attesters\.cpu", text)
-    assert re.search(r"warmup: no attestation .* not by a key of .*attesters\.gpu", text)
+    # The committed GPU attestations name the wheels as they were judged: the changed one is named.
+    assert re.search(rf"warmup: no attestation .*tests/gpu/evidence.* changed since it was "
+                     rf"judged: [^;]*{re.escape(wheel.name)}", text)  # fmt: skip
     assert _index_files(state) == before

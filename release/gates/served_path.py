@@ -204,11 +204,13 @@ def run_served_path_gate(
         result["layers"] = layers
         problems, figures = judge(result)
     problems += shim_problems
+    # The verdict is on the shim, which every wheel carries byte for byte (shim_problems fail
+    # otherwise): it holds for each of them, so the evidence names them all.
     evidence = Evidence(
         gate="served-path",
         verdict="fail" if problems else "pass",
-        artefacts={wheel.name: wheel.sha256},
-        figures={**figures, "failures": problems, "shared_file": shim},
+        artefacts=wheels.digests,
+        figures={**figures, "failures": problems, "shared_file": shim, "driven": wheel.name},
         reason="; ".join(problems),
         tools={"python": str(python)},
     )

@@ -59,6 +59,8 @@ def load_records(out_dir: Path) -> Records:
     except ReleaseError as error:
         problems.append(str(error))
     for path in sorted((out_dir / "evidence").glob("*.json")):
+        if path.name.endswith(".intoto.json"):  # the signed copy: publishing's, not the report's
+            continue
         try:
             evidence = read_evidence(out_dir, path.stem)
         except ReleaseError as error:
