@@ -118,6 +118,14 @@ def sanitize(session: nox.Session) -> None:
 
 
 @nox.session
+def keygen(session: nox.Session) -> None:
+    """Make an operator's stable keys (`-- --channel stable DIR`) or a runner's key
+    (`-- --runner NAME DIR`); the GPU runner's dependency group is all it needs."""
+    _install(session, "gpu-runner")
+    session.run("python", "-m", "release", "keygen", *session.posargs)
+
+
+@nox.session
 def serve(session: nox.Session) -> None:
     """Serve the embedded index of the state directory on 127.0.0.1 until Ctrl-C."""
     _install(session, "release")

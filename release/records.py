@@ -68,6 +68,7 @@ class SignRecord(Record):
     keyid: str
     public_key: str
     subjects: dict[str, str]  # wheel file name -> sha256
+    attestations: dict[str, str] = {}  # gate -> the signed attestation the provenance names
 
 
 class PublishedFile(BaseModel):

@@ -22,6 +22,7 @@ from release.records import (
     SignRecord,
     VerifyRecord,
 )
+from release.trust.attestation import attested_evidence
 
 
 @dataclass
@@ -68,6 +69,13 @@ def load_records(out_dir: Path) -> Records:
             continue
         if evidence is not None:
             loaded.evidence[evidence.gate] = evidence
+    # What the signed provenance rests on is what the release's gates said (a GPU gate's
+    # attestation made on a runner, where this run's own record says "not run").
+    for gate, path in (loaded.sign.attestations if loaded.sign else {}).items():
+        try:
+            loaded.evidence[gate] = attested_evidence(Path(path))
+        except ReleaseError as error:
+            problems.append(str(error))
     return loaded
 
 

@@ -93,6 +93,12 @@ def _evidence(path: Path, statement: Mapping[str, Any]) -> Evidence:
                            f"{error}") from None  # fmt: skip
 
 
+def attested_evidence(path: Path) -> Evidence:
+    """The evidence an attestation holds, read WITHOUT checking its signature: for showing what a
+    signed provenance rests on (publishing verified it when it signed)."""
+    return _evidence(path, read_statement_unverified(path))
+
+
 def attested_gate(path: Path) -> str | None:
     """The gate an envelope claims to attest, read WITHOUT checking its signature (to sort
     candidates only; None for the envelope of another kind of statement). SigningError for a

@@ -149,9 +149,13 @@ def _sign(
     records.write(context.out_dir, records.SignRecord(
         channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
         keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.digests,
+        attestations={a.evidence.gate: str(a.path) for a, _ in attestations},
     ))  # fmt: skip
     console.print(f"signed {len(wheels)} wheel(s) and the {len(attestations)} gate attestations "
                   f"they rest on: {envelope} (key {public_key.keyid[:16]})")  # fmt: skip
+    for attestation, runner in attestations:
+        console.print(f"  {attestation.evidence.gate} ({runner}): {attestation.path}, signed by "
+                      f"{attestation.key.keyid[:16]}", markup=False, soft_wrap=True)  # fmt: skip
     return wheels, attestations
 
 
