@@ -41,6 +41,9 @@ from release.trust.steps import channel_attestations
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
 
+# The runner key stable lists for its GPU gates (manifests/keys/).
+(GPU_ATTESTER,) = load_manifest(DEFAULT_MANIFEST).channel("stable").attesters["gpu"]
+
 
 @pytest.fixture
 def digests(tmp_path: Path) -> dict[str, str]:
@@ -231,7 +234,7 @@ def test_gate_runs_sign_with_the_runner_key_or_the_channel_key(tmp_path):
 
 def test_attester_keys_are_files_beside_the_manifest(tmp_path):
     text = DEFAULT_MANIFEST.read_text(encoding="utf-8")
-    listed = '"keys/h200-runner-2026-12-04.pub.json"'
+    listed = f'"{GPU_ATTESTER}"'
     bad = tmp_path / "bad.toml"
     bad.write_text(text.replace(listed, '"/etc/k.pem"'))
     with pytest.raises(ManifestError, match=r'attesters\.gpu\[0\]: expected "signing-key"'):
@@ -249,7 +252,7 @@ def test_a_dev_key_listed_as_an_attester_is_refused_for_stable(tmp_path):
     manifest_dir = tmp_path / "m"
     (manifest_dir / "keys").mkdir(parents=True)
     shutil.copyfile(tmp_path / "state" / "keys" / "dev-signing-key.pub.json",
-                    manifest_dir / "keys" / "h200-runner-2026-12-04.pub.json")  # fmt: skip
+                    manifest_dir / GPU_ATTESTER)  # fmt: skip
     shutil.copyfile(DEFAULT_MANIFEST, manifest_dir / "activekv.toml")
     manifest = load_manifest(manifest_dir / "activekv.toml")
     context = Context(manifest, REPO_ROOT, tmp_path / "out", tmp_path / "state")
