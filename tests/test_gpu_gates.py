@@ -1,7 +1,9 @@
-"""The GPU warm-up gate's judgement, library discovery and "not run" path (no GPU needed).
+"""The GPU gates without a GPU: the warm-up gate's judgement, library discovery and "not run"
+path; the gpu-parity gate's wiring (every wheel, each in an interpreter of its version, on the
+CUDA route with the GPU cells) and its "not run" path.
 
-The measured run itself needs a GPU (tests/gpu/evidence/ holds its evidence); here every rule
-of the judgement gets a planted violation that must fail it, and the clean report must pass.
+The measured runs themselves need a GPU (tests/gpu/evidence/ holds their evidence); here every
+rule of the judgement gets a planted violation that must fail it, and the clean report must pass.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 import pytest
 
 from release.evidence import read_evidence
+from release.gates import parity, registry
 from release.gates import warmup as gpu_gates
+from release.gates.contract import GateInputs, Judges
 from release.gates.gpu_runner import NO_GPU_RUNNER, detect_gpu
 from release.manifest import GateSpec, load_manifest
 from release.trust.attestation import read_attestation
@@ -168,8 +172,8 @@ def test_a_control_seen_under_the_wrong_rule_fails_the_gate() -> None:
         (lambda r: r.update(output_max_error=float("nan")), "decode output off by nan"),
         (lambda r: r["engine_staging"].update(status="fail: 3 regions quarantined"),
          "engine staging: fail: 3 regions quarantined"),
-        (lambda r: r["engine_staging"].update(status="not run: torch is not installed"),
-         "engine staging: not run: torch is not installed"),
+        (lambda r: r["engine_staging"].update(status="fail: 2 blocks loaded; expected 64"),
+         "engine staging: fail: 2 blocks loaded; expected 64"),
         (lambda r: r["engine_staging"].update(steps=999),
          "engine staging: 999 steps; the manifest requires 1000"),
     ],
@@ -209,14 +213,15 @@ def test_without_a_gpu_the_gate_is_not_run_and_stable_refuses(tmp_path: Path) ->
         cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "warmup: not-run" in result.stdout
-    evidence = read_evidence(out, "warmup")
-    assert evidence is not None
-    assert evidence.verdict == "not-run"
-    assert evidence.reason == NO_GPU_RUNNER
-    assert set(evidence.artefacts) == {wheel.name}
     stable = load_manifest(REPO / "manifests" / "activekv.toml").channel("stable")
-    assert "warmup" in stable.requires
+    for gate in ("warmup", "gpu-parity"):  # every GPU gate of the manifest
+        assert f"{gate}: not-run" in result.stdout
+        evidence = read_evidence(out, gate)
+        assert evidence is not None
+        assert evidence.verdict == "not-run"
+        assert evidence.reason == NO_GPU_RUNNER
+        assert set(evidence.artefacts) == {wheel.name}
+        assert gate in stable.requires
     _, key = load_signer("generate", channel="dev", state_dir=tmp_path / "state")
     attested = read_attestation(out / "evidence" / "warmup.intoto.json", {key.keyid: key}, "dev")
     assert attested.evidence.verdict == "not-run" and attested.evidence.reason == NO_GPU_RUNNER
@@ -262,3 +267,104 @@ def test_committed_gpu_attestations_are_whole() -> None:
         for figures in evidence.figures["wheels"].values():
             assert all(cell["difference"] is None for cell in figures["cells"])
             assert len(figures["cells"]) == 31
+
+
+# --- gpu-parity ---
+
+MANIFEST = load_manifest(DEFAULT_MANIFEST)
+TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",
+        "cp312-abi3-manylinux_2_28_x86_64")  # fmt: skip
+
+
+def _wheels(tmp_path: Path):
+    from fixtures_wheels import build_wheel, wheel_set
+
+    return wheel_set(*(build_wheel(tmp_path / "dist", tag=tag) for tag in TAGS))
+
+
+def _inputs(tmp_path: Path, gpu: str | None) -> GateInputs:
+    return GateInputs(MANIFEST, _wheels(tmp_path), tmp_path / "out", REPO, tmp_path / "cache", gpu)
+
+
+def test_gpu_parity_is_a_registered_gpu_gate_judging_every_wheel_in_its_interpreter() -> None:
+    gate = registry.load("gpu-parity")
+    assert (gate.runner, gate.judges) == ("gpu", Judges.EVERY_WHEEL_IN_ITS_INTERPRETER)
+    assert registry.load("parity").judges == Judges.EVERY_WHEEL_IN_ITS_INTERPRETER
+    assert MANIFEST.gates["gpu-parity"].runner == "gpu"
+
+
+@pytest.mark.skipif(detect_gpu() is not None, reason="this machine has a GPU runner")
+def test_gpu_parity_without_a_gpu_is_not_run_and_names_every_wheel(tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path, gpu=None)
+    evidence = registry.run_gate("gpu-parity", inputs)
+    assert (evidence.gate, evidence.verdict, evidence.reason) == (
+        "gpu-parity", "not-run", NO_GPU_RUNNER)  # fmt: skip
+    assert evidence.artefacts == inputs.wheels.digests and len(evidence.artefacts) == 3
+
+
+def _fake_gpu_replay(monkeypatch, differs: str | None = None) -> list[dict[str, Any]]:
+    """The children gpu-parity would start, recorded instead (no GPU here); each reports its
+    interpreter's version and every cell identical, but the cell `differs`."""
+    started: list[dict[str, Any]] = []
+
+    def replay_wheel(wheel, traces, workdir, *, device, python, cache_dir, plant):
+        started.append({"wheel": wheel.name, "device": device, "python": python,
+                        "cells": [trace.stem for trace in traces]})  # fmt: skip
+        cells = [{"cell": trace.stem, "operations": 48, "events": 9, "seconds": 0.1,
+                  "difference": "operation 3: layer 2: device block 5: byte offset 7"
+                  if trace.stem == differs else None} for trace in traces]  # fmt: skip
+        return {"python": python.name.removeprefix("python") + ".0", "numpy": "2.2.6",
+                "engine": "activekv/_engine.so", "cells": cells}  # fmt: skip
+
+    monkeypatch.setattr(parity, "_replay_wheel", replay_wheel)
+    monkeypatch.setattr(parity, "interpreter_for",
+                        lambda serves, given: Path(f"/runner/python{serves[0]}"))  # fmt: skip
+    monkeypatch.setattr(gpu_gates, "gpu_identity", lambda: {"kind": "gpu", "gpu": "NVIDIA H200",
+                                                             "driver": "580.1"})  # fmt: skip
+    return started
+
+
+def test_gpu_parity_replays_every_wheel_on_the_cuda_route_in_its_interpreter(
+    tmp_path: Path, monkeypatch
+) -> None:
+    started = _fake_gpu_replay(monkeypatch)
+    inputs = _inputs(tmp_path, gpu="NVIDIA H200")
+    evidence = registry.run_gate("gpu-parity", inputs)
+    assert evidence.verdict == "pass", evidence.reason
+    assert evidence.gate == "gpu-parity" and evidence.runner["gpu"] == "NVIDIA H200"
+    assert evidence.artefacts == inputs.wheels.digests and len(evidence.artefacts) == 3
+    spec = MANIFEST.gates["parity"]
+    cells = [cell.name for cell in [*spec.cells, *(spec.gpu_cells or ())]]
+    assert [run["wheel"] for run in started] == [wheel.name for wheel in inputs.wheels]
+    for run, wheel in zip(started, inputs.wheels, strict=True):
+        assert run["device"] == "cuda" and run["cells"] == cells
+        assert run["python"] == Path(f"/runner/python{wheel.python}")  # its version's
+        figures = evidence.figures["wheels"][wheel.name]
+        assert figures["python"].startswith(wheel.python + ".")
+        assert figures["interpreter"] == f"/runner/python{wheel.python}"
+    assert read_evidence(tmp_path / "out", "gpu-parity") == evidence
+
+
+def test_gpu_parity_fails_naming_the_wheel_cell_and_byte(tmp_path: Path, monkeypatch) -> None:
+    cell = MANIFEST.gates["parity"].gpu_cells[0].name
+    _fake_gpu_replay(monkeypatch, differs=cell)
+    evidence = registry.run_gate("gpu-parity", _inputs(tmp_path, gpu="NVIDIA H200"))
+    assert evidence.verdict == "fail"
+    first = next(iter(evidence.artefacts))
+    assert evidence.reason.startswith(f"{first}: {cell}: operation 3: layer 2: device block 5: "
+                                      "byte offset 7")  # fmt: skip
+
+
+@pytest.mark.skipif(detect_gpu() is not None, reason="this machine has a GPU runner")
+def test_parity_device_cuda_is_the_gpu_parity_gate(tmp_path: Path) -> None:
+    wheel = _wheels(tmp_path).wheels[0].path
+    result = subprocess.run(
+        [sys.executable, "-m", "release", "parity", "--device", "cuda", "--wheel", str(wheel),
+         "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr  # one gate alone: only a pass is 0
+    assert "gpu-parity: not-run" in result.stdout
+    evidence = read_evidence(tmp_path / "out", "gpu-parity")
+    assert evidence is not None and evidence.reason == NO_GPU_RUNNER
+    assert read_evidence(tmp_path / "out", "parity") is None

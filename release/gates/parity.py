@@ -7,11 +7,21 @@ differs is only the implementation. The replay runs in a child process per wheel
 (release/scripts/parity_replay.py: standard library, numpy, the reference and the wheel): the
 interpreter is one named with `--python` that reports a version the wheel serves, else this one,
 else one found on PATH or under pyenv; a wheel without one is "not run: no Python 3.10 on this
-runner", and the gate then never passes. numpy comes from that interpreter, else from a cached
-private site (`release.util.private_site.numpy_for`: the package index, or $ACTIVEKV_WHEELHOUSE
-on a runner without network). A difference is reported at its first position: operation index,
-layer and byte offset, or the first differing event. With device "cuda" (the gpu-parity gate)
-the engines run their CUDA route on this machine's GPU, on the cells and the GPU cells.
+runner", and the gate then never passes. numpy comes from that interpreter when it imports one;
+else the gpu-runner group's pin (pyproject.toml) is installed once into a private site cached
+per Python and numpy version (`release.util.private_site.numpy_for`, pip with a clean
+environment and PIP_CONFIG_FILE=/dev/null): from the package index, or with `--no-index
+--find-links $ACTIVEKV_WHEELHOUSE` (a folder of wheels) on a runner without network.
+
+This process writes the traces (out/parity/traces/<cell>.jsonl), then per wheel runs
+`python -m release.scripts.parity_replay --site S --device D --report R --trace T ...` with
+PYTHONPATH = the checkout (and the numpy site) and reads R: the child's Python and numpy
+versions and, per cell, its first difference or null. One evidence record names every wheel's
+digest, with each wheel's figures under `figures.wheels`; the verdict is "fail" if any wheel
+differs, else "not-run" if some wheel had no interpreter, else "pass". A difference is reported
+at its first position: operation index, layer and byte offset, or the first differing event.
+With device "cuda" (the gpu-parity gate) the engines run their CUDA route on this machine's GPU,
+on the cells and the GPU cells.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from release.scripts.parity_replay import (
     reference_implementation,
 )
 from release.util.interpreters import interpreter_for
-from release.util.paths import REPO_ROOT
+from release.util.paths import PYPROJECT, REPO_ROOT
 from release.util.pins import pinned_version
 from release.util.private_site import install_private, numpy_for
 from release.util.progress import console, tracked
@@ -81,6 +91,15 @@ def _chosen_cells(manifest: Manifest, cells: Sequence[str], device: str) -> list
     return [c for c in declared if not cells or c.name in cells]
 
 
+def _numpy_version() -> str:
+    """The numpy a child interpreter without one gets: the pin of pyproject's gpu-runner group."""
+    version = pinned_version("gpu-runner", "numpy")
+    if version is None:
+        raise GateError(f"{PYPROJECT}: dependency-groups.gpu-runner: expected numpy==X.Y.Z "
+                        "(the parity replay's numpy)")  # fmt: skip
+    return version
+
+
 def _replay_wheel(
     wheel: Wheel, traces: list[Path], workdir: Path, *, device: str, python: Path,
     cache_dir: Path, plant: Sequence[str],
@@ -88,7 +107,7 @@ def _replay_wheel(
     """One wheel's replay in a child of `python`; its report (the child's JSON)."""
     site = install_private(python, wheel.path, workdir / "site")
     paths = [str(REPO_ROOT)]  # the reference and the replay script
-    numpy = numpy_for(python, cache_dir, pinned_version("gpu-runner", "numpy") or "2.2.6")
+    numpy = numpy_for(python, cache_dir, _numpy_version())
     if numpy is not None:
         paths.append(str(numpy))
     report = workdir / "report.json"
@@ -164,7 +183,8 @@ def run_parity_gate(
                 problems.append(f"{wheel.name}: {cell['cell']}: {cell['difference']}")
         per_wheel[wheel.name] = {
             "status": "pass" if all(c["difference"] is None for c in report["cells"]) else "fail",
-            "python": report["python"], "numpy": report["numpy"], "cells": report["cells"],
+            "interpreter": str(python), "python": report["python"], "numpy": report["numpy"],
+            "cells": report["cells"],
             "exact": _count(report["cells"], modes, exact=True),
             "compressed": _count(report["cells"], modes, exact=False),
         }  # fmt: skip

@@ -1,13 +1,14 @@
 """The GPU warm-up gate: zero allocations, compute-stream syncs and runtime-stream captures after
 warm-up, measured by CUPTI while the wheel under test runs its decode steps on a GPU.
 
-`python -m release gpu-gates --wheel W`: installs W into a private directory, runs
-`release.scripts.cupti_warmup` in a child process (the measured run), judges its report here and
-writes
-`<out>/evidence/warmup.json` bound to W's digest, the GPU's name and the driver. The verdict
-passes only when the steady phases are clean AND every planted violation (a cudaMalloc, a
-compute-stream sync, a capture, each behind the boundary's back) flips the same judgement.
-On a machine without a GPU the evidence says "not run: no GPU runner".
+`python -m release gpu-gates [--wheel W ...] [--python PATH ...]`: for every wheel, installs it
+into a private directory for an interpreter of its version (`interpreter_for`, the choice parity
+makes too), runs `release.scripts.cupti_warmup` there in a child process (the measured run),
+judges its report here and writes one `<out>/evidence/warmup.json` naming every wheel's digest,
+the GPU's name and the driver. The verdict passes only when the steady phases are clean AND
+every planted violation (a cudaMalloc, a compute-stream sync, a capture, each behind the
+boundary's back) flips the same judgement, for every wheel. On a machine without a GPU the
+evidence says "not run: no GPU runner".
 """
 
 from __future__ import annotations

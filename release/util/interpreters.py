@@ -1,4 +1,5 @@
-"""Finds the CPython interpreters the manifest declares, on PATH or under pyenv."""
+"""Finds the CPython interpreters the manifest declares (on PATH or under pyenv), and the one that
+judges a wheel in an interpreter of its version (`interpreter_for`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from packaging.version import Version
+
+from release.errors import GateError
 
 
 def version_of(executable: Path) -> str | None:
@@ -32,10 +35,15 @@ def _reports_version(executable: Path, version: str) -> bool:
 
 
 def interpreter_for(serves: Sequence[str], given: Sequence[Path] = ()) -> Path | None:
-    """An interpreter of one of the versions `serves` ("3.12", ...): one of `given` (by the
-    version it reports), else this one, else one found on PATH or under pyenv."""
+    """An interpreter of one of the versions `serves` ("3.12", ...): one of `given` (`--python`,
+    by the version it reports), else this one, else one found on PATH or under pyenv: the one
+    choice of parity, gpu-parity and warm-up. GateError for a given path that does not run (a
+    typo must not quietly judge with another interpreter)."""
     for candidate in given:
-        if version_of(candidate) in serves:
+        version = version_of(candidate)
+        if version is None:
+            raise GateError(f"--python {candidate}: expected a Python interpreter that runs")
+        if version in serves:
             return candidate
     if f"{sys.version_info.major}.{sys.version_info.minor}" in serves:
         return Path(sys.executable)
