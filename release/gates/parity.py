@@ -48,7 +48,7 @@ from release.scripts.parity_replay import (
     first_difference,
     reference_implementation,
 )
-from release.util.interpreters import interpreter_for
+from release.util.interpreters import interpreter_for, no_interpreter
 from release.util.paths import PYPROJECT, REPO_ROOT
 from release.util.pins import pinned_version
 from release.util.private_site import install_private, numpy_for
@@ -163,7 +163,7 @@ def run_parity_gate(
     for wheel in tracked(list(wheels), "parity: wheels", lambda w: w.name):
         python = interpreter_for(wheel.serves, interpreters)
         if python is None:
-            reason = f"not run: no Python {wheel.python} on this runner"
+            reason = no_interpreter(wheel.python)
             per_wheel[wheel.name] = {"status": reason}
             not_run.append(f"{wheel.name}: {reason}")
             continue

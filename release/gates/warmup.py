@@ -29,7 +29,7 @@ from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.manifest import GateSpec, Manifest
 from release.scripts.cupti_warmup import CONTROLS
-from release.util.interpreters import interpreter_for
+from release.util.interpreters import interpreter_for, no_interpreter
 from release.util.paths import REPO_ROOT
 from release.util.private_site import install_private
 from release.util.progress import console
@@ -241,7 +241,7 @@ def run_warmup_gate(
     for wheel in wheels:
         python = interpreter_for(wheel.serves, interpreters)
         if python is None:
-            reason = f"not run: no Python {wheel.python} on this runner"
+            reason = no_interpreter(wheel.python)
             per_wheel[wheel.name] = {"status": reason}
             not_run.append(f"{wheel.name}: {reason}")
             continue

@@ -34,6 +34,11 @@ def _reports_version(executable: Path, version: str) -> bool:
     return version_of(executable) == version
 
 
+def no_interpreter(version: str) -> str:
+    """The verdict's reason for a wheel no interpreter here can judge."""
+    return f"not run: no Python {version} on this runner"
+
+
 def interpreter_for(serves: Sequence[str], given: Sequence[Path] = ()) -> Path | None:
     """An interpreter of one of the versions `serves` ("3.12", ...): one of `given` (`--python`,
     by the version it reports), else this one, else one found on PATH or under pyenv: the one
