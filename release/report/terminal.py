@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from release.gates.warmup import figure_lines
 from release.manifest import Manifest
 from release.records import BuildRecord
 from release.report.document import describe
@@ -44,6 +45,9 @@ def _detail(gate: GateRow) -> str:
         # Per wheel: "<wheel>: 13 of 13 bit-identical; ..." for exact and compressed cells.
         return (f"exact: {figures['exact']}; compressed: {figures['compressed']}"
                 + (f"; {reason}" if reason else ""))  # fmt: skip
+    if gate.name == "warmup" and gate.verdict == "pass":
+        runner = record.runner.get("gpu", "a GPU")
+        return f"on {runner}: " + "; ".join(figure_lines(record))
     if gate.name == "payload" and gate.verdict == "pass":
         kinds = Counter(entry["kind"] for entry in figures["files"])
         return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
