@@ -6,12 +6,12 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rich.markup import escape
+from rich.text import Text
 
 from release.context import Context
-from release.errors import ReleaseError, VerifyError
+from release.errors import ManifestError, ReleaseError, VerifyError
 from release.gates.contract import GateOptions
-from release.manifest import load_manifest
+from release.manifest import Manifest, load_manifest
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
 from release.util.progress import console, error_console
 from release.wheelset import WheelSet
@@ -374,11 +374,22 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
     return others[command]()
 
 
+def _manifest_state_dir(manifest: Manifest) -> Path:
+    """The manifest's state directory, which must stay inside the checkout (a symlink leading
+    out of it would put keys and credentials where the manifest does not say)."""
+    state_dir = REPO_ROOT / manifest.publish.state_dir
+    if not state_dir.resolve().is_relative_to(REPO_ROOT.resolve()):
+        raise ManifestError(f"{manifest.path}: publish.state_dir: expected a folder inside the "
+                            f"checkout; got {state_dir}, which leads to "
+                            f"{state_dir.resolve()}")  # fmt: skip
+    return state_dir
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         manifest = load_manifest(args.manifest)
-        state_dir = args.state_dir or (REPO_ROOT / manifest.publish.state_dir)
+        state_dir = args.state_dir or _manifest_state_dir(manifest)
         context = Context(
             manifest, REPO_ROOT, args.out.resolve(), state_dir.resolve(),
             channel_name=args.channel, key_dir=args.key_dir and args.key_dir.resolve(),
@@ -386,9 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         return _dispatch(args, context)
     except ReleaseError as error:
-        error_console.print(
-            f"[bold red]error:[/] {escape(str(error))}", markup=True, soft_wrap=True
-        )
+        # The message is printed as it is: a bracketed word ("[gates.*]") is text, not markup.
+        error_console.print(Text.assemble(("error:", "bold red"), " ", str(error)), soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         error_console.print("interrupted")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
@@ -27,11 +29,14 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from release.errors import ManifestError
 from release.gates import registry as gate_registry
+from release.util.paths import PYPROJECT
+from release.util.pins import pyproject
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,7 +47,11 @@ SCHEMA_VERSION = 1
 CUDA_ARCHITECTURES = ("75", "80", "86", "89", "90", "100", "103", "120")
 REQUIRED_ARCHITECTURES = ("80", "90")
 REQUIRED_CHANNELS = ("dev", "stable")
-SIGNER_SCHEMES = ("gcpkms", "awskms", "azurekms", "hsm", "envvar", "file2", "hv", "gnupg", "tkey")
+# The private key URI schemes securesystemslib signs with (SIGNER_FOR_URI_SCHEME; its "envvar:" is a
+# CryptoSigner option for a key's location, not a signer, and fails at sign).
+SIGNER_SCHEMES = ("gcpkms", "awskms", "azurekms", "hsm", "file2", "hv", "gnupg", "tkey")
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_CELL_POOL_BYTES = 4 << 30
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 MIN_ABI3_PYTHON = (3, 12)
 
@@ -121,6 +130,8 @@ def _shim_path(value: str) -> str:
     _check(
         "\\" not in value
         and not path.is_absolute()
+        and path.as_posix() == value  # normal form: no "./", "//" or trailing "/"
+        and "." not in value.split("/")
         and ".." not in path.parts
         and len(path.parts) >= 2
         and path.parts[0] == "activekv"
@@ -178,12 +189,30 @@ def _index(value: str) -> str:
     return value
 
 
+def _no_control_characters(value: str) -> None:
+    _check(
+        not any(ord(c) < 0x20 or ord(c) == 0x7F for c in value),
+        "a path without control characters (newline, NUL, ...)",
+    )
+
+
 def _relative_dir(value: str) -> str:
+    _no_control_characters(value)
     path = PurePosixPath(value)
     _check(
         value.strip() != "" and not path.is_absolute() and ".." not in path.parts,
         'a relative path without ".."',
     )
+    return value
+
+
+def _state_dir(value: str) -> str:
+    """Where keys and credentials live: a folder of its own inside the checkout."""
+    _relative_dir(value)
+    parts = PurePosixPath(value).parts
+    _check(bool(parts), "a folder of its own, not the checkout itself (keys would lie untracked)")
+    _check(parts[0] != ".git", "a folder outside .git")
+    _check(parts[0] != "out", "a folder apart from the outputs (out/), which are handed on")
     return value
 
 
@@ -201,13 +230,19 @@ DistributionName = Annotated[
     AfterValidator(
         _pattern(
             r"[a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9]",
-            "a distribution name (letters, digits, '.', '_', '-'; starts and ends alphanumeric)",
-            re.IGNORECASE,
+            "a distribution name (ASCII letters, digits, '.', '_', '-'; starts and ends "
+            "alphanumeric)",
+            re.IGNORECASE | re.ASCII,
         )
     ),
 ]
 PythonVersion = Annotated[StrictStr, AfterValidator(_python_version)]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+
+def _bounded(high: int) -> Any:
+    """A positive integer no larger than `high` (what the engine and a gate's run can hold)."""
+    return Annotated[StrictInt, Field(gt=0, le=high)]
 
 
 class _Model(BaseModel):
@@ -368,26 +403,35 @@ class ParityCell(_Model):
     ]
     mode: Literal["exact", "int8", "fp8_e4m3"]
     dtype: Literal["fp16", "bf16", "fp32"]
-    num_layers: PositiveInt
-    block_size: PositiveInt
-    num_kv_heads: PositiveInt
-    head_dim: PositiveInt
+    num_layers: _bounded(512)
+    block_size: _bounded(1024)
+    num_kv_heads: _bounded(256)
+    head_dim: _bounded(1024)
     # Host pool size in blocks: below the trace's working set, it forces eviction and refusal.
-    pool_blocks: PositiveInt
-    num_regions: PositiveInt
-    region_blocks: PositiveInt
-    steps: PositiveInt
+    pool_blocks: _bounded(1 << 20)
+    num_regions: _bounded(1024)
+    region_blocks: _bounded(4096)
+    steps: _bounded(100_000)
     # Fence faults the trace injects (each quarantines a region for good).
-    fence_faults: Annotated[StrictInt, Field(ge=0)]
-    seed: Annotated[StrictInt, Field(ge=0)]
+    fence_faults: Annotated[StrictInt, Field(ge=0, le=1024)]
+    seed: Annotated[StrictInt, Field(ge=0, lt=1 << 63)]
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> ParityCell:
+        words = 4 if self.dtype == "fp32" else 2
+        block = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * words
+        _check(block * self.pool_blocks <= MAX_CELL_POOL_BYTES,
+               f"a pool of at most {MAX_CELL_POOL_BYTES >> 30} GiB (pool_blocks x "
+               f"{block} bytes per block)")  # fmt: skip
+        return self
 
 
 class GateSpec(_Model):
     """``[gates.<name>]``: where a gate runs and its parameters."""
 
     runner: Literal["cpu", "gpu"]
-    warmup_steps: PositiveInt | None = None
-    steady_steps: PositiveInt | None = None
+    warmup_steps: _bounded(100_000) | None = None
+    steady_steps: _bounded(1_000_000) | None = None
     cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
     # Cells the parity gate replays only on the CUDA route (parity --device cuda), besides `cells`.
     gpu_cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
@@ -424,7 +468,7 @@ class PublishSettings(_Model):
         StrictStr,
         AfterValidator(_pattern(r"[A-Za-z0-9._-]+", "a user name of [A-Za-z0-9._-] characters")),
     ]
-    state_dir: Annotated[StrictStr, AfterValidator(_relative_dir)]
+    state_dir: Annotated[StrictStr, AfterValidator(_state_dir)]
     tuf_keys: TufKeys | None = None
 
     @property
@@ -520,18 +564,14 @@ class _Issue:
 
 def load_manifest(path: Path) -> Manifest:
     """Read, validate and cross-check the manifest at ``path``."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: expected a manifest file; got no such file") from None
-    except OSError as exc:
-        raise ManifestError(f"{path}: expected a readable manifest file; got {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{path}: expected UTF-8 text; got {exc.reason}") from None
+    text = _read_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(_syntax_error(path, exc)) from None
+    except RecursionError:
+        raise ManifestError(f"{path}: expected TOML of ordinary depth; got tables or arrays "
+                            "nested too deep to read") from None  # fmt: skip
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
@@ -544,6 +584,36 @@ def load_manifest(path: Path) -> Manifest:
         )
     manifest._path = path
     return manifest
+
+
+def _read_text(path: Path) -> str:
+    """The manifest's text: a regular file (never a FIFO or a device) of at most 1 MiB."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ManifestError(f"{path}: expected a regular manifest file; got a "
+                                f"{_file_kind(info.st_mode)}")  # fmt: skip
+        if info.st_size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{path}: expected a manifest of at most 1 MiB; got "
+                                f"{info.st_size} bytes")  # fmt: skip
+        with path.open("rb") as stream:
+            data = stream.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: expected a manifest file; got no such file") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ManifestError(f"{path!r}: expected a readable manifest file; got {exc}") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path}: expected a manifest of at most 1 MiB; got more")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: expected UTF-8 text; got {exc.reason}") from None
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "device"),
+             (stat.S_ISBLK, "device"), (stat.S_ISSOCK, "socket"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def _cross_references(m: Manifest) -> list[_Issue]:
@@ -596,6 +666,7 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                     _show(channel.signing),
                 )
             )
+    issues += _pyproject_references(m)
     if m.build.stable_abi_from not in m.build.python:
         issues.append(
             _Issue(
@@ -623,6 +694,22 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                         "nothing",
                     )
                 )
+    return issues
+
+
+def _pyproject_references(m: Manifest) -> list[_Issue]:
+    """The release is the distribution pyproject.toml builds, for Pythons it allows."""
+    project = pyproject().get("project", {})
+    issues: list[_Issue] = []
+    name = project.get("name")
+    if m.release.name != name:
+        expected = f"{_show(name)}, the name pyproject.toml builds ({PYPROJECT})"
+        issues.append(_Issue(("release", "name"), expected, _show(m.release.name)))
+    allowed = SpecifierSet(project.get("requires-python", ""))
+    for index, version in enumerate(m.build.python):
+        if f"{version}.0" not in allowed:
+            expected = f"a version pyproject.toml's requires-python ({allowed}) allows"
+            issues.append(_Issue(("build", "python", index), expected, _show(version)))
     return issues
 
 
@@ -700,6 +787,9 @@ def _from_pydantic(error: Any) -> _Issue:
         keys = _known_keys(loc[:-1])
         expected = "one of the keys " + ", ".join(keys) if keys else "no such key"
         got = "an unknown key"
+    elif kind in ("less_than_equal", "less_than"):
+        bound = error["ctx"].get("le", error["ctx"].get("lt"))
+        expected = f"an integer {'at most' if kind == 'less_than_equal' else 'below'} {bound}"
     elif kind == "literal_error":
         choices = error["ctx"]["expected"].replace("'", '"')
         expected = f"one of {choices}" if " or " in choices else choices

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from release.cli import main
+from release.cli import DEFAULT_MANIFEST, main
 
 
 def test_unknown_channel_names_the_known_ones(tmp_path, capsys):
@@ -56,3 +56,32 @@ def test_unknown_step_is_an_argparse_error(capsys):
 def test_default_manifest_is_valid(capsys):
     assert main(["check-manifest"]) == 0
     assert Path("manifests/activekv.toml").name in capsys.readouterr().out
+
+
+def test_an_error_with_bracketed_words_is_printed_as_it_is(tmp_path, capsys):
+    """rich would read "[gates.x]" as markup and drop it; errors are printed as text."""
+    text = DEFAULT_MANIFEST.read_text(encoding="utf-8").replace(
+        'requires = ["policy", "payload", "casters"]', 'requires = ["policy", "payload", "x"]'
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    assert main(["check-manifest", "--manifest", str(bad)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert 'expected a gate declared in [gates.*], "casters"' in err
+    assert 'got "x"' in err and "[bold red]" not in err
+
+
+def test_a_state_dir_that_leads_out_of_the_checkout_is_refused(tmp_path, capsys, monkeypatch):
+    """A manifest's state_dir that is a symlink out of the checkout: refused, nothing written."""
+    import release.cli as cli
+
+    checkout = tmp_path / "checkout"
+    (checkout / "manifests").mkdir(parents=True)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (checkout / ".activekv").symlink_to(outside)
+    monkeypatch.setattr(cli, "REPO_ROOT", checkout)
+    assert main(["check-manifest", "--out", str(tmp_path / "out")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "publish.state_dir: expected a folder inside the checkout" in err
+    assert str(outside) in err and not any(outside.iterdir())

@@ -1,5 +1,6 @@
 """The manifest schema: the real manifest loads, and each malformed variant fails for its reason."""
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -517,5 +518,30 @@ def test_missing_file_names_the_path(tmp_path: Path) -> None:
 
 
 def test_directory_is_not_a_manifest(tmp_path: Path) -> None:
-    with pytest.raises(ManifestError, match=re.escape(f"{tmp_path}: expected a readable")):
+    with pytest.raises(ManifestError, match=re.escape(f"{tmp_path}: expected a regular manifest "
+                                                      "file; got a directory")):  # fmt: skip
         load_manifest(tmp_path)
+
+
+def test_only_a_regular_file_of_bounded_size_is_read(tmp_path: Path) -> None:
+    """A FIFO would hang the reader and /dev/zero would eat memory: both refused unread."""
+    fifo = tmp_path / "manifest.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ManifestError, match="expected a regular manifest file; got a FIFO"):
+        load_manifest(fifo)
+    with pytest.raises(ManifestError, match="expected a regular manifest file; got a device"):
+        load_manifest(Path("/dev/zero"))
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * ((1 << 20) + 1))
+    with pytest.raises(ManifestError, match="expected a manifest of at most 1 MiB"):
+        load_manifest(big)
+    nul = Path(str(tmp_path / "a") + "\0b.toml")
+    with pytest.raises(ManifestError, match="expected a readable manifest file"):
+        load_manifest(nul)
+
+
+def test_toml_nested_too_deep_is_a_clear_error(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 1000 + "]" * 1000 + "\n")
+    with pytest.raises(ManifestError, match="nested too deep"):
+        load_manifest(deep)

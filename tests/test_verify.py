@@ -44,7 +44,8 @@ class Published:
 def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
     root = tmp_path_factory.mktemp("verify")
     state_dir = root / "state"
-    wheel = build_wheel(root / "dist", module_text="VALUE = 42\n")
+    # The module prints when imported: the import probe's answer must still be read.
+    wheel = build_wheel(root / "dist", module_text='print("{not json")\nVALUE = 42\n')
     signer, key = load_signer("generate", channel="dev", state_dir=state_dir)
     started = datetime.now(timezone.utc)
     statement = build_statement(

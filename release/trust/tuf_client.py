@@ -46,7 +46,14 @@ class TrustedIndex:
             ) from None
         self._root_path = trusted_root
         self.cache_dir = cache_dir or default_cache_dir(self.metadata_url, root)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise VerifyError(f"--tuf-cache {self.cache_dir}: expected a folder (the TUF "
+                              "metadata seen before); it is a file") from None  # fmt: skip
+        except OSError as exc:
+            raise VerifyError(f"--tuf-cache {self.cache_dir}: cannot make the folder "
+                              f"({exc.strerror})") from None  # fmt: skip
         try:
             self._updater = Updater(
                 metadata_dir=str(self.cache_dir),

@@ -38,13 +38,15 @@ _PIP_TIMEOUT_S = 600.0
 _OUTPUT_TAIL_CHARS = 4000
 
 _VERSION_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
-_IMPORT_PROBE = """
+# Its answer is the last line, after a marker: a module may print when it is imported.
+_PROBE_MARKER = "activekv-import-probe:"
+_IMPORT_PROBE = f"""
 import importlib, json, sys
-found = {}
+found = {{}}
 for name in sys.argv[1:]:
     module = importlib.import_module(name)
     found[name] = getattr(module, "__file__", None)
-print(json.dumps({"prefix": sys.prefix, "modules": found}))
+print("\\n{_PROBE_MARKER}" + json.dumps({{"prefix": sys.prefix, "modules": found}}))
 """
 
 
@@ -231,7 +233,14 @@ def _verify_one(
     _run(install, env, scratch, f"pip install of {wheel.name} into {venv}")
     probe = [python, "-I", "-c", _IMPORT_PROBE, *imports]
     what = f"importing {', '.join(imports)} from {wheel.name} with {who}"
-    report = json.loads(_run(probe, env, scratch, what))
+    output = _run(probe, env, scratch, what)
+    answer = output.rpartition(_PROBE_MARKER)[2]
+    try:
+        report = json.loads(answer)
+    except json.JSONDecodeError:
+        raise VerifyError(
+            f"{what}: expected the import probe's answer; got {output[-300:]!r}"
+        ) from None
     prefix = Path(report["prefix"]).resolve()
     for name, location in report["modules"].items():
         if location is not None and not Path(location).resolve().is_relative_to(prefix):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from packaging.version import InvalidVersion, Version
+
 from release.errors import ReleaseError
 from release.util.paths import PYPROJECT
 
@@ -19,7 +21,18 @@ def pyproject() -> dict:
 
 
 def project_version() -> str:
-    return str(pyproject()["project"]["version"])
+    """[project].version, checked to be a PEP 440 version in its normal form: it is used in file
+    names (the statement, the index's folders), so nothing else may get through."""
+    raw = pyproject().get("project", {}).get("version")
+    try:
+        normal = str(Version(raw)) if isinstance(raw, str) else None
+    except InvalidVersion:
+        normal = None
+    if normal is None or normal != raw:
+        hint = f" (its normal form is {normal!r})" if normal else ""
+        raise ReleaseError(f"{PYPROJECT}: project.version: expected a PEP 440 version in normal "
+                           f"form such as '0.1.0'{hint}; got {raw!r}")  # fmt: skip
+    return normal
 
 
 def dependency_group(name: str) -> list[str]:
