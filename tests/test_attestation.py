@@ -36,7 +36,7 @@ from release.trust.keys import (
     make_channel_keys,
     tuf_keys_spec,
 )
-from release.trust.sign import key_paths, load_signer
+from release.trust.sign import key_paths, load_public_key, load_signer
 from release.trust.steps import channel_attestations
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
@@ -259,3 +259,19 @@ def test_a_dev_key_listed_as_an_attester_is_refused_for_stable(tmp_path):
     signing = CryptoSigner.generate_ed25519().public_key
     with pytest.raises(SigningError, match=r"attesters\.gpu\[0\] is a generated dev key"):
         channel_attestations(context, "stable", manifest.channel("stable"), {}, signing)
+
+
+def test_key_material_that_others_may_write_is_refused(tmp_path):
+    """A public key of mode 0666, or a private key in a folder of mode 0777: whoever may write
+    them may put their own key in place, so neither is read."""
+    keys = tmp_path / "keys"
+    make_channel_keys("stable", keys)
+    public = keys / "stable-signing-key.pub.json"
+    public.chmod(0o666)
+    with pytest.raises(SigningError, match=r"public key .* has mode 0666: group or others may"):
+        load_public_key(public)
+    public.chmod(0o644)
+    keys.chmod(0o777)
+    with pytest.raises(SigningError, match=r"the folder of signing key .*keys has mode 0777"):
+        load_signer(f"file:{keys / 'stable-signing-key.pem'}", channel="stable",
+                    state_dir=tmp_path / "state")  # fmt: skip

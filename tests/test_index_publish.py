@@ -300,3 +300,14 @@ def test_credentials_for_another_user_are_refused(state_dir: Path) -> None:
         pass
     with pytest.raises(PackageIndexError, match="holds credentials for user"):
         EmbeddedIndex(state_dir, "another-user").__enter__()
+
+
+def test_a_password_file_others_may_read_or_write_is_refused(tmp_path: Path) -> None:
+    """An htpasswd of mode 0666 (anyone could add a user who may upload): the index is not
+    started."""
+    state = tmp_path / "state"
+    index = EmbeddedIndex(state, USER)
+    _ = index.password  # makes the state files
+    index.htpasswd_path.chmod(0o666)
+    with pytest.raises(PackageIndexError, match=r"htpasswd has mode 0666; the index's password"):
+        _ = EmbeddedIndex(state, USER).password

@@ -99,6 +99,12 @@ class EmbeddedIndex:
         password = self._load_or_create_credentials()
         if not self.htpasswd_path.exists():
             os.close(os.open(self.htpasswd_path, os.O_CREAT | os.O_WRONLY, 0o600))
+        mode = stat.S_IMODE(self.htpasswd_path.stat().st_mode)
+        if mode & 0o077:
+            raise PackageIndexError(
+                f"{self.htpasswd_path} has mode {mode:04o}; the index's password file must be "
+                f"readable and writable by its owner only (chmod 600 {self.htpasswd_path})"
+            )
         htpasswd = HtpasswdFile(str(self.htpasswd_path))
         if not htpasswd.check_password(self._username, password):
             htpasswd.set_password(self._username, password)

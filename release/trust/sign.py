@@ -143,8 +143,23 @@ def _uri_signer(key_ref: str, scheme: str, public_key_path: Path | None) -> tupl
     return signer, public_key
 
 
+def refuse_writable_by_others(path: Path, what: str) -> None:
+    """SigningError when group or others may write ``path`` (a key file, or the folder holding
+    one): whoever can write it can put their own key in its place."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return  # a missing file is reported by whoever reads it
+    if mode & 0o022:
+        raise SigningError(
+            f"{what} {path} has mode {mode:04o}: group or others may write it, and so replace a "
+            f"key; chmod go-w {path}"
+        )
+
+
 def load_public_key(path: Path) -> Key:
     """A public key written by :func:`write_public_key` (``Key.to_dict()`` plus ``keyid``)."""
+    refuse_writable_by_others(path, "public key")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
@@ -225,7 +240,9 @@ def _signer_from_pem_file(path: Path) -> CryptoSigner:
 
 
 def _check_private_file(path: Path) -> None:
-    """``path`` is a regular file only its owner may read and write (mode 0600)."""
+    """``path`` is a regular file only its owner may read and write (mode 0600), in a folder
+    that group and others may not write."""
+    refuse_writable_by_others(path.parent, "the folder of signing key")
     try:
         info = path.stat()
     except FileNotFoundError:
