@@ -4,13 +4,18 @@ real HTTP server, a server that says its port was taken, one that dies, one that
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from release.errors import PackageIndexError
 from release.trust.server_process import HOST, ServerProcess, answers
+from release.util.paths import REPO_ROOT
 
 pytestmark = pytest.mark.integration  # real server processes
 
@@ -65,3 +70,37 @@ def test_a_missing_program_is_named(tmp_path: Path) -> None:
     with pytest.raises(PackageIndexError, match=r"ghost: cannot run .*no-such-server"):
         server.start(lambda port: [missing], url)
     assert server.port is None
+
+
+def _serve(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    """`python -m release serve` in its own process; it and the simple URL it serves."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "release", "serve", "--state-dir", str(tmp_path / "state"),
+         "--out", str(tmp_path / "out")],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    for line in process.stdout:
+        if match := re.search(r"at (http://\S+/simple/)", line):
+            return process, match.group(1)
+    raise AssertionError(f"serve exited ({process.wait()}) without serving")
+
+
+def _gone(url: str, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not answers(url):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL])
+def test_the_index_server_ends_with_the_process_that_started_it(tmp_path, signal_number):
+    """SIGTERM to `serve` stops its server; kill -9 of it leaves none running under PID 1 (the
+    kernel's parent-death signal ends it)."""
+    process, url = _serve(tmp_path)
+    assert answers(url)
+    process.send_signal(signal_number)
+    process.wait(timeout=30)
+    assert _gone(url), f"the server at {url} outlived `serve` ({signal_number.name})"

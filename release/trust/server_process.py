@@ -7,6 +7,9 @@ started again on another port, a few times.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -59,8 +62,9 @@ class ServerProcess:
         self._log.flush()
         try:
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
-            )
+                command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                preexec_fn=_end_with_parent,
+            )  # fmt: skip
         except OSError as exc:
             self.stop()
             raise PackageIndexError(f"{self._name}: cannot run {command[0]}: {exc}") from None
@@ -111,6 +115,19 @@ class ServerProcess:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _end_with_parent() -> None:
+    """In the server's process, before it runs: the kernel sends it SIGTERM when the process that
+    started it dies, however it dies (kill -9 included), so no server outlives its publish."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ May import: everything of ``release.trust``, ``release.context``, ``release.evid
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -279,7 +280,12 @@ def step_verify(context: Context, channel_name: str | None) -> int:
     return 0
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # leaves the index's context: its server is stopped
+
+
 def step_serve(context: Context) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # as Ctrl-C: a service manager's stop
     with _index(context) as index:
         console.print(f"serving {index.packages_dir} at {index.simple_url} (Ctrl-C stops)")
         console.print(install_hint(index.simple_url, context.manifest.release.name))
