@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
@@ -27,9 +26,6 @@ from release.util.digests import sha256_file
 from release.util.pins import project_version
 from release.util.progress import VERDICT_STYLE, console
 from release.wheelset import Wheel, WheelSet
-
-if TYPE_CHECKING:
-    pass
 
 
 def judge(context: Context, name: str, inputs: GateInputs) -> Evidence:
