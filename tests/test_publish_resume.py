@@ -21,10 +21,12 @@ from cryptography.hazmat.primitives.serialization import (
 )
 from fixtures_sign import gated_out
 
+from release.manifest import load_manifest
 from release.trust.index import EmbeddedIndex
 from release.trust.publish import PAUSE_ENV
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
 from release.util.digests import sha256_file
+from release.util.paths import DEFAULT_MANIFEST
 from release.util.pins import project_version
 
 pytestmark = pytest.mark.integration  # real index servers, twine and killed processes
@@ -98,8 +100,10 @@ def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites
     assert outcomes.pop(uploaded_first) == "already present, identical"
     assert set(outcomes.values()) == {"uploaded"}
     targets = TufRepository(state / "index" / "tuf").targets()
-    statement = f"{PROVENANCE_PREFIX}activekv-{project_version()}.intoto.json"
-    assert set(targets) == {w.name for w in wheels} | {statement}
+    release = f"{PROVENANCE_PREFIX}activekv-{project_version()}"
+    attested = {f"{release}.attestations/{gate}.intoto.json"
+                for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires}  # fmt: skip
+    assert set(targets) == {w.name for w in wheels} | {f"{release}.intoto.json"} | attested
     for wheel in wheels:
         assert targets[wheel.name].hashes["sha256"] == sha256_file(wheel)
 
