@@ -19,6 +19,7 @@ from fixtures_wheels import build_wheel
 from release.errors import PackageIndexError, PublishError
 from release.trust.index import EmbeddedIndex, list_project_files
 from release.trust.publish import ALREADY_PRESENT, UPLOADED, envelope_path_for, publish
+from release.trust.tuf_metadata import TufRepository
 from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.integration  # a real pypiserver with htpasswd auth and twine uploads
@@ -311,3 +312,19 @@ def test_a_password_file_others_may_read_or_write_is_refused(tmp_path: Path) -> 
     index.htpasswd_path.chmod(0o666)
     with pytest.raises(PackageIndexError, match=r"htpasswd has mode 0666; the index's password"):
         _ = EmbeddedIndex(state, USER).password
+
+
+def test_a_folder_the_publish_cannot_write_refuses_it_before_any_upload(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    """The TUF metadata folder is a file here (a write there fails, even for root): the publish
+    is refused naming it, and nothing is uploaded."""
+    wheel = build_wheel(tmp_path / "dist")
+    envelope = signed_envelope([wheel], state_dir, tmp_path / "envelope.json")
+    tuf = TufRepository(tmp_path / "tuf")
+    tuf.directory.mkdir()
+    tuf.metadata_dir.write_text("not a folder")
+    with pytest.raises(PublishError, match=r"tuf/metadata: a publish writes here and cannot"):
+        publish([wheel], index, envelope=envelope, metadata_dir=state_dir / "metadata", tuf=tuf)
+    assert list_project_files(index.simple_url, "activekv") == {}
+    assert _upload_requests(index) == 0

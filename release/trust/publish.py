@@ -110,6 +110,10 @@ def publish(
     paths = {wheel.name: wheel for wheel in wheels}
     _check_envelope_names(envelope, local, what="the envelope to publish")
     stored_path = envelope_path_for(metadata_dir, project, version)
+    # Every folder this publish writes after its uploads, tried now, so that a folder it cannot
+    # write refuses the publish before anything is uploaded (not with a traceback after).
+    folders = [metadata_dir, attached_dir] if attached else [metadata_dir]
+    _check_writable([*folders, *([tuf.metadata_dir] if tuf is not None else [])])
     if tuf is not None:
         # What the targets will be: a file already stored stays (the first publish's is kept).
         pending = {n: p if p.exists() else (attachments or {})[n] for n, p in attached.items()}
@@ -171,6 +175,24 @@ def publish(
         message=_message(project, version, files),
         tuf=tuf_update,
     )
+
+
+def _check_writable(folders: Sequence[Path]) -> None:
+    """PublishError naming the first folder a file cannot be written in: tried in the folder,
+    or where a missing one would be made (nothing is left behind; permission bits say nothing
+    for root, so a write is tried)."""
+    for folder in folders:
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+        try:
+            if not existing.is_dir():
+                raise NotADirectoryError(20, "not a folder")
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
+                pass
+        except OSError as exc:
+            raise PublishError(
+                f"{folder}: a publish writes here and cannot ({exc.strerror or exc}); nothing was "
+                "uploaded"
+            ) from None
 
 
 def attachments_dir_for(metadata_dir: Path, project: str, version: str) -> Path:
