@@ -40,8 +40,19 @@ GATE_PREDICATE_TYPE = "https://github.com/activekv/release/gate-verdict/v1"
 SUFFIX = ".intoto.json"
 
 
+def published_name(gate: str) -> str:
+    """The file name of a gate's attestation, in <out>/evidence/ and where a release keeps it."""
+    return f"{gate}{SUFFIX}"
+
+
+def release_folder(project: str, version: str) -> str:
+    """The folder of a release's attestations, beside its statement (on the index, under
+    provenance/, as TUF targets; in the publisher's and a consumer's copies)."""
+    return f"{project}-{version}.attestations"
+
+
 def attestation_path(out_dir: Path, gate: str) -> Path:
-    return out_dir / "evidence" / f"{gate}{SUFFIX}"
+    return out_dir / "evidence" / published_name(gate)
 
 
 def gate_statement(evidence: Evidence) -> dict[str, Any]:
@@ -179,7 +190,7 @@ def provenance_entry(attestation: Attestation, runner: str) -> dict[str, Any]:
     among runDetails.byproducts), with the public key a consumer verifies it by."""
     key = attestation.key
     return {
-        "name": f"{attestation.evidence.gate}{SUFFIX}",
+        "name": published_name(attestation.evidence.gate),
         "digest": {"sha256": attestation.sha256},
         "annotations": {
             "gate": attestation.evidence.gate,
@@ -192,7 +203,8 @@ def provenance_entry(attestation: Attestation, runner: str) -> dict[str, Any]:
 
 def attestation_target(project: str, version: str, name: str) -> str:
     """Where a release's attestation lies among the TUF targets, beside its statement."""
-    return f"provenance/{project}-{version}.attestations/{name}"
+    # "provenance/" is tuf_metadata.PROVENANCE_PREFIX, not imported: a GPU runner has no tuf.
+    return f"provenance/{release_folder(project, version)}/{name}"
 
 
 def check_release(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from release.errors import PublishError, ReleaseError
+from release.trust.attestation import attestation_target, release_folder
 from release.trust.index import list_project_files, normalize_project
 from release.trust.sign import read_statement_unverified, subject_digests
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository, TufUpdate
@@ -117,8 +118,8 @@ def publish(
     if tuf is not None:
         # What the targets will be: a file already stored stays (the first publish's is kept).
         pending = {n: p if p.exists() else (attachments or {})[n] for n, p in attached.items()}
-        tuf.check(_tuf_targets(paths, stored_path if stored_path.exists() else envelope,
-                               stored_path.name, pending), digests=local)  # fmt: skip
+        tuf.check(_tuf_targets(paths, stored_path if stored_path.exists() else envelope, pending,
+                               (project, version)), digests=local)  # fmt: skip
 
     present = list_project_files(index.simple_url, project)
     conflicts = [
@@ -160,7 +161,7 @@ def publish(
     tuf_update = None
     if tuf is not None:
         tuf_update = tuf.add_targets(
-            _tuf_targets(paths, stored_path, stored_path.name, attached), digests=local
+            _tuf_targets(paths, stored_path, attached, (project, version)), digests=local
         )
     files = tuple(
         PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
@@ -197,19 +198,19 @@ def _check_writable(folders: Sequence[Path]) -> None:
 
 def attachments_dir_for(metadata_dir: Path, project: str, version: str) -> Path:
     """Where the gate attestations of ``project`` ``version`` are stored, beside its statement."""
-    return metadata_dir / f"{normalize_project(project)}-{version}.attestations"
+    return metadata_dir / release_folder(normalize_project(project), version)
 
 
 def _tuf_targets(
-    wheels: dict[str, Path], statement: Path, statement_name: str, attached: Mapping[str, Path]
+    wheels: dict[str, Path], statement: Path, attached: Mapping[str, Path], release: tuple[str, str]
 ) -> dict[str, Path]:
     """TUF target path to local file: the wheels, and under provenance/ the statement and the
-    attestations it names."""
-    attached_prefix = PROVENANCE_PREFIX + statement_name.removesuffix(".intoto.json")
+    attestations it names, of ``release`` (project, version)."""
+    project, version = normalize_project(release[0]), release[1]
     return {
         **wheels,
-        PROVENANCE_PREFIX + statement_name: statement,
-        **{f"{attached_prefix}.attestations/{name}": path for name, path in attached.items()},
+        PROVENANCE_PREFIX + envelope_path_for(Path(), project, version).name: statement,
+        **{attestation_target(project, version, name): path for name, path in attached.items()},
     }
 
 

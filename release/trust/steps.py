@@ -27,6 +27,7 @@ from release.trust.attestation import (
     GateKeys,
     choose,
     provenance_entry,
+    published_name,
 )
 from release.trust.index import EmbeddedIndex, install_hint
 from release.trust.keys import channel_signer, tuf_keys_spec
@@ -207,7 +208,7 @@ def _publish_with(
     tuf: TufRepository,
     attestations: list[tuple[Attestation, str]],
 ) -> None:
-    attached = {f"{a.evidence.gate}.intoto.json": a.path for a, _ in attestations}
+    attached = {published_name(a.evidence.gate): a.path for a, _ in attestations}
     report = publish(
         wheels.paths, index, envelope=context.envelope_path, metadata_dir=index.provenance_dir,
         tuf=tuf, digests=wheels.digests, attachments=attached,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from release.errors import ReleaseError, SigningError, VerifyError
-from release.trust.attestation import Attestation, check_release
+from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
 from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
 from release.trust.tuf_client import TrustedIndex
@@ -168,7 +168,7 @@ def verify_attestations(
 ) -> list[Attestation]:
     """The gate attestations the verified statement rests on, each fetched as a TUF target and
     checked (release/trust/attestation.py: check_release); VerifyError says which fails."""
-    folder = workdir / "provenance" / f"{project}-{version}.attestations"
+    folder = workdir / "provenance" / release_folder(normalize_project(project), version)
 
     def fetch(target: str) -> Path:
         return trusted.download(target, folder / target.rsplit("/", 1)[-1])
