@@ -20,14 +20,10 @@ from securesystemslib.signer import Key, Signer
 from release.context import Context
 from release.errors import SigningError
 from release.manifest import ChannelSpec, SignSpec, TufKeys
-from release.trust.sign import generated_key_pair, load_signer
+from release.trust.sign import generated_key_pair, load_signer, signing_key_name
 from release.util.progress import console
 
 _RUNNER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
-
-
-def signing_key_name(channel: str) -> str:
-    return f"{channel}-signing-key"
 
 
 def tuf_key_name(role: str) -> str:

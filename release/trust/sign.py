@@ -56,10 +56,16 @@ class UnlistedSignerError(SigningError):
 # --------------------------------------------------------------------------- keys
 
 
+def signing_key_name(channel: str) -> str:
+    """The file name, without suffix, of ``channel``'s signing key (generated, made by keygen,
+    or its public key beside the statement)."""
+    return f"{channel}-signing-key"
+
+
 def key_paths(state_dir: Path, channel: str) -> tuple[Path, Path]:
     """Where a generated key of ``channel`` lives: (private PEM, public JSON)."""
-    keys = state_dir / "keys"
-    return keys / f"{channel}-signing-key.pem", keys / f"{channel}-signing-key.pub.json"
+    keys, name = state_dir / "keys", signing_key_name(channel)
+    return keys / f"{name}.pem", keys / f"{name}.pub.json"
 
 
 def load_signer(

@@ -39,6 +39,7 @@ from release.trust.sign import (
     read_and_verify_envelope,
     refuse_dev_key,
     sign_statement,
+    signing_key_name,
     write_envelope,
     write_public_key,
 )
@@ -146,7 +147,7 @@ def _sign(
     envelope = context.envelope_path
     envelope.parent.mkdir(parents=True, exist_ok=True)
     write_envelope(sign_statement(statement, signer), envelope)
-    public_path = envelope.parent / f"{channel}-signing-key.pub.json"
+    public_path = envelope.parent / f"{signing_key_name(channel)}.pub.json"
     write_public_key(public_key, public_path)
     records.write(context.out_dir, records.SignRecord(
         channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
