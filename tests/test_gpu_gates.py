@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from release.evidence import read_evidence
-from release.gates import parity, registry
+from release.gates import parity, per_wheel, registry
 from release.gates import warmup as gpu_gates
 from release.gates.contract import GateInputs, Judges
 from release.gates.gpu_runner import NO_GPU_RUNNER, detect_gpu
@@ -317,7 +317,7 @@ def _fake_gpu_replay(monkeypatch, differs: str | None = None) -> list[dict[str, 
                 "engine": "activekv/_engine.so", "cells": cells}  # fmt: skip
 
     monkeypatch.setattr(parity, "_replay_wheel", replay_wheel)
-    monkeypatch.setattr(parity, "interpreter_for",
+    monkeypatch.setattr(per_wheel, "interpreter_for",
                         lambda serves, given: Path(f"/runner/python{serves[0]}"))  # fmt: skip
     monkeypatch.setattr(gpu_gates, "gpu_identity", lambda: {"kind": "gpu", "gpu": "NVIDIA H200",
                                                              "driver": "580.1"})  # fmt: skip

@@ -38,6 +38,7 @@ from typing import Any
 from release.errors import GateError
 from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
+from release.gates.per_wheel import PerWheel
 from release.gates.trace import Trace, generate
 from release.manifest import Manifest, ParityCell
 from release.scripts import parity_replay
@@ -48,7 +49,6 @@ from release.scripts.parity_replay import (
     first_difference,
     reference_implementation,
 )
-from release.util.interpreters import interpreter_for, no_interpreter
 from release.util.paths import PYPROJECT, REPO_ROOT
 from release.util.pins import pinned_version
 from release.util.private_site import install_private, numpy_for
@@ -157,15 +157,10 @@ def run_parity_gate(
         generate(cell).write(traces[-1])
     modes = {cell.name: cell.mode for cell in chosen}
     cache = cache_dir or out_dir / "parity" / "cache"
-    per_wheel: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    not_run: list[str] = []
+    judged = PerWheel(interpreters)
+    per_wheel = judged.figures
     for wheel in tracked(list(wheels), "parity: wheels", lambda w: w.name):
-        python = interpreter_for(wheel.serves, interpreters)
-        if python is None:
-            reason = no_interpreter(wheel.python)
-            per_wheel[wheel.name] = {"status": reason}
-            not_run.append(f"{wheel.name}: {reason}")
+        if (python := judged.interpreter(wheel)) is None:
             continue
         console.print(f"parity: engine of {wheel.name} ({device} route) with {python}")
         with tempfile.TemporaryDirectory(prefix="activekv-parity-") as work:
@@ -174,13 +169,13 @@ def run_parity_gate(
                                        cache_dir=cache, plant=plant)  # fmt: skip
             except GateError as error:
                 per_wheel[wheel.name] = {"status": f"fail: {error}"}
-                problems.append(f"{wheel.name}: {error}")
+                judged.found(wheel, [str(error)])
                 continue
         for cell in report["cells"]:
             cell["mode"] = modes[cell["cell"]]
             cell["verdict"] = "bit-identical" if cell["difference"] is None else "differs"
-            if cell["difference"]:
-                problems.append(f"{wheel.name}: {cell['cell']}: {cell['difference']}")
+        judged.found(wheel, [f"{c['cell']}: {c['difference']}" for c in report["cells"]
+                             if c["difference"]])  # fmt: skip
         per_wheel[wheel.name] = {
             "status": "pass" if all(c["difference"] is None for c in report["cells"]) else "fail",
             "interpreter": str(python), "python": report["python"], "numpy": report["numpy"],
@@ -188,7 +183,6 @@ def run_parity_gate(
             "exact": _count(report["cells"], modes, exact=True),
             "compressed": _count(report["cells"], modes, exact=False),
         }  # fmt: skip
-    verdict = "fail" if problems else "not-run" if not_run else "pass"
     if device == "cuda":
         from release.gates.warmup import gpu_identity
 
@@ -199,9 +193,9 @@ def run_parity_gate(
                               if key in figures)
                for key in ("exact", "compressed")}  # fmt: skip
     evidence = Evidence(
-        gate="gpu-parity" if device == "cuda" else "parity", runner=runner, verdict=verdict,
+        gate="gpu-parity" if device == "cuda" else "parity", runner=runner, verdict=judged.verdict,
         artefacts=wheels.digests, figures={"wheels": per_wheel, **summary},
-        reason="; ".join(problems + not_run), tools={"interpreters": ", ".join(
+        reason=judged.reason, tools={"interpreters": ", ".join(
             f"{name}: Python {f.get('python', '-')}" for name, f in per_wheel.items())},
     )  # fmt: skip
     write_evidence(out_dir, evidence)

@@ -27,9 +27,9 @@ from typing import Any
 from release.errors import GateError
 from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
+from release.gates.per_wheel import PerWheel
 from release.manifest import GateSpec, Manifest
 from release.scripts.cupti_warmup import CONTROLS
-from release.util.interpreters import interpreter_for, no_interpreter
 from release.util.paths import REPO_ROOT
 from release.util.private_site import install_private
 from release.util.progress import console
@@ -235,22 +235,14 @@ def run_warmup_gate(
     if not len(wheels):
         raise GateError("gpu-gates: expected at least one wheel to judge")
     runner = gpu_identity()
-    problems: list[str] = []
-    not_run: list[str] = []
-    per_wheel: dict[str, dict[str, Any]] = {}
+    judged = PerWheel(interpreters)
     for wheel in wheels:
-        python = interpreter_for(wheel.serves, interpreters)
-        if python is None:
-            reason = no_interpreter(wheel.python)
-            per_wheel[wheel.name] = {"status": reason}
-            not_run.append(f"{wheel.name}: {reason}")
-            continue
-        wheel_problems, per_wheel[wheel.name] = _judge_wheel(wheel, spec, python)
-        problems += [f"{wheel.name}: {problem}" for problem in wheel_problems]
-    verdict = "fail" if problems else "not-run" if not_run else "pass"
+        if (python := judged.interpreter(wheel)) is not None:
+            problems, judged.figures[wheel.name] = _judge_wheel(wheel, spec, python)
+            judged.found(wheel, problems)
     evidence = Evidence(
-        gate=NAME, verdict=verdict, artefacts=wheels.digests, figures={"wheels": per_wheel},
-        reason="; ".join(problems + not_run), runner=runner,
+        gate=NAME, verdict=judged.verdict, artefacts=wheels.digests,
+        figures={"wheels": judged.figures}, reason=judged.reason, runner=runner,
         tools={"python": sys.version.split()[0]},
     )  # fmt: skip
     write_evidence(out_dir, evidence)

@@ -3,6 +3,7 @@ judges a wheel in an interpreter of its version (`interpreter_for`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -15,8 +16,10 @@ from packaging.version import Version
 from release.errors import GateError
 
 
+@functools.cache
 def version_of(executable: Path) -> str | None:
-    """The "X.Y" an interpreter reports by running it (None when it does not run)."""
+    """The "X.Y" an interpreter reports by running it (None when it does not run); asked once per
+    path and run, as each wheel's interpreter choice and private install ask it again."""
     # pyenv shims exist for every version but fail for ones not selected; run them to be sure.
     try:
         result = subprocess.run(
