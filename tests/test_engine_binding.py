@@ -254,22 +254,20 @@ def test_device_kv_cache_round_trip_through_the_engine(native):
     slot = native.stored_block_bytes(layout, "exact")
     engine = native.Engine(layout, "exact", 8 * slot, 2, 4, 4, device="cuda")
     engine.register_kv_caches(cache.layers)
+
+    def step() -> None:
+        engine.build_step()
+        engine.start_load()
+        for layer in range(2):
+            engine.wait_for_layer_load(layer)
+            engine.save_kv_layer(layer)
+        engine.wait_for_save()
+
     engine.plan_store([11, 12], [0, 1])  # blocks 0 and 1 of every layer go to the host pool
-    run_step = [engine.build_step, engine.start_load]
-    for call in run_step:
-        call()
-    for layer in range(2):
-        engine.wait_for_layer_load(layer)
-        engine.save_kv_layer(layer)
-    engine.wait_for_save()
+    step()
     engine.events()
     engine.plan_load([11, 12], [2, 3])  # and come back into blocks 2 and 3
-    for call in run_step:
-        call()
-    for layer in range(2):
-        engine.wait_for_layer_load(layer)
-        engine.save_kv_layer(layer)
-    engine.wait_for_save()
+    step()
     for layer in range(2):
         back = np.frombuffer(cache.download(layer), np.uint16).reshape(words.shape)
         np.testing.assert_array_equal(back[:, 2:4], (words + layer)[:, 0:2])
