@@ -4,8 +4,12 @@ twine uploads and real DSSE envelopes."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
+import os
 import stat
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -214,9 +218,9 @@ def test_a_new_file_not_named_by_the_stored_statement_is_refused(
     publish([first], index, envelope=envelope, metadata_dir=metadata)
     extra = build_wheel(tmp_path / "dist", tag=MANYLINUX)
     envelope = signed_envelope([first, extra], state_dir, tmp_path / "e2.json")
-    with pytest.raises(PublishError, match="stored \\(authoritative\\) statement") as caught:
+    with pytest.raises(PublishError, match="fixed by the first publish that started it") as caught:
         publish([first, extra], index, envelope=envelope, metadata_dir=metadata)
-    assert extra.name in str(caught.value)
+    assert f"not in it: {extra.name}" in str(caught.value)
     assert sorted(list_project_files(index.simple_url, "activekv")) == [first.name]
 
 
@@ -271,10 +275,13 @@ def test_twine_failure_is_reported_with_the_password_redacted(
     with pytest.raises(PublishError) as caught:
         publish([wheel], target, envelope=envelope, metadata_dir=state_dir / "metadata")
     message = str(caught.value)
-    assert "403" in message and wheel.name in message
+    assert "the index answered 403 Forbidden" in message and wheel.name in message
     assert wrong not in message and index.password not in message
     assert list(index.packages_dir.iterdir()) == []
-    assert not (state_dir / "metadata").exists()  # nothing published: no statement stored
+    # The statement was stored first as the version's intent: the same files, with the right
+    # credentials, complete it.
+    report = publish([wheel], index, envelope=envelope, metadata_dir=state_dir / "metadata")
+    assert report.uploaded == (wheel.name,) and not report.envelope_stored
 
 
 def test_state_persists_across_two_index_sessions(state_dir: Path, tmp_path: Path) -> None:
@@ -328,3 +335,76 @@ def test_a_folder_the_publish_cannot_write_refuses_it_before_any_upload(
         publish([wheel], index, envelope=envelope, metadata_dir=state_dir / "metadata", tuf=tuf)
     assert list_project_files(index.simple_url, "activekv") == {}
     assert _upload_requests(index) == 0
+
+
+# ------------------------------------------------------------------ storage faults at the index
+
+
+@contextlib.contextmanager
+def _mounted(folder: Path, *options: str) -> Iterator[None]:
+    """A small tmpfs mounted over ``folder`` (skips where mounting is not permitted)."""
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs",
+                              str(folder)], capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()})")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def _large_wheel(folder: Path) -> Path:
+    """A wheel of about 1.4 MB that does not compress (random bytes)."""
+    return build_wheel(folder, module_text=f"DATA = {os.urandom(1 << 20)!r}\n")
+
+
+def test_a_full_disk_keeps_no_partial_file_and_names_the_cause(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    """The package folder on a 512 KiB filesystem: the upload fails saying so, nothing of the
+    wheel stays on the index, and once space is freed the same publish completes."""
+    wheel = _large_wheel(tmp_path / "dist")
+    envelope = signed_envelope([wheel], state_dir, tmp_path / "e.json")
+    metadata = state_dir / "metadata"
+    with _mounted(index.packages_dir, "size=512k"):
+        with pytest.raises(PublishError) as caught:
+            publish([wheel], index, envelope=envelope, metadata_dir=metadata)
+        assert os.listdir(index.packages_dir) == []  # no partial file, no temporary
+        assert list_project_files(index.simple_url, "activekv") == {}
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"twine upload of {wheel.name}" in message
+    assert "the index answered 507 Insufficient Storage" in message
+    assert "No space left on device (ENOSPC); nothing was kept" in message
+
+    report = publish([wheel], index, envelope=envelope, metadata_dir=metadata)
+    assert report.uploaded == (wheel.name,)
+    assert list_project_files(index.simple_url, "activekv") == {wheel.name: sha256_file(wheel)}
+
+
+def test_a_read_only_package_folder_is_named_as_the_cause(
+    index: EmbeddedIndex, state_dir: Path, tmp_path: Path
+) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    envelope = signed_envelope([wheel], state_dir, tmp_path / "e.json")
+    with _mounted(index.packages_dir, "size=1m", "ro"):
+        with pytest.raises(PublishError, match=r"answered 507 Insufficient Storage: cannot store "
+                           r".*: Read-only file system \(EROFS\)"):  # fmt: skip
+            publish([wheel], index, envelope=envelope, metadata_dir=state_dir / "metadata")
+
+
+def test_a_store_that_loses_a_race_replaces_nothing(tmp_path: Path) -> None:
+    """Two uploads of one name pass pypiserver's existence check together: the second to link
+    its file into place is refused, and the first's bytes stay."""
+    from pypiserver.bottle_wrapper import HTTPError
+
+    from release.scripts.index_server import _store_whole
+
+    destination = tmp_path / "activekv-0.1.0-py3-none-any.whl"
+    destination.write_bytes(b"first")
+    with pytest.raises(HTTPError) as refused:
+        _store_whole(io.BytesIO(b"second"), destination)
+    assert refused.value.status_code == 409
+    assert "another upload stored it first" in str(refused.value.body)
+    assert destination.read_bytes() == b"first"
+    assert os.listdir(tmp_path) == [destination.name]  # the temporary is gone

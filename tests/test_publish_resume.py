@@ -66,12 +66,9 @@ def _wait_for_first_upload(packages: Path, log: Path, process: subprocess.Popen[
     raise AssertionError("the first upload never reached the index")
 
 
-def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites(
-    signed_out: tuple[Path, Path, list[Path]],
-) -> None:
-    out, state, wheels = signed_out
+def _killed_after_first_upload(command: list[str], state: Path) -> str:
+    """Run a publish ``command`` and kill it once its first upload is stored; that file's name."""
     packages, log = state / "index" / "packages", state / "index" / "server.log"
-    command = _release("publish", "--out", out, "--state-dir", state)
     env = dict(os.environ, **{PAUSE_ENV: "60"})
     # a session of its own: the kill takes the publisher, twine and its pypiserver together
     first = subprocess.Popen(
@@ -83,6 +80,16 @@ def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
     assert first.returncode == -signal.SIGKILL
+    return uploaded_first
+
+
+def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites(
+    signed_out: tuple[Path, Path, list[Path]],
+) -> None:
+    out, state, wheels = signed_out
+    packages = state / "index" / "packages"
+    command = _release("publish", "--out", out, "--state-dir", state)
+    uploaded_first = _killed_after_first_upload(command, state)
     before = (packages / uploaded_first).stat()
     assert TufRepository(state / "index" / "tuf").targets() == {}  # nothing committed yet
 
@@ -114,6 +121,40 @@ def test_publish_killed_between_uploads_resumes_without_duplicates_or_overwrites
     assert {p.name: p.stat().st_mtime_ns for p in sorted(packages.iterdir())} == {
         p.name: p.stat().st_mtime_ns for p in stored
     }
+
+
+def test_a_half_published_version_is_not_taken_over_by_another_set_of_files(
+    signed_out: tuple[Path, Path, list[Path]], tmp_path: Path
+) -> None:
+    """Killed after its first upload, a version keeps the file set its publish started with: a
+    publish of the same version from other wheels is refused, uploading nothing, and re-running
+    the interrupted publish completes it."""
+    out, state, wheels = signed_out
+    packages = state / "index" / "packages"
+    uploaded_first = _killed_after_first_upload(
+        _release("publish", "--out", out, "--state-dir", state), state
+    )
+    other_out = tmp_path / "other-out"
+    gated_out(other_out, TAGS[:2], project_version(), state)  # two of the three wheels
+    signed = subprocess.run(_release("sign", "--out", other_out, "--state-dir", state), cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+
+    taken_over = subprocess.run(_release("publish", "--out", other_out, "--state-dir", state),
+                                cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert taken_over.returncode != 0
+    message = " ".join(taken_over.stdout.split() + taken_over.stderr.split())
+    assert "files were fixed by the first publish that started it" in message
+    assert f"in it but not given: {wheels[2].name}" in message
+    assert [p.name for p in packages.iterdir()] == [uploaded_first]  # nothing uploaded
+
+    completed = subprocess.run(_release("publish", "--out", out, "--state-dir", state), cwd=REPO,
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert {p.name: sha256_file(p) for p in packages.iterdir()} == {
+        w.name: sha256_file(w) for w in wheels
+    }
+    assert set(TufRepository(state / "index" / "tuf").targets()) >= {w.name for w in wheels}
 
 
 def _private_key_secrets(pem_path: Path) -> set[str]:

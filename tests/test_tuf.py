@@ -124,6 +124,12 @@ def test_a_file_the_index_lost_is_not_replaced_by_other_bytes(site: Site, tmp_pa
     (site.index.packages_dir / site.wheel.name).unlink()  # the index lost a published file
     rebuilt = build_wheel(tmp_path / "rebuilt", salt="other bytes")
     with pytest.raises(
+        PublishError, match=rf"fixed by the first publish.*other bytes: {rebuilt.name}"
+    ):
+        site.publish([rebuilt])
+    # with the stored statement lost too, the TUF targets still refuse it
+    (site.index.provenance_dir / "activekv-0.1.0.intoto.json").unlink()
+    with pytest.raises(
         PublishError, match=rf"TUF targets already name other bytes for {rebuilt.name}"
     ):
         site.publish([rebuilt])

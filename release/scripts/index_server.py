@@ -12,15 +12,26 @@ serves, besides everything pypiserver serves (``/simple/``, ``/packages/``, uplo
 pypiserver serves only package files from its package directory, so the metadata gets routes of
 its own on pypiserver's bottle app instead of being copied among the packages. Names starting with
 a dot (an atomic write's temporary file) are never served.
+
+An upload lands whole or not at all: pypiserver writes straight to the final name, so a full disk
+left a truncated wheel that every later publish of the version refused. Here it is written to a
+hidden temporary name, its size and sha256 checked against what was received, and linked into
+place (never replacing a file: a lost race is a 409). A store that fails answers 507 with the
+cause (no space, permission, read-only) in the body, and nothing is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import hashlib
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 TUF_METADATA_ROUTE = "/tuf/metadata/<name>"
 TUF_PROVENANCE_ROUTE = "/tuf/targets/provenance/<name>"
@@ -51,6 +62,47 @@ def _attestation_route(directory: Path) -> Callable[[str, str], Any]:
     return serve
 
 
+def _store_whole(stream: BinaryIO, destination: str | os.PathLike[str]) -> None:
+    """Replaces pypiserver's ``backend.write_file``: ``stream`` stored at ``destination`` whole,
+    or an HTTP error naming why and nothing stored."""
+    from pypiserver.bottle_wrapper import HTTPError
+
+    target = Path(destination)
+    offset = stream.tell()
+    temporary: str | None = None
+    try:
+        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        received, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                out.write(chunk)
+                received.update(chunk)
+                size += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        stored = hashlib.sha256()
+        with open(temporary, "rb") as written:
+            for chunk in iter(lambda: written.read(1 << 20), b""):
+                stored.update(chunk)
+        if os.path.getsize(temporary) != size or stored.hexdigest() != received.hexdigest():
+            raise HTTPError(507, f"cannot store {target.name}: the stored bytes differ from the "
+                                 "received ones; nothing was kept")  # fmt: skip
+        os.chmod(temporary, 0o644)
+        os.link(temporary, target)
+    except FileExistsError:
+        raise HTTPError(409, f"{target.name} already exists (another upload stored it first); "
+                             "nothing was replaced") from None  # fmt: skip
+    except OSError as exc:
+        cause = f"{exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
+        raise HTTPError(507, f"cannot store {target.name} in the index's package folder: "
+                             f"{cause}; nothing was kept") from None  # fmt: skip
+    finally:
+        stream.seek(offset)
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if "--" not in arguments:
@@ -63,7 +115,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ours = parser.parse_args(arguments[:split])
 
     import pypiserver
+    import pypiserver.backend
     from pypiserver.__main__ import main as pypiserver_main
+
+    # The backends call the module's write_file at upload time (pypiserver 2.4.2, backend.py:150).
+    pypiserver.backend.write_file = _store_whole
 
     add_pypiserver_routes = pypiserver.setup_routes_from_config
 

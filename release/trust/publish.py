@@ -5,8 +5,11 @@ Rules:
 * A file the index already has with different bytes refuses the whole publish; nothing is
   uploaded.
 * A file the index already has with identical bytes is not uploaded again.
-* The first stored envelope of a version stays authoritative: it is never overwritten, and a new
-  file of that version is only uploaded when that envelope names it with the same digest.
+* The first publish of a version stores its statement before its first upload: that statement
+  fixes the version's files (names and digests). It is never overwritten, and a publish that gives
+  another set of files is refused before anything is uploaded.
+* The index stores an upload whole or not at all (release/scripts/index_server.py); a refused
+  upload names what the index answered (release/trust/twine_upload.py).
 * After uploading, the index's listing must show every file with its local digest.
 * Then the TUF repository (when given) names every file and the statement as targets; its
   timestamp is the commit point, so a publish killed between two uploads, or before that, is
@@ -17,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from release.errors import PublishError, ReleaseError
+from release.trust import twine_upload
 from release.trust.attestation import attestation_target, release_folder
 from release.trust.index import list_project_files, normalize_project
 from release.trust.sign import read_statement_unverified, subject_digests
@@ -37,8 +39,6 @@ from release.util.progress import tracked
 UPLOADED = "uploaded"
 ALREADY_PRESENT = "already present, identical"
 
-_TWINE_TIMEOUT_S = 300.0
-_REDACTED = "********"
 # Tests only: seconds to sleep after each upload, so that a test can kill a publish between two.
 PAUSE_ENV = "ACTIVEKV_TEST_PAUSE_AFTER_UPLOAD_S"
 
@@ -115,6 +115,8 @@ def publish(
     # write refuses the publish before anything is uploaded (not with a traceback after).
     folders = [metadata_dir, attached_dir] if attached else [metadata_dir]
     _check_writable([*folders, *([tuf.metadata_dir] if tuf is not None else [])])
+    if stored_path.exists():
+        _check_same_files(stored_path, local, release=f"{project} {version}")
     if tuf is not None:
         # What the targets will be: a file already stored stays (the first publish's is kept).
         pending = {n: p if p.exists() else (attachments or {})[n] for n, p in attached.items()}
@@ -135,15 +137,17 @@ def publish(
         )
     missing = sorted(name for name in local if name not in present)
 
-    if missing and stored_path.exists():
-        _check_envelope_names(
-            stored_path,
-            {name: local[name] for name in missing},
-            what=f"the stored (authoritative) statement of {project} {version}",
-        )
+    # The intent, recorded before the first upload: the first statement stored for a version
+    # fixes its files (checked above), so a publish killed midway is completed by running it
+    # again and no other set of files can take the version over.
+    for name, local_file in (attachments or {}).items():
+        _store_once(local_file, attached[name])
+    envelope_stored = _store_once(envelope, stored_path)
+    if not envelope_stored:  # a concurrent publish may have stored its own intent meanwhile
+        _check_same_files(stored_path, local, release=f"{project} {version}")
 
     for name in tracked(missing, "uploads"):
-        _twine_upload(paths[name], index)
+        twine_upload.upload(paths[name], index.url, index.username, index.password)
         _test_pause()
 
     if missing:
@@ -155,9 +159,6 @@ def publish(
                     f"expected {local[name]}"
                 )
 
-    for name, local_file in (attachments or {}).items():
-        _store_once(local_file, attached[name])
-    envelope_stored = _store_once(envelope, stored_path)
     tuf_update = None
     if tuf is not None:
         tuf_update = tuf.add_targets(
@@ -256,45 +257,31 @@ def _check_envelope_names(envelope: Path, expected: dict[str, str], *, what: str
         )
 
 
-def _twine_upload(wheel: Path, index: IndexTarget) -> None:
-    password = index.password
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TWINE_")}
-    env["TWINE_USERNAME"] = index.username
-    env["TWINE_PASSWORD"] = password
-    command = [
-        sys.executable,
-        "-m",
-        "twine",
-        "upload",
-        "--non-interactive",
-        "--disable-progress-bar",
-        "--repository-url",
-        index.url,
-        str(wheel),
-    ]
+def _check_same_files(stored: Path, local: Mapping[str, str], *, release: str) -> None:
+    """PublishError unless the statement stored first for ``release`` names exactly ``local``."""
     try:
-        result = subprocess.run(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=_TWINE_TIMEOUT_S,
-            check=False,
+        named = subject_digests(read_statement_unverified(stored))
+    except ReleaseError as exc:
+        raise PublishError(f"the stored statement of {release} cannot be read: {exc}") from None
+    if named == dict(local):
+        return
+    extra = sorted(set(local) - set(named))
+    absent = sorted(set(named) - set(local))
+    other = sorted(n for n in set(named) & set(local) if named[n] != local[n])
+    differences = [
+        f"{label}: {', '.join(names)}"
+        for label, names in (
+            ("not in it", extra),
+            ("in it but not given", absent),
+            ("other bytes", other),
         )
-    except subprocess.TimeoutExpired:
-        raise PublishError(
-            f"twine upload of {wheel.name} to {index.url} did not finish in "
-            f"{_TWINE_TIMEOUT_S:.0f} s"
-        ) from None
-    if result.returncode != 0:
-        output = "\n".join(part.strip() for part in (result.stderr, result.stdout) if part.strip())
-        if password:
-            output = output.replace(password, _REDACTED)
-        raise PublishError(
-            f"twine upload of {wheel.name} to {index.url} failed with status "
-            f"{result.returncode}:\n{output}"
-        )
+        if names
+    ]
+    raise PublishError(
+        f"refusing to publish {release}: its files were fixed by the first publish that started "
+        f"it ({stored}) and this publish gives another set ({'; '.join(differences)}). Nothing "
+        "was uploaded; re-run that publish with its wheels to complete it, or bump the version"
+    )
 
 
 def _store_once(envelope: Path, destination: Path) -> bool:
