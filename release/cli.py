@@ -258,7 +258,7 @@ def _add_consumer_verify_arguments(verify: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="TUF metadata seen before, for rollback protection "
-        "(default: ~/.cache/activekv/tuf/<hash of URL and root>)",
+        "(default: ~/.cache/activekv/tuf/<hash of the root keys>, whatever URL)",
     )
     verify.add_argument(
         "--python",

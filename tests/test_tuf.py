@@ -186,6 +186,27 @@ def test_rollback_to_an_older_timestamp_is_refused(site: Site, tmp_path: Path) -
         site.verify(tmp_path)
 
 
+def test_rollback_is_refused_whatever_url_reaches_the_repository(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer's default cache belongs to the repository's root keys: after it saw the
+    newer timestamp, the older one is refused at another host name and at another port."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    served = site.index.tuf_dir / "metadata" / "timestamp.json"
+    old = served.read_bytes()
+    site.publish([build_wheel(site.root / "dist", version="0.2.0")], version="0.2.0")
+    site.verify(tmp_path / "seen", cache_dir=None)
+    served.write_bytes(old)
+    by_name = site.index.simple_url.replace("127.0.0.1", "localhost")
+    with pytest.raises(VerifyError, match=r"older than what this consumer has already seen"):
+        site.verify(tmp_path / "by-name", cache_dir=None, index_url=by_name)
+    with EmbeddedIndex(site.state_dir, USER) as restarted:
+        assert restarted.url != site.index.url
+        with pytest.raises(VerifyError, match=r"older than what this consumer has already seen"):
+            site.verify(tmp_path / "restarted", cache_dir=None, index_url=restarted.simple_url)
+    assert len(list((tmp_path / "home").rglob("timestamp.json"))) == 1  # one cache for all URLs
+
+
 def test_expired_metadata_is_refused(site: Site, tmp_path: Path) -> None:
     # a frozen index: metadata signed long ago and served after its expiry
     site.tuf.refresh_timestamp(now=datetime.now(timezone.utc) - timedelta(days=3))

@@ -3,12 +3,14 @@
 A consumer trusts one root metadata file, given out of band (the publisher's
 ``<state_dir>/index/tuf/metadata/1.root.json``). Everything else is downloaded and checked
 against it: newer roots, timestamp, snapshot, targets. The metadata the consumer has seen is kept
-in a cache directory, so an index that later serves an older timestamp (a rollback) is refused.
+in a cache directory, so an index that later serves an older timestamp (a rollback) is refused;
+by default that directory belongs to the repository's root keys, whatever URL reaches it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from tuf.api.exceptions import (
@@ -19,15 +21,20 @@ from tuf.api.exceptions import (
     RepositoryError,
     UnsignedMetadataError,
 )
-from tuf.api.metadata import TargetFile
+from tuf.api.metadata import Metadata, Root, TargetFile
+from tuf.api.serialization import DeserializationError
 from tuf.ngclient import Updater, UpdaterConfig
 
 from release.errors import VerifyError
 
 
-def default_cache_dir(metadata_url: str, trusted_root: bytes) -> Path:
-    """Where the metadata seen from ``metadata_url`` under this root is remembered."""
-    key = hashlib.sha256(metadata_url.encode() + b"\0" + trusted_root).hexdigest()[:16]
+def default_cache_dir(trusted_root: Metadata[Root]) -> Path:
+    """Where the metadata seen of the repository with this root is remembered: keyed by the
+    root role's keys and threshold, never by the URL, so the same repository reached at another
+    port or host name cannot be rolled back."""
+    role = trusted_root.signed.roles[Root.type]
+    identity = json.dumps({"keyids": sorted(role.keyids), "threshold": role.threshold})
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return Path.home() / ".cache" / "activekv" / "tuf" / key
 
 
@@ -45,7 +52,14 @@ class TrustedIndex:
                 f"--root {trusted_root}: the trusted TUF root cannot be read ({exc.strerror})"
             ) from None
         self._root_path = trusted_root
-        self.cache_dir = cache_dir or default_cache_dir(self.metadata_url, root)
+        try:
+            parsed = Metadata[Root].from_bytes(root)
+            if not isinstance(parsed.signed, Root):
+                raise ValueError(f"it is {parsed.signed.type!r} metadata")
+        except (DeserializationError, ValueError, KeyError) as exc:
+            raise VerifyError(f"--root {trusted_root}: not a valid, self-signed TUF root "
+                              f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+        self.cache_dir = cache_dir or default_cache_dir(parsed)
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
