@@ -1,9 +1,11 @@
 """`python -m release ci`: the GitHub Actions workflow of a release, generated from the manifest.
 
 Three jobs:
-* `wheels`: a matrix of (Python, arch) built by the cibuildwheel action with pyproject's
+* `wheels`: a matrix of (Python, arch) built by cibuildwheel with pyproject's
   `[tool.cibuildwheel]` (the settings tests/test_cibuildwheel_config.py keeps equal to the
-  hermetic build), one wheel per entry, uploaded as an artefact;
+  hermetic build), one wheel per entry, uploaded as an artefact. cibuildwheel is pip-installed
+  at the build group's pin and run as a module, not through its action: every action here is
+  pinned by commit, and a commit of the action's tag for that pin could not be read here;
 * `gpu-gates`: on a self-hosted runner with the manifest's labels (never for a fork's pull
   request), the GPU gates judge exactly those wheels (downloaded, never rebuilt) and upload
   their records (evidence, gpu-staging.json), also when a gate failed;
@@ -11,6 +13,11 @@ Three jobs:
   request: the CPU gates on the same wheels, then sign, publish and verify. No gate's exit
   status stops it: the evidence decides, as publish refuses unless every gate the channel
   requires passed on exactly these digests. The release report is uploaded whatever happened.
+
+Every action is pinned by commit (its tag in a comment). A newer push cancels a pull request's
+run; the release job runs one at a time per repository (a job-level concurrency group, never
+cancelled midway: its publish is resumable, yet two must not race for the index). zizmor's audits pass (tests/test_ci_workflow.py); the GPU
+job's self-hosted runner is accepted where it is declared, with the reason.
 
 The file is validated against SchemaStore's GitHub workflow schema (as vendored by the pinned
 check-jsonschema) before it is written, and tests/test_ci_workflow.py fails when the committed
@@ -52,15 +59,15 @@ ALWAYS = "${{ !cancelled() }}"  # also after a failed step, so its evidence and 
 
 @dataclass(frozen=True)
 class ActionPin:
-    """An action pinned by commit where its tag's commit is known, else by its version tag."""
+    """An action pinned by the commit of its version tag."""
 
     repo: str
     tag: str
-    sha: str | None = None
+    sha: str
 
     @property
     def ref(self) -> str:
-        return f"{self.repo}@{self.sha or self.tag}"
+        return f"{self.repo}@{self.sha}"
 
 
 # Commits read from each action's own repository (tag -> commit).
@@ -72,15 +79,19 @@ UPLOAD = ActionPin("actions/upload-artifact", "v7.0.0", "bbbca2ddaa5d8feaa63e36b
 DOWNLOAD = ActionPin(
     "actions/download-artifact", "v8.0.1", "3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c"
 )
+# zizmor's finding for the GPU job, accepted where the job declares its runner.
+SELF_HOSTED_ACCEPTED = (
+    "zizmor: ignore[self-hosted-runner] the GPU gates need the runner's GPU; the job never runs "
+    "a fork's pull request"
+)
 
 
-def cibuildwheel_action() -> ActionPin:
-    """The action of the cibuildwheel version pinned in the build group (the action installs
-    itself, so its tag is the tool's version); no commit of that tag could be resolved here."""
+def cibuildwheel_requirement() -> str:
+    """The cibuildwheel the build group pins, as a pip requirement."""
     version = pinned_version("build", "cibuildwheel")
     if version is None:
         raise ReleaseError("pyproject.toml: dependency-groups.build: expected a cibuildwheel pin")
-    return ActionPin("pypa/cibuildwheel", "v" + version)
+    return f"cibuildwheel=={version}"
 
 
 def ci_settings(manifest: Manifest) -> CiSettings:
@@ -117,8 +128,7 @@ def _uses(
     if continue_on_error:
         step["continue-on-error"] = True
     step["uses"] = pin.ref
-    if pin.sha:
-        step.yaml_add_eol_comment(pin.tag, "uses")
+    step.yaml_add_eol_comment(pin.tag, "uses")
     if inputs:
         step["with"] = {key.replace("_", "-"): value for key, value in inputs.items()}
     if env:
@@ -127,7 +137,11 @@ def _uses(
 
 
 def _run(
-    name: str, command: str, condition: str | None = None, tolerate: bool = False
+    name: str,
+    command: str,
+    condition: str | None = None,
+    tolerate: bool = False,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A shell step; a script of several lines is written as a YAML block."""
     text = command.strip()
@@ -137,6 +151,8 @@ def _run(
     if tolerate:
         step["continue-on-error"] = True
     step["run"] = LiteralScalarString(text + "\n") if "\n" in text else text
+    if env:
+        step["env"] = env
     return step
 
 
@@ -168,10 +184,15 @@ def _wheels_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
                 "SOURCE_DATE_EPOCH: the last commit that changed what goes into a wheel",
                 f'echo "SOURCE_DATE_EPOCH=$(git log -1 --format=%ct -- {roots})" >> "$GITHUB_ENV"',
             ),
-            _uses(
-                cibuildwheel_action(),
+            # cibuildwheel runs the build in its manylinux container; the host needs only it.
+            _uses(SETUP_PYTHON, python_version=manifest.build.stable_abi_from),
+            _run(
+                "cibuildwheel, as the build group pins it",
+                f'python -m pip install "{cibuildwheel_requirement()}"',
+            ),
+            _run(
                 "cibuildwheel with pyproject's [tool.cibuildwheel]",
-                output_dir="wheelhouse",
+                "python -m cibuildwheel --output-dir wheelhouse",
                 env={
                     "CIBW_BUILD": "${{ matrix.cpython }}-manylinux_${{ matrix.arch }}",
                     "CIBW_ARCHS_LINUX": "${{ matrix.arch }}",
@@ -220,48 +241,49 @@ def _channel_env(ci: CiSettings) -> dict[str, str]:
     }
 
 
-def _gpu_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
-    return {
-        "name": "GPU gates on the built wheels",
-        "needs": "wheels",
-        # A self-hosted runner never runs code from a fork's pull request.
-        "if": SAME_REPOSITORY,
-        "runs-on": ["self-hosted", *ci.gpu_runner_labels],
-        "env": _channel_env(ci),
-        "steps": [
-            _checkout(history=False),
-            # Each wheel is judged in an interpreter of its version; the last one runs the gates.
-            _uses(SETUP_PYTHON, python_version=_pythons_last(manifest, ci.gpu_python)),
-            _download_wheels(),
-            _install(["gpu-runner"]),
-            # The runner's own key (`python -m release keygen --runner`) signs the attestations;
-            # it never leaves the runner, and its public key is in the manifest's attesters.
-            _run(
-                "GPU gates",
-                "wheels=()\n"
-                'for wheel in out/wheels/*.whl; do wheels+=(--wheel "$wheel"); done\n'
-                'python -m release gpu-gates --channel "$CHANNEL" '
-                '--attest-key "${ACTIVEKV_RUNNER_KEY:?set on the runner: its attestation key}" '
-                '"${wheels[@]}"',
-            ),
-            # One archive, so evidence/ and gpu-staging.json land where they were written.
-            _run(
-                "pack the GPU records",
-                f"records=(evidence)\n"
-                f"if [ -f out/{GPU_STAGING}.json ]; then records+=({GPU_STAGING}.json); fi\n"
-                f'tar -cf {GPU_RECORDS}.tar -C out "${{records[@]}}"',
-                condition=ALWAYS,
-            ),
-            _uses(
-                UPLOAD,
-                "the GPU records, also when a gate failed",
-                condition=ALWAYS,
-                name=GPU_RECORDS,
-                path=f"{GPU_RECORDS}.tar",
-                if_no_files_found="error",
-            ),
-        ],
-    }
+def _gpu_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
+    job = CommentedMap()
+    job["name"] = "GPU gates on the built wheels"
+    job["needs"] = "wheels"
+    # A self-hosted runner never runs code from a fork's pull request.
+    job["if"] = SAME_REPOSITORY
+    job["runs-on"] = ["self-hosted", *ci.gpu_runner_labels]
+    job.yaml_add_eol_comment(SELF_HOSTED_ACCEPTED, "runs-on")
+    job["env"] = _channel_env(ci)
+    job["steps"] = [
+        _checkout(history=False),
+        # Each wheel is judged in an interpreter of its version; the last one runs the gates.
+        _uses(SETUP_PYTHON, python_version=_pythons_last(manifest, ci.gpu_python)),
+        _download_wheels(),
+        _install(["gpu-runner"]),
+        # The runner's own key (`python -m release keygen --runner`) signs the attestations;
+        # it never leaves the runner, and its public key is in the manifest's attesters.
+        _run(
+            "GPU gates",
+            "wheels=()\n"
+            'for wheel in out/wheels/*.whl; do wheels+=(--wheel "$wheel"); done\n'
+            'python -m release gpu-gates --channel "$CHANNEL" '
+            '--attest-key "${ACTIVEKV_RUNNER_KEY:?set on the runner: its attestation key}" '
+            '"${wheels[@]}"',
+        ),
+        # One archive, so evidence/ and gpu-staging.json land where they were written.
+        _run(
+            "pack the GPU records",
+            f"records=(evidence)\n"
+            f"if [ -f out/{GPU_STAGING}.json ]; then records+=({GPU_STAGING}.json); fi\n"
+            f'tar -cf {GPU_RECORDS}.tar -C out "${{records[@]}}"',
+            condition=ALWAYS,
+        ),
+        _uses(
+            UPLOAD,
+            "the GPU records, also when a gate failed",
+            condition=ALWAYS,
+            name=GPU_RECORDS,
+            path=f"{GPU_RECORDS}.tar",
+            if_no_files_found="error",
+        ),
+    ]
+    return job
 
 
 def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
@@ -318,6 +340,8 @@ def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
         "if": "${{ !cancelled() && needs.wheels.result == 'success' && "
         "github.event_name != 'pull_request' }}",
         "runs-on": ci.build_runner,
+        # One release at a time per repository, never cancelled midway.
+        "concurrency": {"group": "release-${{ github.repository }}", "cancel-in-progress": False},
         "env": _channel_env(ci),
         "steps": steps,
     }
@@ -344,6 +368,11 @@ def generate(manifest: Manifest) -> dict[str, Any]:
             },
         },
         "permissions": {"contents": "read"},
+        # A newer push supersedes a pull request's run; a release run is never cancelled.
+        "concurrency": {
+            "group": "${{ github.workflow }}-${{ github.ref }}",
+            "cancel-in-progress": "${{ github.event_name == 'pull_request' }}",
+        },
         "jobs": {
             "wheels": _wheels_job(manifest, ci),
             "gpu-gates": _gpu_job(manifest, ci),
