@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,6 +45,33 @@ bool c_contiguous(const nb::ndarray<Args...>& array) {
     contiguous *= extent;
   }
   return true;
+}
+
+// An integer argument as Python gave it (an int, or anything with __index__), of any size. The
+// callee checks its range, so a value that does not fit the C++ type is a ValueError naming the
+// argument rather than nanobind's generic "incompatible function arguments" TypeError; anything
+// that is not an integer at all still is that TypeError.
+struct PyInteger {
+  nb::object value;
+
+  // The value as T when low <= value <= high, else nothing.
+  template <typename T>
+  std::optional<T> within(T low, T high) const {
+    T converted{};
+    if (!nb::try_cast<T>(value, converted, /*convert=*/false)) return std::nullopt;
+    if (converted < low || converted > high) return std::nullopt;
+    return converted;
+  }
+
+  std::string text() const { return nb::repr(value).c_str(); }
+};
+
+// `argument` as T within [low, high]; else Error("<name>: expected <expected>; got <value>").
+template <typename Error, typename T>
+T integer_argument(const PyInteger& argument, const std::string& name, T low, T high,
+                   const std::string& expected) {
+  if (const std::optional<T> value = argument.within<T>(low, high)) return *value;
+  throw Error(name + ": expected " + expected + "; got " + argument.text());
 }
 
 // Raised to Python (as RuntimeError) when the CUDA runtime reports an error.
@@ -110,3 +138,29 @@ inline void bind_build_and_device(nb::module_& m) {
 }
 
 }  // namespace activekv::bindings
+
+namespace nanobind::detail {
+
+// Takes what operator.index takes, as a Python int; the signature shows `int`.
+template <>
+struct type_caster<activekv::bindings::PyInteger> {
+  NB_TYPE_CASTER(activekv::bindings::PyInteger, const_name("int"))
+
+  bool from_python(handle source, uint8_t, cleanup_list*) noexcept {
+    if (!PyIndex_Check(source.ptr())) return false;
+    PyObject* index = PyNumber_Index(source.ptr());
+    if (index == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    value.value = steal(index);
+    return true;
+  }
+
+  static handle from_cpp(const activekv::bindings::PyInteger& integer, rv_policy,
+                         cleanup_list*) noexcept {
+    return integer.value.inc_ref();
+  }
+};
+
+}  // namespace nanobind::detail

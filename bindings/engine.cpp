@@ -3,6 +3,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,8 +31,10 @@ using activekv::offload::LayoutError;
 
 using activekv::bindings::checked_kv_view;
 using activekv::bindings::dtype_text;
+using activekv::bindings::integer_argument;
 using activekv::bindings::kv_layer_view;
 using activekv::bindings::KvViewRule;
+using activekv::bindings::PyInteger;
 using activekv::bindings::scalar_dtype;
 
 namespace {
@@ -57,12 +60,24 @@ nb::dlpack::dtype word_dtype(const KvBlockLayout& layout) {
 
 // ---- Engine ----
 
-std::size_t non_negative(std::int64_t value, const char* name) {
-  if (value < 0) {
-    throw EngineInputError(std::string(name) + ": expected a non-negative integer; got " +
-                           std::to_string(value));
-  }
-  return static_cast<std::size_t>(value);
+std::size_t non_negative(const PyInteger& value, const char* name) {
+  return static_cast<std::size_t>(integer_argument<EngineInputError, std::int64_t>(
+      value, name, 0, std::numeric_limits<std::int64_t>::max(),
+      "a non-negative integer below 2**63"));
+}
+
+// A layer argument as the engine checks it (0 <= layer < num_layers); one beyond int64 gets the
+// engine's own message.
+std::int64_t layer_argument(const PyInteger& layer, std::size_t num_layers) {
+  return integer_argument<EngineInputError, std::int64_t>(
+      layer, "layer", std::numeric_limits<std::int64_t>::min(),
+      std::numeric_limits<std::int64_t>::max(), "0 <= layer < " + std::to_string(num_layers));
+}
+
+// A dimension of KvBlockLayout: the layout itself refuses 0 with its own message.
+std::uint32_t layout_dimension(const PyInteger& value, const char* name) {
+  return integer_argument<LayoutError, std::uint32_t>(
+      value, name, 0, std::numeric_limits<std::uint32_t>::max(), "a positive integer below 2**32");
 }
 
 // Items of a Python iterable as integers of type T; EngineInputError naming `name[i]` for an item
@@ -126,9 +141,9 @@ ReadOnlyArray checked_block_words(const KvBlockLayout& layout, nb::handle item, 
 // arrays here keeps their memory alive for as long as the engine may copy into or out of it.
 class BoundEngine {
  public:
-  BoundEngine(const KvBlockLayout& layout, const std::string& mode, std::int64_t capacity_bytes,
-              std::int64_t num_regions, std::int64_t region_blocks,
-              std::int64_t num_device_blocks, const std::string& device)
+  BoundEngine(const KvBlockLayout& layout, const std::string& mode, const PyInteger& capacity_bytes,
+              const PyInteger& num_regions, const PyInteger& region_blocks,
+              const PyInteger& num_device_blocks, const std::string& device)
       : engine(layout, activekv::offload::parse_mode(mode),
                non_negative(capacity_bytes, "capacity_bytes"),
                non_negative(num_regions, "num_regions"),
@@ -204,12 +219,10 @@ class HostBytes {
   Py_buffer view_{};
 };
 
-std::size_t layer_index(const activekv::offload::DeviceKvCache& cache, std::int64_t layer) {
-  if (layer < 0 || static_cast<std::size_t>(layer) >= cache.num_layers()) {
-    throw EngineInputError("layer: expected 0 <= layer < " + std::to_string(cache.num_layers()) +
-                           "; got " + std::to_string(layer));
-  }
-  return static_cast<std::size_t>(layer);
+std::size_t layer_index(const activekv::offload::DeviceKvCache& cache, const PyInteger& layer) {
+  const std::string expected = "0 <= layer < " + std::to_string(cache.num_layers());
+  return integer_argument<EngineInputError, std::size_t>(layer, "layer", 0, cache.num_layers() - 1,
+                                                         expected);
 }
 
 void bind_device_kv_cache(nb::module_& m) {
@@ -221,7 +234,7 @@ void bind_device_kv_cache(nb::module_& m) {
       "words on the current CUDA device, allocated at construction.")
       .def(
           "__init__",
-          [](DeviceKvCache* self, const KvBlockLayout& layout, std::int64_t num_device_blocks) {
+          [](DeviceKvCache* self, const KvBlockLayout& layout, const PyInteger& num_device_blocks) {
             new (self) DeviceKvCache(layout, non_negative(num_device_blocks, "num_device_blocks"));
           },
           nb::arg("layout"), nb::arg("num_device_blocks"))
@@ -248,7 +261,7 @@ void bind_device_kv_cache(nb::module_& m) {
           "cache alive).")
       .def(
           "upload",
-          [](DeviceKvCache& cache, std::int64_t layer, nb::handle data) {
+          [](DeviceKvCache& cache, const PyInteger& layer, nb::handle data) {
             const HostBytes bytes(data, "data");
             cache.upload(layer_index(cache, layer), bytes.data(), bytes.size());
           },
@@ -256,7 +269,7 @@ void bind_device_kv_cache(nb::module_& m) {
           "Copies one whole layer of host bytes (layer_bytes of them) into the device buffer.")
       .def(
           "download",
-          [](const DeviceKvCache& cache, std::int64_t layer) {
+          [](const DeviceKvCache& cache, const PyInteger& layer) {
             const std::size_t index = layer_index(cache, layer);
             nb::bytes out = nb::steal<nb::bytes>(
                 PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(cache.layer_bytes())));
@@ -288,9 +301,19 @@ NB_MODULE(_engine, m) {
 
   nb::class_<KvBlockLayout>(m, "KvBlockLayout",
                             "Geometry of one KV block: K and V of every layer.")
-      .def(nb::init<std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, KvDtype>(),
-           nb::arg("num_layers"), nb::arg("block_size"), nb::arg("num_kv_heads"),
-           nb::arg("head_dim"), nb::arg("dtype"))
+      .def(
+          "__init__",
+          [](KvBlockLayout* self, const PyInteger& num_layers, const PyInteger& block_size,
+             const PyInteger& num_kv_heads, const PyInteger& head_dim, KvDtype dtype) {
+            // One at a time, in order: the first bad dimension is the one named.
+            const std::uint32_t layers = layout_dimension(num_layers, "num_layers");
+            const std::uint32_t tokens = layout_dimension(block_size, "block_size");
+            const std::uint32_t heads = layout_dimension(num_kv_heads, "num_kv_heads");
+            const std::uint32_t dim = layout_dimension(head_dim, "head_dim");
+            new (self) KvBlockLayout(layers, tokens, heads, dim, dtype);
+          },
+          nb::arg("num_layers"), nb::arg("block_size"), nb::arg("num_kv_heads"),
+          nb::arg("head_dim"), nb::arg("dtype"))
       .def_prop_ro("num_layers", &KvBlockLayout::num_layers)
       .def_prop_ro("block_size", &KvBlockLayout::block_size)
       .def_prop_ro("num_kv_heads", &KvBlockLayout::num_kv_heads)
@@ -360,8 +383,8 @@ NB_MODULE(_engine, m) {
                           "The offload engine: host pool, staging regions, per-layer hooks "
                           "(engine/offload/SPEC.md). device=\"cuda\" pins the pool and moves "
                           "the data with the wheel's kernels behind CUDA event fences.")
-      .def(nb::init<const KvBlockLayout&, const std::string&, std::int64_t, std::int64_t,
-                    std::int64_t, std::int64_t, const std::string&>(),
+      .def(nb::init<const KvBlockLayout&, const std::string&, const PyInteger&, const PyInteger&,
+                    const PyInteger&, const PyInteger&, const std::string&>(),
            nb::arg("layout"), nb::arg("mode"), nb::arg("capacity_bytes"), nb::arg("num_regions"),
            nb::arg("region_blocks"), nb::arg("num_device_blocks"), nb::arg("device") = "cpu")
       .def_prop_ro("device",
@@ -422,17 +445,24 @@ NB_MODULE(_engine, m) {
           nb::call_guard<Release>(), "Issues layer 0 of the step's loads.")
       .def(
           "wait_for_layer_load",
-          [](BoundEngine& self, std::int64_t layer) {
-            return self.engine.wait_for_layer_load(layer);
+          [](BoundEngine& self, const PyInteger& layer) {
+            const std::int64_t checked = layer_argument(layer, self.engine.layout().num_layers());
+            Release release;
+            return self.engine.wait_for_layer_load(checked);
           },
-          nb::arg("layer"), nb::call_guard<Release>(),
+          nb::arg("layer"),
           "Issues layer + 1, completes this layer; the device blocks whose data did not arrive.")
       .def(
           "save_kv_layer",
-          [](BoundEngine& self, std::int64_t layer, std::uintptr_t stream) {
-            self.engine.save_kv_layer(layer, reinterpret_cast<void*>(stream));
+          [](BoundEngine& self, const PyInteger& layer, const PyInteger& stream) {
+            const std::int64_t checked = layer_argument(layer, self.engine.layout().num_layers());
+            const auto handle = integer_argument<EngineInputError, std::uintptr_t>(
+                stream, "stream", 0, std::numeric_limits<std::uintptr_t>::max(),
+                "a cudaStream_t handle, an integer 0 <= stream < 2**64");
+            Release release;
+            self.engine.save_kv_layer(checked, reinterpret_cast<void*>(handle));
           },
-          nb::arg("layer"), nb::arg("stream") = 0, nb::call_guard<Release>(),
+          nb::arg("layer"), nb::arg("stream") = 0,
           "Issues this layer's stores (allocating slots at layer 0), completes the previous one. "
           "stream (device \"cuda\"): the cudaStream_t the forward ran the layer on, e.g. "
           "torch.cuda.current_stream().cuda_stream; the store waits for it (0: the default "
@@ -443,10 +473,11 @@ NB_MODULE(_engine, m) {
           "Completes the last store; commits or drops the step's stores.")
       .def(
           "inject_fence_fault",
-          [](BoundEngine& self, const std::string& direction, std::int64_t layer) {
+          [](BoundEngine& self, const std::string& direction, const PyInteger& layer) {
             const auto parsed = activekv::offload::parse_direction(direction);
+            const std::int64_t checked = layer_argument(layer, self.engine.layout().num_layers());
             Release release;
-            self.engine.inject_fence_fault(parsed, layer);
+            self.engine.inject_fence_fault(parsed, checked);
           },
           nb::arg("direction"), nb::arg("layer"),
           "Tests and traces only: the next lease of this direction (\"load\" | \"store\") and "

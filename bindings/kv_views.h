@@ -102,6 +102,15 @@ Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule
     throw EngineInputError(name + ": expected a C-contiguous array; got strides " +
                            list_text(strides) + " (in elements) for shape " + list_text(shape));
   }
+  // The engine reads and writes whole elements in place (SPEC.md §1): a misaligned one would be
+  // undefined behaviour in C++ and a fault on some devices, so it is refused, not copied.
+  const std::size_t element_bytes = dtype.bits / 8;
+  const std::size_t offset = reinterpret_cast<std::uintptr_t>(array.data()) % element_bytes;
+  if (offset != 0) {
+    throw EngineInputError(name + ": expected an array aligned to its " +
+                           std::to_string(element_bytes) + "-byte elements; got one that starts " +
+                           std::to_string(offset) + " byte(s) past such a boundary");
+  }
   return array;
 }
 

@@ -89,6 +89,23 @@ def stored_block_bytes(layout: Any, mode: str) -> int:
     return stored_layer_bytes(layout, mode) * layout.num_layers
 
 
+def checked_layout_in_memory(array: np.ndarray, name: str) -> None:
+    """SPEC.md §1: arrays are C-contiguous and aligned to their elements (never copied to make
+    them so); ValueError naming ``name`` otherwise."""
+    if not array.flags.c_contiguous:
+        strides = [stride // array.itemsize for stride in array.strides]
+        raise ValueError(
+            f"{name}: expected a C-contiguous array; got strides {strides} (in elements) "
+            f"for shape {list(array.shape)}"
+        )
+    offset = array.ctypes.data % array.itemsize
+    if offset:
+        raise ValueError(
+            f"{name}: expected an array aligned to its {array.itemsize}-byte elements; got one "
+            f"that starts {offset} byte(s) past such a boundary"
+        )
+
+
 def _check_words(layout: Any, name: str, words: Any, arg: str) -> np.ndarray:
     shape = (layout.block_size, layout.num_kv_heads, layout.head_dim)
     word = _WORDS[name]
@@ -100,6 +117,7 @@ def _check_words(layout: Any, name: str, words: Any, arg: str) -> np.ndarray:
             f"{arg}: expected shape [block_size, num_kv_heads, head_dim] = {list(shape)}; "
             f"got {list(words.shape)}"
         )
+    checked_layout_in_memory(words, arg)
     return words
 
 

@@ -19,6 +19,7 @@ its functions are re-exported here.
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from .compression import (
     _WORDS,
     _check_mode,
     _dtype_name,
+    checked_layout_in_memory,
     decode_layer,
     encode_layer,
     stored_block_bytes,
@@ -158,9 +160,18 @@ def _device_blocks(values: Any) -> list[int]:
 
 def _non_negative(value: Any, name: str) -> int:
     value = operator.index(value)
-    if value < 0:
-        raise ValueError(f"{name}: expected a non-negative integer; got {value}")
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{name}: expected a non-negative integer below 2**63; got {value}")
     return value
+
+
+def _physical_memory_bytes() -> int:
+    """This machine's physical memory (0 when the system does not say), as the engine reads it."""
+    try:
+        pages, page_bytes = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGESIZE")
+    except (ValueError, OSError):
+        return 0
+    return pages * page_bytes if pages > 0 and page_bytes > 0 else 0
 
 
 def _positive(value: int, name: str) -> int:
@@ -200,9 +211,16 @@ class Engine:
         _positive(num_regions, "num_regions")
         _positive(region_blocks, "region_blocks")
         _positive(num_device_blocks, "num_device_blocks")
+        num_slots = capacity_bytes // slot_bytes
+        physical = _physical_memory_bytes()
+        if physical and num_slots * slot_bytes > physical:
+            raise ValueError(
+                f"capacity_bytes: expected a pool that fits in this machine's memory ({physical} "
+                f"bytes); got {num_slots} slots of {slot_bytes} bytes"
+            )
 
         self._slot_bytes = slot_bytes
-        self._num_slots = capacity_bytes // slot_bytes
+        self._num_slots = num_slots
         self._region_blocks = region_blocks
         self._num_device_blocks = num_device_blocks
         # Host pool: slot -> its bytes; free slots kept sorted, lowest taken first.
@@ -284,12 +302,7 @@ class Engine:
                     f"{name}: expected shape [2, num_device_blocks, block_size, num_kv_heads, "
                     f"head_dim] = {expected_shape}; got {list(array.shape)}"
                 )
-            if not array.flags.c_contiguous:
-                strides = [stride // array.itemsize for stride in array.strides]
-                raise ValueError(
-                    f"{name}: expected a C-contiguous array; got strides {strides} (in elements) "
-                    f"for shape {list(array.shape)}"
-                )
+            checked_layout_in_memory(array, name)
         if self._phase == "running":
             self._out_of_order("register_kv_caches")
         # Kept by reference, never copied: views of the same memory as raw words.

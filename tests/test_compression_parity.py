@@ -350,7 +350,12 @@ def bad_calls(module: object, layout: object) -> list[tuple[str, object]]:
     """(argument the message must name, call) for each bad input."""
     good = np.zeros((4, 2, 8), np.uint16)
     stored = np.zeros(2 * 64 + 2 * 8 * 4, np.uint8)
+    # One byte past an element boundary, and every other element: never read in place.
+    misaligned = np.zeros(good.nbytes + 1, np.uint8)[1:].view(np.uint16).reshape(good.shape)
+    strided = np.zeros((4, 2, 16), np.uint16)[..., ::2]
     return [
+        ("k", lambda: module.encode_layer(layout, "exact", misaligned, good)),
+        ("v", lambda: module.encode_layer(layout, "int8", good, strided)),
         ("k", lambda: module.encode_layer(layout, "int8", good.view(np.float16), good)),
         ("k", lambda: module.encode_layer(layout, "int8", np.zeros((4, 2, 8), np.uint32), good)),
         ("v", lambda: module.encode_layer(layout, "int8", good, good.view(np.int16))),

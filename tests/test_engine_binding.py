@@ -154,6 +154,11 @@ def test_hooks_out_of_order_at_every_point_of_a_step(native):
         ("exact", 8, 1, 0, 1),
         ("exact", 8, 1, 1, 0),
         ("exact", 8, -1, 1, 1),
+        # Beyond int64, and a pool larger than the machine: refused naming the argument, before
+        # anything is allocated (not a TypeError, not a MemoryError).
+        ("exact", 2**70, 1, 1, 1),
+        ("exact", 8, 1, 1, -(2**64)),
+        ("exact", 2**40 * 1024, 1, 1, 1),
     ],
 )
 def test_construction_errors_match_the_reference(native, arguments):
@@ -162,6 +167,45 @@ def test_construction_errors_match_the_reference(native, arguments):
     error, message = raised(lambda: native.Engine(ours, *arguments))
     assert error is ValueError
     assert (error, message) == raised(lambda: reference.Engine(theirs, *arguments))
+
+
+@pytest.mark.parametrize(
+    ("dimensions", "text"),
+    [
+        ((-1, 16, 2, 8), "num_layers: expected a positive integer below 2\\*\\*32; got -1"),
+        (
+            (1, 2**32, 2, 8),
+            "block_size: expected a positive integer below 2\\*\\*32; got 4294967296",
+        ),
+        ((1, 16, 2**70, 8), "num_kv_heads: expected a positive integer below 2\\*\\*32; got 1180"),
+        ((1, 16, 2, 0), "head_dim: expected a positive value; got 0"),
+    ],
+)
+def test_a_layout_dimension_out_of_range_is_a_value_error_naming_it(native, dimensions, text):
+    with pytest.raises(native.LayoutError, match=text) as caught:
+        native.KvBlockLayout(*dimensions, native.KvDtype.bf16)
+    assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("stream", [-1, 2**64, 2**100])
+def test_a_stream_out_of_range_is_a_value_error_naming_it(native, stream):
+    driver = Driver(native)
+    with pytest.raises(native.EngineInputError, match=rf"stream: expected a cudaStream_t handle, "
+                       rf"an integer 0 <= stream < 2\*\*64; got {stream}$"):  # fmt: skip
+        driver.engine.save_kv_layer(0, stream=stream)
+    driver.step(stores=[(1, 0)])  # the engine is unchanged and usable
+
+
+def test_an_argument_that_is_not_an_integer_stays_a_type_error(native):
+    layout = native.KvBlockLayout(1, 1, 1, 1, native.KvDtype.fp32)
+    with pytest.raises(TypeError):
+        native.KvBlockLayout(1, 16, 2, 8.0, native.KvDtype.bf16)
+    with pytest.raises(TypeError):
+        native.Engine(layout, "exact", "8", 1, 1, 1)
+    with pytest.raises(TypeError):
+        Driver(native).engine.save_kv_layer(0, stream="0")
+    # Anything with __index__ is an integer, as operator.index has it.
+    assert native.KvBlockLayout(np.int64(1), 16, 2, 8, native.KvDtype.bf16).num_layers == 1
 
 
 def test_not_iterable_is_a_type_error_in_both(native):

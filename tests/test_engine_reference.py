@@ -277,6 +277,9 @@ def _bad_layers(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
 
     read_only = np.zeros(shape, dtype=kv[0].dtype)
     read_only.flags.writeable = False
+    # One byte past an element boundary: C-contiguous, writable, of the right dtype and shape.
+    raw = np.zeros(kv[0].nbytes + 1, np.uint8)[1:]
+    misaligned = raw.view(kv[0].dtype).reshape(shape)
     wide = np.zeros((*shape[:-1], 2 * shape[-1]), dtype=kv[0].dtype)
     register = driver.engine.register_kv_caches
     return [
@@ -290,6 +293,12 @@ def _bad_layers(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
         ("strided", lambda: register(replaced(1, wide[..., ::2])), "layers[1]: expected a C-"),
         ("fortran", lambda: register(replaced(0, np.asfortranarray(kv[0]))), "C-contiguous"),
         ("read-only", lambda: register(replaced(2, read_only)), "layers[2]: expected a writable"),
+        (
+            "misaligned",
+            lambda: register(replaced(1, misaligned)),
+            "layers[1]: expected an array "
+            "aligned to its 2-byte elements; got one that starts 1 byte(s) past",
+        ),
     ]
 
 
@@ -307,6 +316,8 @@ def bad_inputs(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
         ("hash str", lambda: engine.plan_store(["x"], [0]), "hashes[0]"),
         ("too many loads", lambda: engine.plan_load([1, 2, 3, 4, 5], range(5)), "region_blocks"),
         ("layer -1", lambda: engine.wait_for_layer_load(-1), "layer: expected 0 <= layer < 3"),
+        ("layer 2**70", lambda: engine.wait_for_layer_load(2**70), "layer: expected 0 <= layer"),
+        ("fault layer -2**64", lambda: engine.inject_fence_fault("store", -(2**64)), "layer"),
         ("layer 3", lambda: engine.save_kv_layer(3), "layer"),
         ("fault layer", lambda: engine.inject_fence_fault("load", 3), "layer"),
         ("direction", lambda: engine.inject_fence_fault("sideways", 0), "direction"),
@@ -661,6 +672,9 @@ def test_start_load_needs_registered_kv():
         (("exact", 8, 1, 0, 1), "region_blocks"),
         (("exact", 8, 1, 1, 0), "num_device_blocks"),
         (("exact", 8, 1, 1, -5), "num_device_blocks"),
+        (("exact", 2**63, 1, 1, 1), "capacity_bytes: expected a non-negative integer below 2"),
+        (("exact", 8, 1, 2**70, 1), "region_blocks: expected a non-negative integer below 2"),
+        (("exact", 2**62, 1, 1, 1), "capacity_bytes: expected a pool that fits in this machine"),
     ],
 )
 def test_construction_errors(arguments, text):

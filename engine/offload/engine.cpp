@@ -1,5 +1,7 @@
 #include "offload/engine.h"
 
+#include <unistd.h>
+
 #include <cstring>
 
 namespace activekv::offload {
@@ -21,8 +23,17 @@ std::size_t room_for_a_slot(std::size_t capacity_bytes, std::size_t slot_bytes) 
   return capacity_bytes;
 }
 
+// This machine's physical memory in bytes (0 when the system does not say).
+std::size_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_bytes <= 0) return 0;
+  return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes);
+}
+
 // The slot size, once every scalar argument has been checked (in the reference's order), so that
-// nothing is allocated for a construction that is going to be refused.
+// nothing is allocated for a construction that is going to be refused. A pool larger than the
+// machine's memory is refused here, naming capacity_bytes, rather than failing to allocate.
 std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode,
                                std::size_t capacity_bytes, std::size_t num_regions,
                                std::size_t region_blocks, std::size_t num_device_blocks) {
@@ -31,6 +42,13 @@ std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode
   positive(num_regions, "num_regions");
   positive(region_blocks, "region_blocks");
   positive(num_device_blocks, "num_device_blocks");
+  const std::size_t num_slots = capacity_bytes / slot_bytes;
+  const std::size_t physical = physical_memory_bytes();
+  if (physical != 0 && num_slots * slot_bytes > physical) {
+    throw EngineInputError("capacity_bytes: expected a pool that fits in this machine's memory (" +
+                           std::to_string(physical) + " bytes); got " + std::to_string(num_slots) +
+                           " slots of " + std::to_string(slot_bytes) + " bytes");
+  }
   return slot_bytes;
 }
 

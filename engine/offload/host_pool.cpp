@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <limits>
-#include <new>
 #include <string>
 
 namespace activekv::offload {
@@ -19,7 +18,10 @@ PageAlignedBuffer::PageAlignedBuffer(std::size_t bytes, const char* what) : byte
   if (bytes == 0) return;
   const std::size_t rounded = round_up_to_pages(bytes, what);
   storage_.reset(static_cast<std::uint8_t*>(std::aligned_alloc(kPageBytes, rounded)));
-  if (!storage_) throw std::bad_alloc();
+  if (!storage_) {
+    throw HostPoolError(std::string(what) + ": cannot allocate " + std::to_string(rounded) +
+                        " bytes of host memory");
+  }
   // Zero-filled so that nothing ever reads indeterminate bytes, and so that the pages are
   // committed here rather than on the first transfer.
   std::memset(storage_.get(), 0, rounded);
