@@ -52,11 +52,16 @@ def test_publish_to_devpi_uploads_then_skips_then_refuses_other_bytes(
 
     rebuilt = build_wheel(tmp_path / "rebuilt", version="1.0.0", salt="other bytes")
     other = signed_envelope([rebuilt], state, tmp_path / "other.intoto.json", version="1.0.0")
-    # refused by the publisher's TUF targets first, and by the index's listing without them
-    with pytest.raises(PublishError, match=r"TUF targets already name other bytes"):
+    # Refused by the version's file set, fixed by its first publish; without that statement, by
+    # the publisher's TUF targets; without those too, by the index's listing.
+    with pytest.raises(PublishError, match=r"fixed by the first publish that started it"):
         publish([rebuilt], devpi, envelope=other, metadata_dir=state / "metadata", tuf=tuf)
+    elsewhere = tmp_path / "another-publisher"
+    with pytest.raises(PublishError, match=r"TUF targets already name other bytes"):
+        publish([rebuilt], devpi, envelope=other, metadata_dir=elsewhere, tuf=tuf)
     with pytest.raises(PublishError, match=r"already has different bytes.*Nothing was uploaded"):
-        publish([rebuilt], devpi, envelope=other, metadata_dir=state / "metadata")
+        publish([rebuilt], devpi, envelope=other, metadata_dir=elsewhere)
+    assert not elsewhere.exists()  # nothing stored by a refused publish
     assert list_project_files(devpi.simple_url, "activekv") == listed
 
 
