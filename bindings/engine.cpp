@@ -163,9 +163,10 @@ class BoundEngine {
     std::vector<AnyArray> arrays;
     std::vector<DeviceKvLayer> views;
     for (std::size_t index = 0; index < items.size(); ++index) {
-      arrays.push_back(
-          kv_layer_view(items[index], "layers[" + std::to_string(index) + "]", engine));
-      views.push_back({arrays.back().data(), engine.num_device_blocks()});
+      const auto [array, strides] =
+          kv_layer_view(items[index], "layers[" + std::to_string(index) + "]", engine);
+      arrays.push_back(array);
+      views.push_back({array.data(), engine.num_device_blocks(), strides});
     }
     // GIL held: the engine's views and the arrays keeping them alive must change together, or a
     // concurrent registration could leave the engine viewing freed memory.

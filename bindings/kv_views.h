@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -58,11 +59,9 @@ struct KvViewRule {
   int cuda_device = -1;                   // the GPU its memory must be on (CUDA route)
 };
 
-// `item` as an Array that `rule` allows, taken as it is: never converted or copied, as the engine
-// reads and writes the caller's memory in place. Otherwise EngineInputError naming `name`, what
-// was expected and what it got, for the first of these checks that fails.
+// `item` as an Array of a type `rule` allows, in the memory it must be in (not yet its shape).
 template <typename Array>
-Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule& rule) {
+Array accessible_array(nb::handle item, const std::string& name, const KvViewRule& rule) {
   using offload::EngineInputError;
   Array array;
   if (!nb::try_cast<Array>(item, array, /*convert=*/false)) {
@@ -92,6 +91,29 @@ Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule
   if (!taken) {
     throw EngineInputError(name + ": expected " + rule.dtypes_text + "; got " + dtype_text(dtype));
   }
+  return array;
+}
+
+// The engine reads and writes whole elements in place (SPEC.md §1): a misaligned one would be
+// undefined behaviour in C++ and a fault on some devices, so it is refused, not copied.
+template <typename Array>
+void check_aligned(const Array& array, const std::string& name, std::size_t element_bytes) {
+  const std::size_t offset = reinterpret_cast<std::uintptr_t>(array.data()) % element_bytes;
+  if (offset != 0) {
+    throw offload::EngineInputError(
+        name + ": expected an array aligned to its " + std::to_string(element_bytes) +
+        "-byte elements; got one that starts " + std::to_string(offset) +
+        " byte(s) past such a boundary");
+  }
+}
+
+// `item` as an Array that `rule` allows, taken as it is: never converted or copied, as the engine
+// reads and writes the caller's memory in place. Otherwise EngineInputError naming `name`, what
+// was expected and what it got, for the first of these checks that fails.
+template <typename Array>
+Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule& rule) {
+  using offload::EngineInputError;
+  Array array = accessible_array<Array>(item, name, rule);
   const std::vector<std::int64_t> shape = shape_of(array);
   if (shape != rule.shape) {
     throw EngineInputError(name + ": expected shape " + rule.shape_text + " = " +
@@ -102,41 +124,109 @@ Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule
     throw EngineInputError(name + ": expected a C-contiguous array; got strides " +
                            list_text(strides) + " (in elements) for shape " + list_text(shape));
   }
-  // The engine reads and writes whole elements in place (SPEC.md §1): a misaligned one would be
-  // undefined behaviour in C++ and a fault on some devices, so it is refused, not copied.
-  const std::size_t element_bytes = dtype.bits / 8;
-  const std::size_t offset = reinterpret_cast<std::uintptr_t>(array.data()) % element_bytes;
-  if (offset != 0) {
-    throw EngineInputError(name + ": expected an array aligned to its " +
-                           std::to_string(element_bytes) + "-byte elements; got one that starts " +
-                           std::to_string(offset) + " byte(s) past such a boundary");
-  }
+  check_aligned(array, name, array.dtype().bits / 8);
   return array;
 }
 
+// One KV-cache layer as the engine views it: the array (which keeps its memory alive) and where
+// each block's K and V are in it.
+struct KvLayerView {
+  nb::ndarray<> array;
+  offload::KvStrides strides;
+};
+
+// vLLM's per-layer view [num_device_blocks, num_kv_heads, block_size, 2 * head_dim] (see
+// kv_layer_view), its strides read from the array. `rule.dtypes` are the typed elements it may
+// hold; bytes (int8, uint8) are taken too, the last dimension then in bytes.
+inline KvLayerView vllm_layer_view(nb::handle item, const std::string& name,
+                                   const offload::Engine& engine, KvViewRule rule) {
+  using Code = nb::dlpack::dtype_code;
+  using offload::EngineInputError;
+  const offload::KvBlockLayout& layout = engine.layout();
+  const std::size_t word = offload::dtype_bytes(layout.dtype());
+  rule.dtypes.push_back(scalar_dtype(Code::Int, 8));
+  rule.dtypes.push_back(scalar_dtype(Code::UInt, 8));
+  rule.dtypes_text += " (or its bytes, int8 or uint8)";
+  nb::ndarray<> array = accessible_array<nb::ndarray<>>(item, name, rule);
+  const std::size_t element = array.dtype().bits / 8;
+  const auto blocks = static_cast<std::int64_t>(engine.num_device_blocks());
+  const std::vector<std::int64_t> expected{
+      blocks, layout.num_kv_heads(), layout.block_size(),
+      static_cast<std::int64_t>(2 * layout.head_dim() * word / element)};
+  const std::vector<std::int64_t> shape = shape_of(array);
+  if (shape != expected) {
+    std::string why;
+    if (shape.size() == 4 && shape[0] > blocks && blocks > 0 && shape[0] % blocks == 0) {
+      why = " (kernel blocks of " + std::to_string(shape[2]) + " tokens splitting each KV cache "
+            "block of " + std::to_string(layout.block_size()) + " tokens are not served)";
+    }
+    throw EngineInputError(name + ": expected shape [num_device_blocks, num_kv_heads, "
+                           "block_size, 2 * head_dim" + (element == word ? "" : " * bytes") +
+                           "] = " + list_text(expected) + "; got " + list_text(shape) + why);
+  }
+  // DLPack's compact row-major form has no strides; a dimension of extent 1 any (torch leaves odd
+  // ones there), never used.
+  std::vector<std::int64_t> strides{expected[1] * expected[2] * expected[3],
+                                    expected[2] * expected[3], expected[3], 1};
+  for (std::size_t dim = 0; dim < 4 && array.stride_ptr() != nullptr; ++dim) {
+    strides[dim] = expected[dim] == 1 && dim != 3 ? 0 : array.stride(dim);
+  }
+  const bool negative = std::any_of(strides.begin(), strides.end(), [](auto v) { return v < 0; });
+  if (strides[3] != 1 || negative) {
+    throw EngineInputError(name + ": expected strides with the last one 1 and none negative "
+                           "(each token's K and V words contiguous); got " + list_text(strides) +
+                           " (in elements)");
+  }
+  check_aligned(array, name, word);
+  const auto bytes = [&](std::int64_t stride) { return static_cast<std::size_t>(stride) * element; };
+  const offload::KvStrides placed{bytes(strides[0]), bytes(strides[2]), bytes(strides[1]),
+                                  layout.head_dim() * word};
+  for (const std::size_t stride : {placed.block, placed.token, placed.head}) {
+    if (stride % word != 0) {
+      throw EngineInputError(name + ": expected strides that keep words aligned (multiples of " +
+                             std::to_string(word) + " bytes); got " + list_text(strides) +
+                             " (in " + std::to_string(element) + "-byte elements)");
+    }
+  }
+  return {array, placed};
+}
+
 // One KV-cache layer handed to `engine` as `name` ("layers[0]", "kv_caches[\"...\"]"): writable
-// (loads write into it), on the engine's device, C-contiguous
-// [2, num_device_blocks, block_size, num_kv_heads, head_dim]. Its elements are the layout's raw
-// words (as numpy callers hold them: numpy has no bfloat16) or of the layout's own dtype (as
-// vLLM's torch KV caches are). Any other type of that width (int16; float16 under bf16) says the
-// layout does not describe the tensor: the compressed modes would read its bits as another dtype.
-inline nb::ndarray<> kv_layer_view(nb::handle item, const std::string& name,
-                                   const offload::Engine& engine) {
+// (loads write into it), on the engine's device, aligned, in one of two forms (SPEC.md §1):
+// * C-contiguous [2, num_device_blocks, block_size, num_kv_heads, head_dim] (K, then V);
+// * vLLM's per-layer view [num_device_blocks, num_kv_heads, block_size, 2 * head_dim] with any
+//   strides but a contiguous last dimension: each (block, head, token) holds K's head_dim words,
+//   then V's. This is what vLLM 0.33.0's allocate_kv_cache hands out under every KVCacheLayout.
+// Its elements are the layout's raw words (as numpy callers hold them: numpy has no bfloat16) or
+// of the layout's own dtype (as vLLM's torch KV caches are); the view form also as bytes (int8 or
+// uint8, its last dimension in bytes). Any other type of that width (int16; float16 under bf16)
+// says the layout does not describe the tensor: the compressed modes would read its bits as
+// another dtype.
+inline KvLayerView kv_layer_view(nb::handle item, const std::string& name,
+                                 const offload::Engine& engine) {
   using Code = nb::dlpack::dtype_code;
   const offload::KvBlockLayout& layout = engine.layout();
-  const std::size_t bits = offload::dtype_bytes(layout.dtype()) * 8;
+  const std::size_t word = offload::dtype_bytes(layout.dtype());
   const nb::dlpack::dtype own =
-      scalar_dtype(layout.dtype() == offload::KvDtype::bf16 ? Code::Bfloat : Code::Float, bits);
-  const nb::dlpack::dtype words = scalar_dtype(Code::UInt, bits);
-  KvViewRule rule{{words, own},
-                  "raw words (" + dtype_text(words) + ") or " + dtype_text(own) + ", of dtype " +
-                      offload::dtype_name(layout.dtype()),
-                  {2, static_cast<std::int64_t>(engine.num_device_blocks()), layout.block_size(),
-                   layout.num_kv_heads(), layout.head_dim()},
-                  "[2, num_device_blocks, block_size, num_kv_heads, head_dim]",
-                  engine.route(),
-                  engine.cuda_device()};
-  return checked_kv_view<nb::ndarray<>>(item, name, rule);
+      scalar_dtype(layout.dtype() == offload::KvDtype::bf16 ? Code::Bfloat : Code::Float, word * 8);
+  const nb::dlpack::dtype words = scalar_dtype(Code::UInt, word * 8);
+  const auto blocks = static_cast<std::int64_t>(engine.num_device_blocks());
+  const std::vector<std::int64_t> dense_shape{2, blocks, layout.block_size(),
+                                              layout.num_kv_heads(), layout.head_dim()};
+  const std::string types = "raw words (" + dtype_text(words) + ") or " + dtype_text(own) +
+                            ", of dtype " + offload::dtype_name(layout.dtype());
+  const KvViewRule rule{{words, own},
+                        types,
+                        dense_shape,
+                        "[2, num_device_blocks, block_size, num_kv_heads, head_dim]",
+                        engine.route(),
+                        engine.cuda_device()};
+  nb::ndarray<> probe;
+  if (nb::try_cast(item, probe, /*convert=*/false) && probe.ndim() == 4) {
+    return vllm_layer_view(item, name, engine, rule);
+  }
+  nb::ndarray<> array = checked_kv_view<nb::ndarray<>>(item, name, rule);
+  return {array, offload::dense_kv_strides(layout, engine.num_device_blocks())};
 }
 
 // For modules other than activekv._engine: raise their EngineInputError (KV tensors refused

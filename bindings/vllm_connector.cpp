@@ -434,9 +434,10 @@ class ConnectorCore {
         throw ConnectorConfigError("kv_caches: expected a tensor for layer " + name +
                                    " (kv_cache_config's layer_names); got none");
       }
-      arrays.push_back(
-          kv_layer_view(caches[name.c_str()], "kv_caches[\"" + name + "\"]", *engine_));
-      views.push_back({arrays.back().data(), settings_.num_device_blocks});
+      const auto [array, strides] =
+          kv_layer_view(caches[name.c_str()], "kv_caches[\"" + name + "\"]", *engine_);
+      arrays.push_back(array);
+      views.push_back({array.data(), settings_.num_device_blocks, strides});
     }
     // GIL held: the engine's views and the arrays keeping their memory alive change together.
     engine_->register_kv_caches(views);

@@ -234,7 +234,7 @@ class Engine:
         # (direction, layer) -> faults injected and not yet taken by a lease
         self._faults: dict[tuple[str, int], int] = {}
         self._events: list[tuple[str, int]] = []
-        self._kv: list[np.ndarray] = []
+        self._kv: list[tuple[np.ndarray, np.ndarray]] = []
 
         self._phase = "planning"  # "planning" -> "built" -> "running" -> "planning"
         self._planned_loads: list[tuple[int, int]] = []
@@ -273,40 +273,90 @@ class Engine:
             raise ValueError(
                 f"layers: expected num_layers = {self._num_layers} arrays; got {len(layers)}"
             )
-        layout = self._layout
-        expected_shape = [
-            2,
-            self._num_device_blocks,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-        ]
-        for index, array in enumerate(layers):
-            name = f"layers[{index}]"
-            if not isinstance(array, np.ndarray):
-                raise ValueError(
-                    f"{name}: expected an array (numpy or DLPack); got {type(array).__name__}"
-                )
-            if not array.flags.writeable:
-                raise ValueError(
-                    f"{name}: expected a writable array (loads write into it); got a read-only one"
-                )
-            own = _OWN_DTYPES[_dtype_name(layout)]
-            if array.dtype != self._word and array.dtype.name != own:
-                raise ValueError(
-                    f"{name}: expected raw words ({self._word.name}) or {own}, of dtype "
-                    f"{_dtype_name(layout)}; got {array.dtype}"
-                )
-            if list(array.shape) != expected_shape:
-                raise ValueError(
-                    f"{name}: expected shape [2, num_device_blocks, block_size, num_kv_heads, "
-                    f"head_dim] = {expected_shape}; got {list(array.shape)}"
-                )
-            checked_layout_in_memory(array, name)
+        views = [self._layer_view(array, f"layers[{index}]") for index, array in enumerate(layers)]
         if self._phase == "running":
             self._out_of_order("register_kv_caches")
-        # Kept by reference, never copied: views of the same memory as raw words.
-        self._kv = [array.view(self._word) for array in layers]
+        # Kept by reference, never copied: (K, V) views [num_device_blocks, T, H, D] of raw words
+        # over the caller's memory.
+        self._kv = views
+
+    def _layer_view(self, array: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """SPEC.md §1: a layer in either form, as (K, V) views [B, T, H, D] of raw words."""
+        layout = self._layout
+        if not isinstance(array, np.ndarray):
+            raise ValueError(
+                f"{name}: expected an array (numpy or DLPack); got {type(array).__name__}"
+            )
+        if not array.flags.writeable:
+            raise ValueError(
+                f"{name}: expected a writable array (loads write into it); got a read-only one"
+            )
+        own = _OWN_DTYPES[_dtype_name(layout)]
+        types = f"raw words ({self._word.name}) or {own}, of dtype {_dtype_name(layout)}"
+        if array.ndim == 4:
+            return self._vllm_layer_view(array, name, types)
+        if array.dtype != self._word and array.dtype.name != own:
+            raise ValueError(f"{name}: expected {types}; got {array.dtype}")
+        expected_shape = [2, self._num_device_blocks, layout.block_size, layout.num_kv_heads,
+                          layout.head_dim]  # fmt: skip
+        if list(array.shape) != expected_shape:
+            raise ValueError(
+                f"{name}: expected shape [2, num_device_blocks, block_size, num_kv_heads, "
+                f"head_dim] = {expected_shape}; got {list(array.shape)}"
+            )
+        checked_layout_in_memory(array, name)
+        words = array.view(self._word)
+        return words[0], words[1]
+
+    def _vllm_layer_view(
+        self, array: np.ndarray, name: str, types: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """vLLM 0.33.0's per-layer view [B, H, T, 2 * D] (bytes: [B, H, T, 2 * D * word]), any
+        strides but a contiguous last dimension: K's D words, then V's, per (block, head, token)."""
+        layout = self._layout
+        own = _OWN_DTYPES[_dtype_name(layout)]
+        if array.dtype not in (self._word, np.int8, np.uint8) and array.dtype.name != own:
+            raise ValueError(f"{name}: expected {types} (or its bytes, int8 or uint8); got "
+                             f"{array.dtype}")  # fmt: skip
+        word = self._word.itemsize
+        element = array.itemsize
+        blocks = self._num_device_blocks
+        expected = [blocks, layout.num_kv_heads, layout.block_size,
+                    2 * layout.head_dim * word // element]  # fmt: skip
+        if list(array.shape) != expected:
+            why = ""
+            if blocks and array.shape[0] > blocks and array.shape[0] % blocks == 0:
+                why = (f" (kernel blocks of {array.shape[2]} tokens splitting each KV cache "
+                       f"block of {layout.block_size} tokens are not served)")  # fmt: skip
+            raise ValueError(
+                f"{name}: expected shape [num_device_blocks, num_kv_heads, block_size, "
+                f"2 * head_dim{'' if element == word else ' * bytes'}] = {expected}; got "
+                f"{list(array.shape)}{why}"
+            )
+        # In elements; a dimension of extent 1 may have any stride, never used.
+        placed = zip(expected, array.strides, strict=True)
+        strides = [0 if extent == 1 and dim != 3 else stride // element
+                   for dim, (extent, stride) in enumerate(placed)]  # fmt: skip
+        if strides[3] != 1 or any(stride < 0 for stride in strides):
+            raise ValueError(
+                f"{name}: expected strides with the last one 1 and none negative (each token's K "
+                f"and V words contiguous); got {strides} (in elements)"
+            )
+        offset = array.ctypes.data % word
+        if offset:
+            raise ValueError(
+                f"{name}: expected an array aligned to its {word}-byte elements; got one that "
+                f"starts {offset} byte(s) past such a boundary"
+            )
+        if any(stride * element % word for stride in strides[:3]):
+            raise ValueError(
+                f"{name}: expected strides that keep words aligned (multiples of {word} bytes); "
+                f"got {strides} (in {element}-byte elements)"
+            )
+        words = array.view(self._word)  # [B, H, T, 2 * D]
+        head_dim = layout.head_dim
+        return (words[..., :head_dim].transpose(0, 2, 1, 3),
+                words[..., head_dim:].transpose(0, 2, 1, 3))  # fmt: skip
 
     # ---- scheduler side ----
 
@@ -586,8 +636,8 @@ class Engine:
             for slot, device in transfers:
                 stored = self._slots[slot][layer * size : (layer + 1) * size]
                 k, v = decode_layer(self._layout, self._mode, np.frombuffer(stored, np.uint8))
-                kv[0, device] = k
-                kv[1, device] = v
+                kv[0][device] = k
+                kv[1][device] = v
 
         fence_ok = not self._take_fault("load", layer)
         self._staging.transfer(lease, fence_ok, copies)
@@ -634,7 +684,8 @@ class Engine:
             # Straight into the slots: a store whose fence is lost is dropped, and a dropped
             # slot is freed without being read.
             for slot, device in transfers:
-                stored = encode_layer(self._layout, self._mode, kv[0, device], kv[1, device])
+                k, v = (np.ascontiguousarray(kv[0][device]), np.ascontiguousarray(kv[1][device]))
+                stored = encode_layer(self._layout, self._mode, k, v)
                 self._slots[slot][layer * size : (layer + 1) * size] = stored.tobytes()
 
         fence_ok = not self._take_fault("store", layer)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixtures_kv import layer_views
 
 from reference import engine as reference
 
@@ -38,6 +39,7 @@ class Driver:
         region_blocks: int = 4,
         num_device_blocks: int = 8,
         mode: str = "exact",
+        kv_layout: str | None = None,
     ) -> None:
         geometry = (num_layers, block_size, num_kv_heads, head_dim)
         if hasattr(module, "KvBlockLayout"):
@@ -56,8 +58,12 @@ class Driver:
         self.engine = module.Engine(
             self.layout, mode, slots * slot_bytes, num_regions, region_blocks, num_device_blocks
         )
-        shape = (2, num_device_blocks, block_size, num_kv_heads, head_dim)
-        self.kv = [np.zeros(shape, dtype=WORDS[dtype]) for _ in range(num_layers)]
+        if kv_layout is None:  # the dense [2, B, T, H, D] form
+            shape = (2, num_device_blocks, block_size, num_kv_heads, head_dim)
+            self.kv = [np.zeros(shape, dtype=WORDS[dtype]) for _ in range(num_layers)]
+        else:  # vLLM's per-layer views [B, H, T, 2 * D] under a KVCacheLayout
+            self.kv = layer_views(kv_layout, num_layers, num_device_blocks, num_kv_heads,
+                                  block_size, head_dim, WORDS[dtype])  # fmt: skip
         self.engine.register_kv_caches(self.kv)
 
     def fill(self, seed: int) -> None:
@@ -202,8 +208,9 @@ def scenario_no_forward(module: Any) -> Transcript:
 
 
 def scenario_random(
-    module: Any, seed: int = 7, dtype: str = "bf16", mode: str = "exact"
-) -> Transcript:
+    module: Any, seed: int = 7, dtype: str = "bf16", mode: str = "exact",
+    kv_layout: str | None = None,
+) -> Transcript:  # fmt: skip
     """Prefix-sharing requests under a small pool, with fence faults: the trace generator's mix."""
     rng = random.Random(seed)
     region_blocks = 3
@@ -219,6 +226,7 @@ def scenario_random(
         region_blocks=region_blocks,
         num_device_blocks=8,
         mode=mode,
+        kv_layout=kv_layout,
     )
     t = Transcript(driver)
     prompts: list[list[int]] = []

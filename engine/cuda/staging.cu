@@ -27,27 +27,44 @@ __host__ __device__ __forceinline__ uint64_t tensor_bytes(const akv_stage_args& 
   return uint64_t{a.groups} * a.head_dim * word_bytes(a.dtype);
 }
 
-// K (tensor 0) or V (tensor 1) of one device block.
+// K (tensor 0) or V (tensor 1) of one device block: where its first row starts (the whole
+// tensor when a.contiguous).
 __device__ __forceinline__ uint8_t* device_tensor(const akv_stage_args& a, uint64_t block,
                                                   unsigned tensor) {
-  return a.kv + (tensor * a.num_device_blocks + block) * tensor_bytes(a);
+  return a.kv + block * a.block_stride + tensor * a.value_offset;
+}
+
+// Row g (token g / H, head g % H) of a device tensor: its head_dim words.
+__device__ __forceinline__ uint8_t* device_row(const akv_stage_args& a, uint8_t* tensor,
+                                               uint64_t g) {
+  return tensor + (g / a.num_kv_heads) * a.token_stride + (g % a.num_kv_heads) * a.head_stride;
 }
 
 // ---- exact: the stored layer is K then V, the device's raw words as they are ----
 
 // Each thread block walks transfers (x) and its share (y) of each one's units. Unit is the widest
-// access every address and size allows.
-template <typename Unit>
+// access every address, stride and size allows. Contiguous: K and V are runs of units; else
+// unit i of a tensor is in row i / row_units (SPEC.md §1's strides).
+template <typename Unit, bool Contiguous>
 __global__ void stage_exact(akv_stage_args a, bool in) {
   const uint64_t units = tensor_bytes(a) / sizeof(Unit);
+  const uint64_t row_units = a.head_dim * word_bytes(a.dtype) / sizeof(Unit);
   for (uint32_t t = blockIdx.x; t < a.count; t += gridDim.x) {
     const akv_transfer transfer = a.transfers[t];
     Unit* stored = reinterpret_cast<Unit*>(a.pool + transfer.slot_offset + a.layer_offset);
-    Unit* keys = reinterpret_cast<Unit*>(device_tensor(a, transfer.device_block, 0));
-    Unit* values = reinterpret_cast<Unit*>(device_tensor(a, transfer.device_block, 1));
+    uint8_t* keys = device_tensor(a, transfer.device_block, 0);
+    uint8_t* values = device_tensor(a, transfer.device_block, 1);
     for (uint64_t i = uint64_t{blockIdx.y} * blockDim.x + threadIdx.x; i < 2 * units;
          i += uint64_t{gridDim.y} * blockDim.x) {
-      Unit* device = i < units ? keys + i : values + (i - units);
+      uint8_t* tensor = i < units ? keys : values;
+      const uint64_t unit = i < units ? i : i - units;
+      Unit* device;
+      if constexpr (Contiguous) {
+        device = reinterpret_cast<Unit*>(tensor) + unit;
+      } else {
+        device = reinterpret_cast<Unit*>(device_row(a, tensor, unit / row_units)) +
+                 unit % row_units;
+      }
       if (in) {
         *device = stored[i];
       } else {
@@ -317,7 +334,7 @@ __device__ __forceinline__ bool locate_group(const akv_stage_args& a, Group& gro
   const uint64_t elements = uint64_t{a.groups} * a.head_dim;
   group.codes = stored + tensor * elements + g * a.head_dim;
   group.scale = stored + 2 * elements + (tensor * uint64_t{a.groups} + g) * sizeof(float);
-  group.words = device_tensor(a, t.device_block, tensor) + g * a.head_dim * word_bytes(a.dtype);
+  group.words = device_row(a, device_tensor(a, t.device_block, tensor), g);
   return true;
 }
 
@@ -434,7 +451,11 @@ dim3 bus_grid(const akv_stage_args& a, uint64_t units) {
 template <typename Unit>
 struct ExactKernel {
   static void launch(dim3 grid, cudaStream_t stream, const akv_stage_args& a, bool in) {
-    stage_exact<Unit><<<grid, kThreads, 0, stream>>>(a, in);
+    if (a.contiguous) {
+      stage_exact<Unit, true><<<grid, kThreads, 0, stream>>>(a, in);
+    } else {
+      stage_exact<Unit, false><<<grid, kThreads, 0, stream>>>(a, in);
+    }
   }
 };
 
@@ -489,13 +510,19 @@ int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   // Slot offsets are multiples of the slot size, itself a multiple of the stored layer's bytes
   // (2 * tensor bytes in exact mode); device blocks are multiples of the tensor bytes.
   const uint64_t sizes = exact ? tensor_bytes(a) : a.layer_bytes;
-  if (a.bulk_piece != 0 && a.bulk_stages <= kMaxStages &&
-      widest_unit(bases | device | sizes | a.bulk_piece) == 16) {
+  // The bulk pieces are runs of whole tensors: only where the device tensors are contiguous.
+  const uint64_t tensors = exact ? a.block_stride | a.value_offset : 0;
+  if (a.bulk_piece != 0 && a.bulk_stages <= kMaxStages && (!exact || a.contiguous) &&
+      widest_unit(bases | device | sizes | a.bulk_piece | tensors) == 16) {
     return launch_bulk(a, stream, in);
   }
   if (exact) {
     const uint64_t tensor = tensor_bytes(a);
-    const unsigned unit = widest_unit(bases | reinterpret_cast<uint64_t>(a.kv) | tensor);
+    const uint64_t row = a.head_dim * word_bytes(a.dtype);
+    const uint64_t placement = a.block_stride | a.value_offset |
+                               (a.contiguous ? 0 : row | a.token_stride | a.head_stride);
+    const unsigned unit =
+        widest_unit(bases | reinterpret_cast<uint64_t>(a.kv) | tensor | placement);
     launch_units<ExactKernel>(unit, bus_grid(a, 2 * tensor / unit), stream, a, in);
   } else {
     const unsigned unit =
@@ -510,7 +537,8 @@ int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
 // device KV and staging buffer aligned for the widest access.
 bool vector_codec(const akv_stage_args& a) {
   const uint64_t words = 4 * word_bytes(a.dtype);
-  return a.head_dim % 4 == 0 && reinterpret_cast<uint64_t>(a.kv) % words == 0 &&
+  const uint64_t rows = a.block_stride | a.token_stride | a.head_stride | a.value_offset;
+  return a.head_dim % 4 == 0 && (reinterpret_cast<uint64_t>(a.kv) | rows) % words == 0 &&
          reinterpret_cast<uint64_t>(a.scratch) % 4 == 0 && a.layer_bytes % 4 == 0;
 }
 

@@ -26,8 +26,15 @@ typedef struct akv_stage_args {
   uint32_t count;                 // transfers
   uint8_t* pool;                  // device address of the mapped host pool
   uint64_t layer_offset;          // this layer's offset inside a slot (stored layer bytes * layer)
-  uint8_t* kv;                    // the layer's device KV: [2, num_device_blocks, T, H, D] words
-  uint64_t num_device_blocks;
+  // The layer's device KV (SPEC.md §1): K of (block b, token n, head h) is D words at
+  // kv + b * block_stride + n * token_stride + h * head_stride, its V value_offset bytes further.
+  uint8_t* kv;
+  uint64_t block_stride;
+  uint64_t token_stride;
+  uint64_t head_stride;
+  uint64_t value_offset;
+  uint32_t num_kv_heads;          // H
+  uint32_t contiguous;            // 1: each block's K (and V) is one run of T * H * D words
   uint32_t groups;                // T * H: one scale per group, K and V each
   uint32_t head_dim;              // D: elements per group
   int mode;

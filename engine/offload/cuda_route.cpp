@@ -254,7 +254,8 @@ struct CudaRoute::Resources {
   Resources(const KvBlockLayout& layout, CompressionMode compression, std::uint8_t* pool,
             std::size_t pool_bytes, std::size_t slot_size, std::size_t num_regions,
             std::size_t blocks_per_region, std::size_t device_blocks)
-      : device(current_device()),
+      : kv_layout(layout),
+        device(current_device()),
         mode(kernel_mode(compression)),
         dtype(kernel_dtype(layout.dtype())),
         groups(layout.block_size() * layout.num_kv_heads()),
@@ -284,6 +285,7 @@ struct CudaRoute::Resources {
     }
   }
 
+  const KvBlockLayout kv_layout;
   const int device;
   const int mode;
   const int dtype;
@@ -316,8 +318,8 @@ struct CudaRoute::Resources {
   // One layer of a lease across PCIe on `stream`: in, pool slots to the device KV (exact) or to
   // the staging buffer; out, the reverse.
   void cross_bus(const akv_stage_args& args, const std::vector<BlockTransfer>& transfers,
-                 bool in, cudaStream_t stream) {
-    if (!(in ? load_on_copy_engines : store_on_copy_engines)) {
+                 bool in, bool on_copy_engines, cudaStream_t stream) {
+    if (!on_copy_engines) {
       check(static_cast<cudaError_t>(akv_stage_bus(&args, in ? 1 : 0, stream)),
             in ? "staging (load)" : "staging (store)");
       return;
@@ -335,10 +337,9 @@ struct CudaRoute::Resources {
     for (std::size_t t = 0; t < transfers.size(); ++t) {
       std::uint8_t* stored = host + transfers[t].slot * slot_bytes;
       if (mode == AKV_MODE_EXACT) {
-        const std::size_t block = transfers[t].device_block;
-        copy(stored, args.kv + block * tensor_bytes, tensor_bytes);
-        copy(stored + tensor_bytes, args.kv + (args.num_device_blocks + block) * tensor_bytes,
-             tensor_bytes);
+        std::uint8_t* const keys = args.kv + transfers[t].device_block * args.block_stride;
+        copy(stored, keys, tensor_bytes);
+        copy(stored + tensor_bytes, keys + args.value_offset, tensor_bytes);
       } else {
         copy(stored, args.scratch + t * layer_bytes, layer_bytes);
       }
@@ -376,7 +377,7 @@ CudaRoute::~CudaRoute() {
 int CudaRoute::device() const { return resources_->device; }
 
 void CudaRoute::issue(Direction direction, std::size_t region_index, std::uint32_t layer,
-                      const std::vector<BlockTransfer>& transfers, void* device_kv,
+                      const std::vector<BlockTransfer>& transfers, const DeviceKvLayer& device_kv,
                       void* compute_stream) {
   Resources& r = *resources_;
   const DeviceScope scope(r.device);
@@ -389,12 +390,16 @@ void CudaRoute::issue(Direction direction, std::size_t region_index, std::uint32
 }
 
 void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint32_t layer,
-                        const std::vector<BlockTransfer>& transfers, void* device_kv,
+                        const std::vector<BlockTransfer>& transfers, const DeviceKvLayer& device_kv,
                         void* compute_stream) {
   Resources& r = *resources_;
   Region& region = *r.regions.at(region_index);
   const bool exact = r.mode == AKV_MODE_EXACT;
   const bool load = direction == Direction::load;
+  // The copy engines move whole K and V tensors: only where each is one contiguous run.
+  const bool contiguous = tensors_contiguous(r.kv_layout, device_kv.strides);
+  const bool on_copy_engines =
+      contiguous && (load ? r.load_on_copy_engines : r.store_on_copy_engines);
   // The first stream of the layer's work: the copy of a changed transfer list goes there.
   const cudaStream_t first =
       load ? r.load_bus.handle : (exact ? r.store_bus.handle : r.store_codec.handle);
@@ -406,8 +411,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   }
   // The region is free (its last fence was observed), so nothing still reads its list. Kernels
   // need it (the copy engines take host pointers instead).
-  const bool kernels_read_list =
-      !exact || !(load ? r.load_on_copy_engines : r.store_on_copy_engines);
+  const bool kernels_read_list = !exact || !on_copy_engines;
   if (kernels_read_list) {
     auto* list = static_cast<akv_transfer*>(region.listed.data);
     bool changed = transfers.size() != region.listed_count;
@@ -430,8 +434,13 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
                             static_cast<std::uint32_t>(transfers.size()),
                             static_cast<std::uint8_t*>(r.pinned.device),
                             layer * r.layer_bytes,
-                            static_cast<std::uint8_t*>(device_kv),
-                            r.num_device_blocks,
+                            static_cast<std::uint8_t*>(device_kv.data),
+                            device_kv.strides.block,
+                            device_kv.strides.token,
+                            device_kv.strides.head,
+                            device_kv.strides.value,
+                            r.kv_layout.num_kv_heads(),
+                            contiguous ? 1u : 0u,
                             r.groups,
                             r.head_dim,
                             r.mode,
@@ -444,7 +453,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
                             r.bulk.blocks};
   if (load) {
     // bus -> (staged) -> codec -> fence; the codec stream runs one layer behind the bus.
-    r.cross_bus(args, transfers, true, r.load_bus.handle);
+    r.cross_bus(args, transfers, true, on_copy_engines, r.load_bus.handle);
     cudaStream_t last = r.load_bus.handle;
     if (!exact) {
       check(cudaEventRecord(region.handed_over.handle, r.load_bus.handle), "cudaEventRecord (staged)");
@@ -464,7 +473,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
     check(cudaStreamWaitEvent(r.store_bus.handle, region.handed_over.handle, 0),
           "cudaStreamWaitEvent (staged)");
   }
-  r.cross_bus(args, transfers, false, r.store_bus.handle);
+  r.cross_bus(args, transfers, false, on_copy_engines, r.store_bus.handle);
   check(cudaEventRecord(region.fence.handle, r.store_bus.handle), "cudaEventRecord (fence)");
 }
 

@@ -55,7 +55,8 @@ class CudaRoute {
   // outcome unknown, as a failed fence query would: the direction's streams are drained, so
   // nothing of it is left running, and observe answers unknown.
   void issue(Direction direction, std::size_t region, std::uint32_t layer,
-             const std::vector<BlockTransfer>& transfers, void* device_kv, void* compute_stream);
+             const std::vector<BlockTransfer>& transfers, const DeviceKvLayer& device_kv,
+             void* compute_stream);
 
   // Waits for the region's fence: signalled, or unknown when the issue failed, when the query
   // answers anything but success or not-ready, or is still not ready after the timeout.
@@ -67,7 +68,8 @@ class CudaRoute {
  private:
   struct Resources;
   void enqueue(Direction direction, std::size_t region, std::uint32_t layer,
-               const std::vector<BlockTransfer>& transfers, void* device_kv, void* compute_stream);
+               const std::vector<BlockTransfer>& transfers, const DeviceKvLayer& device_kv,
+               void* compute_stream);
 
   std::unique_ptr<Resources> resources_;
 };

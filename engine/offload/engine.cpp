@@ -52,6 +52,21 @@ std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode
   return slot_bytes;
 }
 
+// Per (token, head) of one block's K or V under `strides`: the device address of its head_dim
+// words and their place in the contiguous [block_size, num_kv_heads, head_dim] tensor.
+template <typename Byte, typename Visit>
+void for_each_row(const KvBlockLayout& layout, const KvStrides& strides, Byte* tensor,
+                  Visit&& visit) {
+  const std::size_t row_bytes = layout.head_dim() * dtype_bytes(layout.dtype());
+  std::size_t packed = 0;
+  for (std::size_t token = 0; token < layout.block_size(); ++token) {
+    for (std::size_t head = 0; head < layout.num_kv_heads(); ++head) {
+      visit(tensor + token * strides.token + head * strides.head, packed, row_bytes);
+      packed += row_bytes;
+    }
+  }
+}
+
 std::size_t direction_index(Direction direction) {
   return direction == Direction::load ? 0 : 1;
 }
@@ -115,6 +130,7 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
       slot_bytes_(store_.slot_bytes()),
       pool_base_(store_.slot_data(0)) {
   for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
+  if (mode_ != CompressionMode::exact && route == Route::cpu) gathered_.resize(2 * tensor_bytes_);
   if (route == Route::cuda) {
     cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots() * slot_bytes_,
                                         slot_bytes_, num_regions, region_blocks, num_device_blocks);
@@ -371,24 +387,41 @@ void Engine::note_lost_region(std::size_t region) {
 }
 
 // The hot loops of the CPU route: per block only pointer arithmetic and the copies (exact mode
-// is two memcpy calls; slots and device blocks were range-checked when they were planned).
+// with contiguous K and V is two memcpy calls; slots and device blocks were range-checked when
+// they were planned). K and V placed otherwise (vLLM's [B, H, N, C] views) move row by row, and
+// the compressed modes code them through gathered_.
 void Engine::copy_in(std::uint32_t layer, std::size_t region,
                      const std::vector<BlockTransfer>& list) {
   if (cuda_) {
-    cuda_->issue(Direction::load, region, layer, list, kv_[layer].data, nullptr);
+    cuda_->issue(Direction::load, region, layer, list, kv_[layer], nullptr);
     return;
   }
-  std::uint8_t* const keys = static_cast<std::uint8_t*>(kv_[layer].data);
-  std::uint8_t* const values = keys + num_device_blocks_ * tensor_bytes_;
+  const KvStrides& strides = kv_[layer].strides;
+  const bool contiguous = tensors_contiguous(layout_, strides);
+  std::uint8_t* const base = static_cast<std::uint8_t*>(kv_[layer].data);
   const std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
   for (const BlockTransfer& block : list) {
     const std::uint8_t* source = stored + block.slot * slot_bytes_;
-    const std::size_t device = block.device_block * tensor_bytes_;
-    if (mode_ == CompressionMode::exact) {
-      std::memcpy(keys + device, source, tensor_bytes_);
-      std::memcpy(values + device, source + tensor_bytes_, tensor_bytes_);
-    } else {
-      decode_layer(layout_, mode_, source, keys + device, values + device);
+    std::uint8_t* const keys = base + block.device_block * strides.block;
+    std::uint8_t* const values = keys + strides.value;
+    if (mode_ == CompressionMode::exact && contiguous) {
+      std::memcpy(keys, source, tensor_bytes_);
+      std::memcpy(values, source + tensor_bytes_, tensor_bytes_);
+      continue;
+    }
+    if (contiguous) {
+      decode_layer(layout_, mode_, source, keys, values);
+      continue;
+    }
+    if (mode_ != CompressionMode::exact) {
+      decode_layer(layout_, mode_, source, gathered_.data(), gathered_.data() + tensor_bytes_);
+      source = gathered_.data();
+    }
+    for (std::uint8_t* tensor : {keys, values}) {
+      for_each_row(layout_, strides, tensor, [&](std::uint8_t* row, std::size_t at, std::size_t n) {
+        std::memcpy(row, source + at, n);
+      });
+      source += tensor_bytes_;
     }
   }
 }
@@ -398,20 +431,37 @@ void Engine::copy_in(std::uint32_t layer, std::size_t region,
 void Engine::copy_out(std::uint32_t layer, std::size_t region,
                       const std::vector<BlockTransfer>& list, void* compute_stream) {
   if (cuda_) {
-    cuda_->issue(Direction::store, region, layer, list, kv_[layer].data, compute_stream);
+    cuda_->issue(Direction::store, region, layer, list, kv_[layer], compute_stream);
     return;
   }
-  const std::uint8_t* const keys = static_cast<const std::uint8_t*>(kv_[layer].data);
-  const std::uint8_t* const values = keys + num_device_blocks_ * tensor_bytes_;
+  const KvStrides& strides = kv_[layer].strides;
+  const bool contiguous = tensors_contiguous(layout_, strides);
+  const std::uint8_t* const base = static_cast<const std::uint8_t*>(kv_[layer].data);
   std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
   for (const BlockTransfer& block : list) {
-    std::uint8_t* destination = stored + block.slot * slot_bytes_;
-    const std::size_t device = block.device_block * tensor_bytes_;
-    if (mode_ == CompressionMode::exact) {
-      std::memcpy(destination, keys + device, tensor_bytes_);
-      std::memcpy(destination + tensor_bytes_, values + device, tensor_bytes_);
-    } else {
-      encode_layer(layout_, mode_, keys + device, values + device, destination);
+    std::uint8_t* const destination = stored + block.slot * slot_bytes_;
+    const std::uint8_t* const keys = base + block.device_block * strides.block;
+    const std::uint8_t* const values = keys + strides.value;
+    if (mode_ == CompressionMode::exact && contiguous) {
+      std::memcpy(destination, keys, tensor_bytes_);
+      std::memcpy(destination + tensor_bytes_, values, tensor_bytes_);
+      continue;
+    }
+    if (contiguous) {
+      encode_layer(layout_, mode_, keys, values, destination);
+      continue;
+    }
+    std::uint8_t* packed = mode_ == CompressionMode::exact ? destination : gathered_.data();
+    for (const std::uint8_t* tensor : {keys, values}) {
+      for_each_row(layout_, strides, tensor,
+                   [&](const std::uint8_t* row, std::size_t at, std::size_t n) {
+                     std::memcpy(packed + at, row, n);
+                   });
+      packed += tensor_bytes_;
+    }
+    if (mode_ != CompressionMode::exact) {
+      encode_layer(layout_, mode_, gathered_.data(), gathered_.data() + tensor_bytes_,
+                   destination);
     }
   }
 }

@@ -50,15 +50,6 @@ enum class Route : std::uint8_t { cpu, cuda };
 Route parse_route(std::string_view name);
 const char* route_name(Route route);
 
-// A non-owning view of one layer's device KV cache (host memory on the CPU route, GPU memory on
-// the CUDA route): C-contiguous
-// [2, num_device_blocks, block_size, num_kv_heads, head_dim] raw words of the layout's dtype
-// (index 0 is K, 1 is V). Whoever registers it keeps the memory alive and its shape right.
-struct DeviceKvLayer {
-  void* data;
-  std::size_t num_device_blocks;
-};
-
 enum class EventKind : std::uint8_t {
   lookup,      // value: the number of leading committed hashes
   hit,         // a planned load found committed at build_step: hash
@@ -227,6 +218,9 @@ class Engine {
   std::uint8_t* const pool_base_;  // slot 0; slot s starts at pool_base_ + s * slot_bytes_
   std::unique_ptr<CudaRoute> cuda_;  // after store_: gone (streams drained) before the pool
   std::vector<DeviceKvLayer> kv_;
+  // CPU route, compressed modes with device KV whose K and V are not contiguous: one block's K
+  // and V gathered here (stores) or decoded here (loads). Sized at construction.
+  std::vector<std::uint8_t> gathered_;
 
   bool fatal_ = false;
   // Faults injected and not yet taken by a lease, per direction and layer.

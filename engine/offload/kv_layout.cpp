@@ -80,4 +80,15 @@ std::string KvBlockLayout::describe() const {
          " dtype=" + dtype_name(dtype_);
 }
 
+KvStrides dense_kv_strides(const KvBlockLayout& layout, std::size_t num_device_blocks) {
+  const std::size_t row = layout.head_dim() * dtype_bytes(layout.dtype());
+  return {layout.bytes_per_tensor(), layout.num_kv_heads() * row, row,
+          num_device_blocks * layout.bytes_per_tensor()};
+}
+
+bool tensors_contiguous(const KvBlockLayout& layout, const KvStrides& strides) {
+  const std::size_t row = layout.head_dim() * dtype_bytes(layout.dtype());
+  return strides.head == row && strides.token == layout.num_kv_heads() * row;
+}
+
 }  // namespace activekv::offload

@@ -50,4 +50,31 @@ class KvBlockLayout {
   KvDtype dtype_;
 };
 
+// Where one layer's device KV puts each block's K and V, in bytes from the layer's start
+// (SPEC.md §1): K of (device block b, token n, head h) is head_dim consecutive words at
+// b * block + n * token + h * head, and its V `value` bytes after that K.
+struct KvStrides {
+  std::size_t block;
+  std::size_t token;
+  std::size_t head;
+  std::size_t value;
+};
+
+// The strides of the C-contiguous [2, num_device_blocks, block_size, num_kv_heads, head_dim] form
+// (index 0 is K, 1 is V).
+KvStrides dense_kv_strides(const KvBlockLayout& layout, std::size_t num_device_blocks);
+
+// Whether a block's K (and V) under `strides` is one contiguous [block_size, num_kv_heads,
+// head_dim] run of words, as the host pool stores it: then it moves as one copy.
+bool tensors_contiguous(const KvBlockLayout& layout, const KvStrides& strides);
+
+// A non-owning view of one layer's device KV cache (host memory on the CPU route, GPU memory on
+// the CUDA route): num_device_blocks blocks of raw words of the layout's dtype, placed by
+// `strides`. Whoever registers it keeps the memory alive and its extent right.
+struct DeviceKvLayer {
+  void* data;
+  std::size_t num_device_blocks;
+  KvStrides strides;
+};
+
 }  // namespace activekv::offload

@@ -22,6 +22,7 @@ using activekv::offload::classify_fence_query;
 using activekv::offload::CompressionMode;
 using activekv::offload::crosses_on_copy_engines;
 using activekv::offload::CudaRouteError;
+using activekv::offload::dense_kv_strides;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Direction;
 using activekv::offload::Engine;
@@ -66,7 +67,7 @@ class Rig {
         REQUIRE(cudaMalloc(&data, layer_bytes_) == cudaSuccess);
         device_.push_back(data);
       }
-      views.push_back({data, kDeviceBlocks});
+      views.push_back({data, kDeviceBlocks, dense_kv_strides(layout, kDeviceBlocks)});
     }
     engine_.register_kv_caches(views);
   }

@@ -6,6 +6,7 @@
 
 #include "test_support.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "offload/engine.h"
 
 using activekv::offload::CompressionMode;
+using activekv::offload::dense_kv_strides;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Direction;
 using activekv::offload::Engine;
@@ -56,7 +58,9 @@ struct DeviceKv {
 
   std::vector<DeviceKvLayer> views() {
     std::vector<DeviceKvLayer> result;
-    for (auto& layer : layers) result.push_back({layer.data(), kDeviceBlocks});
+    for (auto& layer : layers) {
+      result.push_back({layer.data(), kDeviceBlocks, dense_kv_strides(kLayout, kDeviceBlocks)});
+    }
     return result;
   }
   // K (value=false) or V of one device block in one layer.
@@ -166,6 +170,46 @@ TEST_CASE("stored blocks come back bit for bit, with their events in plan order"
                         ev(EventKind::loaded, 12), ev(EventKind::loaded, 11)});
   CHECK(engine.store().info(12)->pins == 0);
   CHECK(engine.store().check_invariants() == "");
+}
+
+// vLLM 0.33.0's per-layer view of one layer under LBNHC: [B, N, H, C] in memory, C holding K's
+// head_dim words then V's; the strides SPEC.md §1 gives for it.
+TEST_CASE("a block stored from strided device KV loads back to its rows, in every mode") {
+  const std::size_t row = kLayout.head_dim();  // words of K (or V) of one (token, head)
+  const std::size_t heads = kLayout.num_kv_heads();
+  const std::size_t tokens = kLayout.block_size();
+  const std::size_t block_words = tokens * heads * 2 * row;
+  const activekv::offload::KvStrides strides{block_words * 2, heads * 2 * row * 2, 2 * row * 2,
+                                             row * 2};
+  for (const CompressionMode mode :
+       {CompressionMode::exact, CompressionMode::int8, CompressionMode::fp8_e4m3}) {
+    CAPTURE(static_cast<int>(mode));
+    Engine engine(kLayout, mode, 8 * stored_block_bytes(kLayout, mode), 4, 4, kDeviceBlocks);
+    std::vector<std::vector<std::uint16_t>> layers(
+        kLayers, std::vector<std::uint16_t>(kDeviceBlocks * block_words));
+    std::vector<DeviceKvLayer> views;
+    for (auto& layer : layers) views.push_back({layer.data(), kDeviceBlocks, strides});
+    engine.register_kv_caches(views);
+    // Small finite fp16 values (1.0 and the next few): none of them codes to 0 in any mode.
+    for (auto& layer : layers) {
+      for (std::size_t i = 0; i < block_words; ++i) {
+        layer[2 * block_words + i] = static_cast<std::uint16_t>(0x3C00 + (i % 4));
+      }
+    }
+    const std::vector<std::uint16_t> original(layers[1].begin() + 2 * block_words,
+                                              layers[1].begin() + 3 * block_words);
+    run_step(engine, {}, {{7, 2}});
+    for (auto& layer : layers) std::fill(layer.begin(), layer.end(), std::uint16_t{0});
+    run_step(engine, {{7, 5}}, {});
+    const std::vector<std::uint16_t> loaded(layers[1].begin() + 5 * block_words,
+                                            layers[1].begin() + 6 * block_words);
+    if (mode == CompressionMode::exact) CHECK(loaded == original);
+    for (std::size_t i = 0; i < block_words; ++i) {
+      CHECK(loaded[i] != 0);  // every row of K and V written back, none skipped
+    }
+    CHECK(std::count(layers[1].begin(), layers[1].end(), std::uint16_t{0}) ==
+          static_cast<std::ptrdiff_t>((kDeviceBlocks - 1) * block_words));
+  }
 }
 
 TEST_CASE("lookup is pure") {
@@ -489,7 +533,7 @@ TEST_CASE("bad input raises EngineInputError naming the argument and changes not
   views = kv.views();
   views[1].num_device_blocks = 7;
   bad([&] { engine.register_kv_caches(views); }, "layers[1]");
-  views[1] = {nullptr, kDeviceBlocks};
+  views[1] = {nullptr, kDeviceBlocks, dense_kv_strides(kLayout, kDeviceBlocks)};
   bad([&] { engine.register_kv_caches(views); }, "layers[1]");
 
   bad([] { make_engine(0); }, "capacity_bytes");

@@ -41,6 +41,7 @@ namespace {
 
 using activekv::offload::CompressionMode;
 using activekv::offload::crosses_on_copy_engines;
+using activekv::offload::dense_kv_strides;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Engine;
 using activekv::offload::KvBlockLayout;
@@ -337,7 +338,13 @@ struct KernelPlan {
                                 static_cast<std::uint8_t*>(pool_device),
                                 0,
                                 static_cast<std::uint8_t*>(s.device[0]),
-                                s.host.size(),
+                                // [2, blocks, T * H, D]: contiguous K and V tensors.
+                                s.block / 2,
+                                kHeadDim * 2,
+                                kHeadDim * 2,
+                                s.host.size() * (s.block / 2),
+                                1,
+                                1,
                                 static_cast<std::uint32_t>(s.block / 2 / (kHeadDim * 2)),
                                 kHeadDim,
                                 AKV_MODE_EXACT,
@@ -387,7 +394,7 @@ struct EngineRig {
       kv.push_back(std::make_unique<DeviceBuffer>(2 * 2 * blocks * layout.bytes_per_tensor()));
       check(cudaMemset(kv.back()->data, 0x3C, 2 * 2 * blocks * layout.bytes_per_tensor()),
             "cudaMemset");
-      views.push_back({kv.back()->data, 2 * blocks});
+      views.push_back({kv.back()->data, 2 * blocks, dense_kv_strides(layout, 2 * blocks)});
     }
     engine->register_kv_caches(views);
     // Fill the pool, so that loads come from slots scattered over all of it.
