@@ -50,6 +50,7 @@ namespace {
 constexpr const char* kConnectorName = "ActiveKVConnector";
 constexpr const char* kShimModule = "activekv.vllm_connector";
 constexpr const char* kShimClass = "ActiveKVConnector";
+constexpr const char* kMetadataClass = "ActiveKVMetadata";
 constexpr const char* kFactoryModule = "vllm.distributed.kv_transfer.kv_connector.factory";
 
 // Defaults for kv_connector_extra_config keys that are not given.
@@ -156,28 +157,84 @@ KvDtype kv_dtype(nb::handle torch_dtype) {
       "torch.bfloat16 or torch.float32; got " + name);
 }
 
-std::int64_t extra_int(nb::handle extra, const char* key, std::int64_t fallback) {
-  if (extra.is_none() || !nb::isinstance<nb::dict>(extra)) return fallback;
-  const nb::dict table = nb::borrow<nb::dict>(extra);
-  if (!table.contains(key)) return fallback;
-  std::int64_t value = 0;
-  if (!nb::try_cast<std::int64_t>(table[key], value) || value <= 0) {
-    throw ConnectorConfigError(std::string("kv_transfer_config.kv_connector_extra_config[\"") +
-                               key + "\"]: expected a positive integer; got " +
-                               nb::repr(table[key]).c_str());
+// kv_transfer_config.kv_connector_extra_config, validated whole: every key known, every value of
+// its type. README.md ("Connector settings") lists the keys with their defaults.
+constexpr const char* kExtraConfig = "kv_transfer_config.kv_connector_extra_config";
+const char* const kExtraKeys[] = {"mode", "device", "cpu_bytes", "num_regions", "region_blocks"};
+
+std::string extra_key(const std::string& key) { return std::string(kExtraConfig) + "[\"" + key + "\"]"; }
+
+// Edit distance, for "did you mean" on a mistyped key.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
   }
-  return value;
+  return row[b.size()];
 }
 
-std::string extra_str(nb::handle extra, const char* key, const char* fallback) {
-  if (extra.is_none() || !nb::isinstance<nb::dict>(extra)) return fallback;
+// The extra config as a dict, each key checked against kExtraKeys.
+nb::dict extra_config(nb::handle transfer) {
+  nb::object extra = nb::getattr(transfer, "kv_connector_extra_config", nb::none());
+  if (extra.is_none()) return nb::dict();
+  if (!nb::isinstance<nb::dict>(extra)) {
+    throw ConnectorConfigError(std::string(kExtraConfig) + ": expected a dict; got " +
+                               type_of(extra));
+  }
   const nb::dict table = nb::borrow<nb::dict>(extra);
-  if (!table.contains(key)) return fallback;
+  std::string known;
+  for (const char* key : kExtraKeys) known += std::string(known.empty() ? "" : ", ") + key;
+  for (auto [key, value] : table) {
+    const std::string name = nb::isinstance<nb::str>(key) ? nb::cast<std::string>(key)
+                                                           : std::string(nb::repr(key).c_str());
+    const char* closest = nullptr;
+    std::size_t best = 3;  // suggest only a near miss
+    for (const char* candidate : kExtraKeys) {
+      if (name == candidate) {
+        closest = candidate;
+        best = 0;
+        break;
+      }
+      const std::size_t distance = edit_distance(name, candidate);
+      if (distance < best) {
+        best = distance;
+        closest = candidate;
+      }
+    }
+    if (best == 0) continue;
+    throw ConnectorConfigError(
+        extra_key(name) + ": unknown key" +
+        (closest != nullptr ? std::string(" (did you mean \"") + closest + "\"?)" : "") +
+        "; expected one of " + known);
+  }
+  return table;
+}
+
+std::int64_t extra_int(const nb::dict& extra, const char* key, std::int64_t fallback) {
+  if (!extra.contains(key)) return fallback;
+  nb::object value = extra[key];
+  std::int64_t result = 0;
+  if (nb::isinstance<nb::bool_>(value) || !nb::try_cast<std::int64_t>(value, result, false) ||
+      result <= 0) {
+    throw ConnectorConfigError(extra_key(key) + ": expected a positive integer below 2**63; got " +
+                               nb::repr(value).c_str());
+  }
+  return result;
+}
+
+std::string extra_str(const nb::dict& extra, const char* key, const char* fallback) {
+  if (!extra.contains(key)) return fallback;
   std::string value;
-  if (!nb::try_cast<std::string>(table[key], value)) {
-    throw ConnectorConfigError(std::string("kv_transfer_config.kv_connector_extra_config[\"") +
-                               key + "\"]: expected a string; got " +
-                               nb::repr(table[key]).c_str());
+  if (!nb::try_cast<std::string>(extra[key], value, false)) {
+    throw ConnectorConfigError(extra_key(key) + ": expected a string; got " +
+                               nb::repr(extra[key]).c_str());
   }
   return value;
 }
@@ -185,14 +242,18 @@ std::string extra_str(nb::handle extra, const char* key, const char* fallback) {
 // kv_connector_extra_config[key] read by the engine's own parser (parse_mode, parse_route), its
 // error naming the key.
 template <typename Parse>
-auto extra_choice(nb::handle extra, const char* key, const char* fallback, Parse&& parse) {
+auto extra_choice(const nb::dict& extra, const char* key, const char* fallback, Parse&& parse) {
   const std::string value = extra_str(extra, key, fallback);
   try {
     return parse(value);
   } catch (const std::invalid_argument& error) {
-    throw ConnectorConfigError(std::string("kv_transfer_config.kv_connector_extra_config[\"") +
-                               key + "\"]: " + error.what());
+    throw ConnectorConfigError(extra_key(key) + ": " + error.what());
   }
+}
+
+// The connector's mode names: the engine's, and "fp8" for fp8_e4m3 (the only fp8 it codes).
+CompressionMode connector_mode(const std::string& name) {
+  return activekv::offload::parse_mode(name == "fp8" ? "fp8_e4m3" : name);
 }
 
 // Where vLLM keeps the KV caches: its device_config.device_type ("cuda" on GPUs).
@@ -202,16 +263,57 @@ const char* vllm_device(nb::handle vllm_config) {
   return !device.is_none() && std::string(nb::str(device).c_str()) == "cuda" ? "cuda" : "cpu";
 }
 
+// Why a KV cache config with other than one group cannot be served, as a user can act on it.
+std::string groups_problem(const std::vector<nb::object>& groups) {
+  if (groups.empty()) {
+    return "expected one group of attention layers; got none (a model without a KV cache has "
+           "nothing to offload)";
+  }
+  std::string kinds;
+  bool attention_only = true;
+  for (const nb::object& group : groups) {
+    const std::string kind = type_of(group.attr("kv_cache_spec"));
+    kinds += (kinds.empty() ? "" : ", ") + kind;
+    attention_only = attention_only && kind.find("Attention") != std::string::npos;
+  }
+  return "expected one group of attention layers; got " + std::to_string(groups.size()) + " (" +
+         kinds + "). " +
+         (attention_only ? "Layers of several attention kinds (e.g. sliding window) share one "
+                           "group when vLLM runs with --disable-hybrid-kv-cache-manager"
+                         : "ActiveKV offloads attention KV only; this model also keeps state of "
+                           "another kind");
+}
+
+// The spec fields that change what a block's bytes mean: a spec that sets any is refused by name.
+void check_plain_attention(nb::handle spec, const std::string& where) {
+  const auto refuse = [&](const std::string& field, const std::string& value) {
+    throw ConnectorConfigError(where + "." + field + ": expected the plain K and V of " +
+                               "FullAttentionSpec (ActiveKV serves no other); got " + value +
+                               " in " + std::string(nb::repr(spec).c_str()));
+  };
+  nb::object quant = nb::getattr(spec, "kv_quant_mode", nb::none());
+  if (!quant.is_none() && nb::cast<std::int64_t>(nb::int_(quant)) != 0) {
+    refuse("kv_quant_mode", nb::str(quant).c_str());
+  }
+  for (const char* field : {"num_head_slots", "state_content_bytes"}) {
+    nb::object value = nb::getattr(spec, field, nb::none());
+    if (!value.is_none()) refuse(field, nb::repr(value).c_str());
+  }
+  nb::object per_state = nb::getattr(spec, "tokens_per_state", nb::none());
+  if (!per_state.is_none() && !per_state.equal(nb::int_(1))) {
+    refuse("tokens_per_state", nb::repr(per_state).c_str());
+  }
+}
+
 Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
   std::vector<nb::object> groups;
   for (nb::handle group : kv_cache_config.attr("kv_cache_groups")) groups.push_back(nb::borrow(group));
   if (groups.size() != 1) {
-    throw ConnectorConfigError(
-        "kv_cache_config.kv_cache_groups: expected exactly one full-attention group (run vLLM "
-        "with --disable-hybrid-kv-cache-manager); got " + std::to_string(groups.size()));
+    throw ConnectorConfigError("kv_cache_config.kv_cache_groups: " + groups_problem(groups));
   }
   const std::string where = "kv_cache_config.kv_cache_groups[0].kv_cache_spec";
   nb::object spec = groups[0].attr("kv_cache_spec");
+  check_plain_attention(spec, where);
   const std::int64_t head_size = int_attr(spec, "head_size", where);
   nb::object head_size_v = nb::getattr(spec, "head_size_v", nb::none());
   if (!head_size_v.is_none() && nb::cast<std::int64_t>(head_size_v) != head_size) {
@@ -233,11 +335,11 @@ Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
   if (transfer.is_none()) {
     throw ConnectorConfigError("vllm_config.kv_transfer_config: expected a KVTransferConfig");
   }
-  nb::object extra = nb::getattr(transfer, "kv_connector_extra_config", nb::none());
+  const nb::dict extra = extra_config(transfer);
   nb::object engine_id = nb::getattr(transfer, "engine_id", nb::none());
   return Settings{
       layout,
-      extra_choice(extra, "mode", "exact", activekv::offload::parse_mode),
+      extra_choice(extra, "mode", "exact", connector_mode),
       extra_choice(extra, "device", vllm_device(vllm_config), activekv::offload::parse_route),
       static_cast<std::size_t>(extra_int(extra, "cpu_bytes", kDefaultCpuBytes)),
       static_cast<std::size_t>(extra_int(extra, "num_regions", kDefaultNumRegions)),
@@ -246,6 +348,21 @@ Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
                                             "kv_cache_config.num_blocks")),
       std::move(layer_names),
       engine_id.is_none() ? std::string() : std::string(nb::str(engine_id).c_str())};
+}
+
+// An engine argument error as the user wrote the setting: "capacity_bytes: ..." becomes
+// kv_connector_extra_config["cpu_bytes"]: ..., and so on.
+std::string in_config_terms(const std::string& message) {
+  const std::pair<const char*, std::string> names[] = {
+      {"capacity_bytes", extra_key("cpu_bytes")},
+      {"num_regions", extra_key("num_regions")},
+      {"region_blocks", extra_key("region_blocks")},
+      {"num_device_blocks", "kv_cache_config.num_blocks"}};
+  for (const auto& [engine_name, config_name] : names) {
+    const std::string prefix = std::string(engine_name) + ":";
+    if (message.rfind(prefix, 0) == 0) return config_name + message.substr(prefix.size() - 1);
+  }
+  return message;
 }
 
 bool same_layout(const KvBlockLayout& a, const KvBlockLayout& b) {
@@ -268,9 +385,17 @@ std::shared_ptr<Engine> shared_engine(const Settings& settings) {
     }
     return existing;
   }
-  auto engine = std::make_shared<Engine>(settings.layout, settings.mode, settings.cpu_bytes,
-                                         settings.num_regions, settings.region_blocks,
-                                         settings.num_device_blocks, settings.route);
+  std::shared_ptr<Engine> engine;
+  try {
+    engine = std::make_shared<Engine>(settings.layout, settings.mode, settings.cpu_bytes,
+                                      settings.num_regions, settings.region_blocks,
+                                      settings.num_device_blocks, settings.route);
+  } catch (const activekv::offload::CudaRouteError& error) {
+    throw ConnectorConfigError(extra_key("device") + " = \"cuda\": the CUDA route cannot start (" +
+                               error.what() + ")");
+  } catch (const std::invalid_argument& error) {
+    throw ConnectorConfigError(in_config_terms(error.what()));
+  }
   slot = engine;
   return engine;
 }
@@ -377,7 +502,8 @@ class ConnectorCore {
     }
   }
 
-  StepPlan build_connector_meta(nb::handle scheduler_output) {
+  // The step's plan in the shim's KVConnectorMetadata subclass, as vLLM declares the return type.
+  nb::object build_connector_meta(nb::handle scheduler_output) {
     for (nb::handle new_request : scheduler_output.attr("scheduled_new_reqs")) {
       auto found = requests_.find(nb::cast<std::string>(new_request.attr("req_id")));
       if (found == requests_.end()) continue;
@@ -414,9 +540,10 @@ class ConnectorCore {
     // Offers not taken up by an allocation this step lapse; a request still waiting is asked again.
     for (auto& entry : requests_) entry.second.load_blocks = 0;
     offered_loads_ = 0;
-    StepPlan plan = std::move(plan_);
+    nb::object metadata = nb::module_::import_(kShimModule).attr(kMetadataClass)();
+    metadata.attr("plan") = nb::cast(std::move(plan_));
     plan_ = StepPlan{};
-    return plan;
+    return metadata;
   }
 
   // ---- worker half ----
@@ -540,9 +667,11 @@ class ConnectorCore {
     if (step_running_) return;
     nb::object metadata = connector.attr("_get_connector_metadata")();
     StepPlan* plan = nullptr;
-    if (!nb::try_cast<StepPlan*>(metadata, plan) || plan == nullptr) {
-      throw ConnectorConfigError("connector metadata: expected the StepPlan ActiveKV's scheduler "
-                                 "half built; got " + type_of(metadata));
+    if (!nb::try_cast<StepPlan*>(nb::getattr(metadata, "plan", nb::none()), plan) ||
+        plan == nullptr) {
+      throw ConnectorConfigError("connector metadata: expected the ActiveKVMetadata ActiveKV's "
+                                 "scheduler half built (with its StepPlan); got " +
+                                 type_of(metadata));
     }
     std::vector<std::uint64_t> load_keys, store_keys;
     std::vector<std::int64_t> load_blocks, store_blocks;

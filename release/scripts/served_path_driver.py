@@ -131,10 +131,10 @@ class HookLog:
 
 
 def block_digest(kv_caches: dict[str, Any], names: list[str], block: int) -> str:
-    """sha256 of one device block's K and V bytes in every layer."""
+    """sha256 of one device block's K and V bytes in every layer ([B, H, N, 2D] views)."""
     digest = hashlib.sha256()
     for name in names:
-        digest.update(kv_caches[name][:, block].contiguous().view(-1).view(torch_uint8()).numpy())
+        digest.update(kv_caches[name][block].contiguous().view(-1).view(torch_uint8()).numpy())
     return digest.hexdigest()
 
 
@@ -144,7 +144,16 @@ def torch_uint8() -> Any:
     return torch.uint8
 
 
-def build_configs(model_dir: Path, connector: str, module_path: str | None, layers: int) -> Any:
+def build_configs(
+    model_dir: Path, connector: str, module_path: str | None, layers: int, *,
+    kv_layout: str = "LBNHC", dtype: str = "float16", block_size: int = 16, num_blocks: int = 64,
+    num_kv_heads: int = MODEL_CONFIG["num_key_value_heads"],
+    head_dim: int = MODEL_CONFIG["head_dim"],
+    extra: dict[str, Any] | None = None,
+) -> Any:  # fmt: skip
+    """vLLM's configs as its engine core makes them for a model of `layers` attention layers: the
+    KV cache config planned by vLLM (`get_kv_cache_config_from_groups`) for `kv_layout`, so that
+    `real_kv_caches` gets from `allocate_kv_cache` exactly the tensors a worker registers."""
     import torch
     from vllm.config import (
         CacheConfig,
@@ -154,14 +163,14 @@ def build_configs(model_dir: Path, connector: str, module_path: str | None, laye
         SchedulerConfig,
         VllmConfig,
     )
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 
-    block_size, num_blocks = 16, 64
     (model_dir / "config.json").write_text(
-        json.dumps({**MODEL_CONFIG, "num_hidden_layers": layers})
+        json.dumps({**MODEL_CONFIG, "num_hidden_layers": layers, "torch_dtype": dtype})
     )
     model_config = ModelConfig(
-        model=str(model_dir), skip_tokenizer_init=True, dtype="float16", max_model_len=512
+        model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, max_model_len=512
     )
     vllm_config = VllmConfig(
         model_config=model_config,
@@ -178,22 +187,35 @@ def build_configs(model_dir: Path, connector: str, module_path: str | None, laye
             kv_connector=connector,
             kv_connector_module_path=module_path,
             kv_role="kv_both",
-            engine_id=f"served-path-{connector}",
-            kv_connector_extra_config={"cpu_bytes": 1 << 22, "num_regions": 4, "region_blocks": 16},
+            engine_id=f"served-path-{connector}-{kv_layout}-{dtype}-{block_size}-{num_kv_heads}",
+            kv_connector_extra_config=extra
+            if extra is not None
+            else {"cpu_bytes": 1 << 22, "num_regions": 4, "region_blocks": 16},
         ),
     )
+    vllm_config.cache_config.kv_cache_layout = kv_layout
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
     spec = FullAttentionSpec(
         block_size=block_size,
-        num_kv_heads=MODEL_CONFIG["num_key_value_heads"],
-        head_size=MODEL_CONFIG["head_dim"],
-        dtype=torch.float16,
+        num_kv_heads=num_kv_heads,
+        head_size=head_dim,
+        dtype=getattr(torch, dtype),
     )
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)]
+    kv_cache_config = get_kv_cache_config_from_groups(
+        vllm_config, [KVCacheGroupSpec(names, spec)], num_blocks * layers * spec.page_size_bytes
     )
-    vllm_config.cache_config.num_gpu_blocks = num_blocks
-    return vllm_config, kv_cache_config, names, spec, num_blocks
+    vllm_config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+    return vllm_config, kv_cache_config, names, spec, kv_cache_config.num_blocks
+
+
+def real_kv_caches(vllm_config: Any, kv_cache_config: Any) -> dict[str, Any]:
+    """The KV caches a CPU worker of vLLM allocates and registers: one backing allocation, a
+    [B, H, N, 2D] view per layer placed by the config's KVCacheLayout."""
+    import torch
+    from vllm.v1.worker.utils import allocate_kv_cache
+
+    layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
+    return allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout)
 
 
 def drive(
@@ -212,7 +234,7 @@ def drive(
     from vllm.v1.structured_output import StructuredOutputManager
 
     with tempfile.TemporaryDirectory() as model_dir:
-        vllm_config, kv_cache_config, names, spec, num_blocks = build_configs(
+        vllm_config, kv_cache_config, names, spec, _ = build_configs(
             Path(model_dir), connector_name, module_path, layers
         )
         scheduler = Scheduler(
@@ -227,14 +249,12 @@ def drive(
     assert scheduler.connector is not None
     scheduler_hooks = HookLog(scheduler.connector)
     worker_hooks = HookLog(worker)
-    shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
     generator = torch.Generator().manual_seed(7)
-    kv_caches = {
-        name: torch.randint(0, 2**15, shape, dtype=torch.int16, generator=generator).view(
-            torch.float16
-        )
-        for name in names
-    }
+    kv_caches = real_kv_caches(vllm_config, kv_cache_config)
+    for name in names:  # random finite float16 bits, written through each strided view
+        view = kv_caches[name]
+        view.copy_(torch.randint(0, 2**15, view.shape, dtype=torch.int16, generator=generator)
+                   .view(view.dtype))  # fmt: skip
     init_none_hash(sha256)
     hasher = get_request_block_hasher(spec.block_size, sha256)
     prompt = [(7 * i + 3) % 500 for i in range(5 * spec.block_size + 3)]
@@ -258,14 +278,15 @@ def drive(
                     )
                 )
             output = scheduler.schedule()
-            plan = output.kv_connector_metadata
+            metadata = output.kv_connector_metadata
+            plan = getattr(metadata, "plan", metadata)  # ActiveKVMetadata carries a StepPlan
             # New blocks start zeroed (vLLM's new_block_ids_to_zero), so a load that moves nothing
             # cannot pass for one that did.
             for _, block in plan.loads:
                 for name in names:
-                    kv_caches[name][:, block].zero_()
+                    kv_caches[name][block].zero_()
             # The worker's calls, as KVConnectorModelRunnerMixin and the attention layers make them.
-            worker.bind_connector_metadata(plan)
+            worker.bind_connector_metadata(metadata)
             context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
             if output.has_sync_kv_loads:
                 worker.start_load_kv(context)

@@ -8,13 +8,13 @@
 from typing import TYPE_CHECKING, Any  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:47 b222aa97
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:181 9433fb97
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:597 c98aeefb
 
 from activekv._vllm import ConnectorCore  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/factory.py:37 c4d08c46
 
 if TYPE_CHECKING:  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:57 d5631711
     import torch  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:49 cf1070d3
     from vllm.config import VllmConfig  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:58 5e9ef1c5
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:597 c98aeefb
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:217 b1e25e12
     from vllm.forward_context import ForwardContext  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:67 3444bb1c
     from vllm.v1.attention.backend import AttentionMetadata  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:52 f3caa651
@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connect
     from vllm.v1.core.sched.output import SchedulerOutput  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:53 44152229
     from vllm.v1.kv_cache_interface import KVCacheConfig  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:70 d0797eba
     from vllm.v1.request import Request  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:71 9f3f23d4
+
+
+# The step's plan as build_connector_meta must return it, a KVConnectorMetadata: the native core
+# makes it and sets its `plan` (activekv._vllm.StepPlan), so it pickles to worker processes.
+class ActiveKVMetadata(KVConnectorMetadata): pass  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:155 e91c88e4
 
 
 class ActiveKVConnector(KVConnectorBase_V1):  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/factory.py:38 eb82af68
@@ -37,7 +42,7 @@ class ActiveKVConnector(KVConnectorBase_V1):  # cites: vllm==0.33.0 vllm/distrib
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:569 83e0c618
         return self._core.update_state_after_alloc(request, blocks, num_external_tokens)  # cites: vllm==0.33.0 vllm/v1/core/sched/scheduler.py:1482 3e1c4fed
 
-    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> "KVConnectorMetadata":  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:595 65ce76d5
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:  # cites: vllm==0.33.0 vllm/distributed/kv_transfer/kv_connector/v1/base.py:595 65ce76d5
         return self._core.build_connector_meta(scheduler_output)  # cites: vllm==0.33.0 vllm/v1/core/sched/scheduler.py:1789 18a83014
 
     # Worker half.

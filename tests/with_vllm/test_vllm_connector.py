@@ -114,6 +114,7 @@ def test_every_abstract_method_is_implemented_by_the_shim() -> None:
 
 
 def test_metadata_from_a_real_scheduler_pickles(configs: tuple[Any, Any]) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -139,11 +140,13 @@ def test_metadata_from_a_real_scheduler_pickles(configs: tuple[Any, Any]) -> Non
             block_hasher=get_request_block_hasher(block_size, sha256),
         )
     )
-    plan = scheduler.schedule().kv_connector_metadata
+    metadata = scheduler.schedule().kv_connector_metadata
+    assert isinstance(metadata, KVConnectorMetadata)  # build_connector_meta's declared type
+    plan = metadata.plan
     assert len(plan.stores) == 3  # the three full blocks of the prompt
-    copy = pickle.loads(pickle.dumps(plan))
-    assert type(copy) is type(plan)
-    assert (copy.loads, copy.stores) == (plan.loads, plan.stores)
+    copy = pickle.loads(pickle.dumps(metadata))
+    assert type(copy) is type(metadata)
+    assert (copy.plan.loads, copy.plan.stores) == (plan.loads, plan.stores)
 
 
 def test_payload_audit_verifies_the_shim_against_the_vllm_wheel(
