@@ -269,12 +269,15 @@ std::string groups_problem(const std::vector<nb::object>& groups) {
     return "expected one group of attention layers; got none (a model without a KV cache has "
            "nothing to offload)";
   }
+  nb::object attention = nb::module_::import_("vllm.v1.kv_cache_interface").attr("AttentionSpec");
   std::string kinds;
   bool attention_only = true;
   for (const nb::object& group : groups) {
-    const std::string kind = type_of(group.attr("kv_cache_spec"));
-    kinds += (kinds.empty() ? "" : ", ") + kind;
-    attention_only = attention_only && kind.find("Attention") != std::string::npos;
+    nb::object spec = group.attr("kv_cache_spec");
+    kinds += (kinds.empty() ? "" : ", ") + nb::cast<std::string>(spec.type().attr("__name__"));
+    const int is_attention = PyObject_IsInstance(spec.ptr(), attention.ptr());
+    if (is_attention < 0) throw nb::python_error();
+    attention_only = attention_only && is_attention == 1;
   }
   return "expected one group of attention layers; got " + std::to_string(groups.size()) + " (" +
          kinds + "). " +
