@@ -23,6 +23,16 @@ KV_CACHE_LAYOUTS = {
 }
 
 
+def byte_strides(layout: str, shape: tuple[int, ...]) -> list[int]:
+    """Byte strides of the logical [L, B, H, N, C] `shape` (C in bytes) placed by `layout`."""
+    strides = [0] * 5
+    step = 1
+    for axis in reversed(KV_CACHE_LAYOUTS[layout]):
+        strides[axis] = step
+        step *= shape[axis]
+    return strides
+
+
 def layer_views(
     layout: str, num_layers: int, num_blocks: int, heads: int, tokens: int, head_dim: int,
     word: np.dtype,
@@ -31,12 +41,8 @@ def layer_views(
     zeroed backing buffer placed by `layout`."""
     word = np.dtype(word)
     shape = (num_layers, num_blocks, heads, tokens, 2 * head_dim * word.itemsize)
-    order = KV_CACHE_LAYOUTS[layout]
-    strides = [0] * 5
-    step = 1
-    for axis in reversed(order):
-        strides[axis] = step
-        step *= shape[axis]
     backing = np.zeros(math.prod(shape), np.uint8)
-    logical = np.lib.stride_tricks.as_strided(backing, shape, strides, writeable=True)
+    logical = np.lib.stride_tricks.as_strided(
+        backing, shape, byte_strides(layout, shape), writeable=True
+    )
     return [logical[layer].view(word) for layer in range(num_layers)]

@@ -6,11 +6,12 @@ implementations agree on every event and byte."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import pytest
-from fixtures_kv import KV_CACHE_LAYOUTS
+from fixtures_kv import KV_CACHE_LAYOUTS, byte_strides
 from test_engine_reference import Driver, raised, scenario_random
 
 from reference import engine as reference
@@ -112,3 +113,69 @@ def test_a_view_is_taken_or_refused_as_the_reference_does(native: Any, index: in
     got = _outcome(call)
     assert got == _outcome(_bad_views(reference)[index][1]), name
     assert (got[0] is None) == (name in ("bytes are taken", "strided but whole")), got
+
+
+def _cuda_layer_views(torch: Any, layout: str, shape: tuple[int, ...], dtype: Any) -> list[Any]:
+    """As vLLM's allocate_kv_cache on a GPU: one int8 allocation, [B, H, N, 2D] views of
+    `dtype` per layer placed by `layout` (shape is the logical [L, B, H, N, C bytes])."""
+    backing = torch.zeros(math.prod(shape), dtype=torch.int8, device="cuda")
+    logical = torch.as_strided(backing, shape, byte_strides(layout, shape))
+    return [logical[layer].view(dtype) for layer in range(shape[0])]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", sorted(KV_CACHE_LAYOUTS))
+def test_the_cuda_route_serves_every_layout_as_the_cpu_route_does(
+    native: Any, layout: str, mode: str
+) -> None:
+    """On a GPU with torch: torch KV caches laid out as vLLM lays them out, stored and loaded by
+    the CUDA route; every byte equal to what the CPU route (the same engine, host views) left."""
+    from release.gates.gpu_runner import detect_gpu
+
+    if detect_gpu() is None:
+        pytest.skip("not run: no GPU runner")
+    torch = pytest.importorskip("torch")
+    layers, blocks, heads, tokens, head_dim = 2, 8, 3, 16, 64
+    layout_ = native.KvBlockLayout(layers, tokens, heads, head_dim, native.KvDtype.bf16)
+    slot = native.stored_block_bytes(layout_, mode)
+    rng = np.random.Generator(np.random.PCG64(11))
+    words = rng.integers(0, 2**16, (layers, blocks, heads, tokens, 2 * head_dim), dtype=np.uint16)
+    words[..., :] &= 0x7F7F  # finite bf16 values: the codecs' scales stay defined
+    host = Driver(native, num_layers=layers, dtype="bf16", block_size=tokens,
+                  num_kv_heads=heads, head_dim=head_dim, slots=8, num_device_blocks=blocks,
+                  mode=mode, kv_layout=layout)  # fmt: skip
+    shape = (layers, blocks, heads, tokens, 2 * head_dim * 2)
+    device = _cuda_layer_views(torch, layout, shape, torch.bfloat16)
+    for layer in range(layers):
+        host.kv[layer][...] = words[layer]
+        device[layer].copy_(torch.from_numpy(words[layer].view(np.int16)).view(torch.bfloat16))
+    engine = native.Engine(layout_, mode, 8 * slot, 4, 4, blocks, device="cuda")
+    engine.register_kv_caches(device)
+    torch.cuda.synchronize()
+
+    def step(driven: Any, loads: list[tuple[int, int]], stores: list[tuple[int, int]]) -> None:
+        if loads:
+            driven.plan_load([h for h, _ in loads], [d for _, d in loads])
+        if stores:
+            driven.plan_store([h for h, _ in stores], [d for _, d in stores])
+        driven.build_step()
+        driven.start_load()
+        for layer in range(layers):
+            assert list(driven.wait_for_layer_load(layer)) == []
+            driven.save_kv_layer(layer)
+        driven.wait_for_save()
+
+    for driven, clear in ((host.engine, lambda: [kv.fill(0) for kv in host.kv]),
+                          (engine, lambda: [kv.zero_() for kv in device])):  # fmt: skip
+        step(driven, [], [(11, 1), (12, 6)])
+        torch.cuda.synchronize()
+        clear()
+        torch.cuda.synchronize()
+        step(driven, [(11, 3), (12, 0)], [])
+    torch.cuda.synchronize()
+    for layer in range(layers):
+        got = device[layer].view(torch.int16).cpu().numpy().view(np.uint16)
+        want = np.array(host.kv[layer])
+        assert got.tobytes() == want.tobytes(), (layout, mode, layer)
+        if mode == "exact":
+            assert (got[3] == words[layer][1]).all() and (got[0] == words[layer][6]).all()
