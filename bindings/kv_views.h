@@ -59,9 +59,10 @@ struct KvViewRule {
   int cuda_device = -1;                   // the GPU its memory must be on (CUDA route)
 };
 
-// `item` as an Array of a type `rule` allows, in the memory it must be in (not yet its shape).
+// `item` as an Array in the memory `rule` asks for (not yet its type or shape). Cast once: a
+// DLPack capsule can be taken only once.
 template <typename Array>
-Array accessible_array(nb::handle item, const std::string& name, const KvViewRule& rule) {
+Array device_array(nb::handle item, const std::string& name, const KvViewRule& rule) {
   using offload::EngineInputError;
   Array array;
   if (!nb::try_cast<Array>(item, array, /*convert=*/false)) {
@@ -85,13 +86,19 @@ Array accessible_array(nb::handle item, const std::string& name, const KvViewRul
                            "\"); got one " + (type == nb::device::cpu::value ? "in " : "on ") +
                            device_text(type, id));
   }
+  return array;
+}
+
+// EngineInputError naming `name` unless `array`'s element type is one of `rule`'s.
+template <typename Array>
+void check_dtype(const Array& array, const std::string& name, const KvViewRule& rule) {
   const nb::dlpack::dtype dtype = array.dtype();
   bool taken = false;
   for (const nb::dlpack::dtype& accepted : rule.dtypes) taken = taken || dtype == accepted;
   if (!taken) {
-    throw EngineInputError(name + ": expected " + rule.dtypes_text + "; got " + dtype_text(dtype));
+    throw offload::EngineInputError(name + ": expected " + rule.dtypes_text + "; got " +
+                                    dtype_text(dtype));
   }
-  return array;
 }
 
 // The engine reads and writes whole elements in place (SPEC.md §1): a misaligned one would be
@@ -107,13 +114,10 @@ void check_aligned(const Array& array, const std::string& name, std::size_t elem
   }
 }
 
-// `item` as an Array that `rule` allows, taken as it is: never converted or copied, as the engine
-// reads and writes the caller's memory in place. Otherwise EngineInputError naming `name`, what
-// was expected and what it got, for the first of these checks that fails.
+// EngineInputError naming `name` unless `array` is of `rule`'s shape, C-contiguous and aligned.
 template <typename Array>
-Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule& rule) {
+void check_dense(const Array& array, const std::string& name, const KvViewRule& rule) {
   using offload::EngineInputError;
-  Array array = accessible_array<Array>(item, name, rule);
   const std::vector<std::int64_t> shape = shape_of(array);
   if (shape != rule.shape) {
     throw EngineInputError(name + ": expected shape " + rule.shape_text + " = " +
@@ -125,6 +129,16 @@ Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule
                            list_text(strides) + " (in elements) for shape " + list_text(shape));
   }
   check_aligned(array, name, array.dtype().bits / 8);
+}
+
+// `item` as an Array that `rule` allows, taken as it is: never converted or copied, as the engine
+// reads and writes the caller's memory in place. Otherwise EngineInputError naming `name`, what
+// was expected and what it got, for the first of these checks that fails.
+template <typename Array>
+Array checked_kv_view(nb::handle item, const std::string& name, const KvViewRule& rule) {
+  Array array = device_array<Array>(item, name, rule);
+  check_dtype(array, name, rule);
+  check_dense(array, name, rule);
   return array;
 }
 
@@ -138,7 +152,7 @@ struct KvLayerView {
 // vLLM's per-layer view [num_device_blocks, num_kv_heads, block_size, 2 * head_dim] (see
 // kv_layer_view), its strides read from the array. `rule.dtypes` are the typed elements it may
 // hold; bytes (int8, uint8) are taken too, the last dimension then in bytes.
-inline KvLayerView vllm_layer_view(nb::handle item, const std::string& name,
+inline KvLayerView vllm_layer_view(const nb::ndarray<>& array, const std::string& name,
                                    const offload::Engine& engine, KvViewRule rule) {
   using Code = nb::dlpack::dtype_code;
   using offload::EngineInputError;
@@ -147,7 +161,7 @@ inline KvLayerView vllm_layer_view(nb::handle item, const std::string& name,
   rule.dtypes.push_back(scalar_dtype(Code::Int, 8));
   rule.dtypes.push_back(scalar_dtype(Code::UInt, 8));
   rule.dtypes_text += " (or its bytes, int8 or uint8)";
-  nb::ndarray<> array = accessible_array<nb::ndarray<>>(item, name, rule);
+  check_dtype(array, name, rule);
   const std::size_t element = array.dtype().bits / 8;
   const auto blocks = static_cast<std::int64_t>(engine.num_device_blocks());
   const std::vector<std::int64_t> expected{
@@ -221,11 +235,10 @@ inline KvLayerView kv_layer_view(nb::handle item, const std::string& name,
                         "[2, num_device_blocks, block_size, num_kv_heads, head_dim]",
                         engine.route(),
                         engine.cuda_device()};
-  nb::ndarray<> probe;
-  if (nb::try_cast(item, probe, /*convert=*/false) && probe.ndim() == 4) {
-    return vllm_layer_view(item, name, engine, rule);
-  }
-  nb::ndarray<> array = checked_kv_view<nb::ndarray<>>(item, name, rule);
+  nb::ndarray<> array = device_array<nb::ndarray<>>(item, name, rule);
+  if (array.ndim() == 4) return vllm_layer_view(array, name, engine, rule);
+  check_dtype(array, name, rule);
+  check_dense(array, name, rule);
   return {array, offload::dense_kv_strides(layout, engine.num_device_blocks())};
 }
 

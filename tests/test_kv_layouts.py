@@ -115,6 +115,18 @@ def test_a_view_is_taken_or_refused_as_the_reference_does(native: Any, index: in
     assert (got[0] is None) == (name in ("bytes are taken", "strided but whole")), got
 
 
+@pytest.mark.parametrize("layout", [None, "LBNHC"])
+def test_dlpack_capsules_are_taken_in_either_form(native: Any, layout: str | None) -> None:
+    """A capsule can be consumed once: each layer is cast exactly once (DeviceKvCache.layers are
+    capsules)."""
+    driver = Driver(native, kv_layout=layout)
+    driver.kv[0][...] = 7
+    driver.engine.register_kv_caches([layer.__dlpack__() for layer in driver.kv])
+    driver.step(stores=[(5, 1)])
+    driver.step(loads=[(5, 2)])
+    assert (_logical(driver)[0][:, 2] == 7).all()  # block 2 came back
+
+
 def _cuda_layer_views(torch: Any, layout: str, shape: tuple[int, ...], dtype: Any) -> list[Any]:
     """As vLLM's allocate_kv_cache on a GPU: one int8 allocation, [B, H, N, 2D] views of
     `dtype` per layer placed by `layout` (shape is the logical [L, B, H, N, C bytes])."""
