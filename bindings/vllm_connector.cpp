@@ -610,6 +610,30 @@ class ConnectorCore {
     drain_events();
   }
 
+  // What the connector holds between steps (tests): requests tracked by the scheduler half, the
+  // pool's pinned, storing, committed and free blocks, quarantined regions, a step in progress.
+  nb::dict state() const {
+    nb::dict result;
+    const activekv::offload::BlockStore& store = engine_->store();
+    result["requests"] = requests_.size();
+    result["step_running"] = step_running_;
+    result["pinned_blocks"] = store.pinned_blocks();
+    result["storing_blocks"] = store.storing_blocks();
+    result["committed_blocks"] = store.committed_blocks();
+    result["free_slots"] = store.free_slots();
+    result["quarantined_regions"] = engine_->quarantined_regions();
+    result["invariants"] = store.check_invariants();
+    return result;
+  }
+
+  // Tests and traces only: the next lease of this direction and layer has a fence of unknown
+  // outcome (Engine.inject_fence_fault).
+  void inject_fence_fault(const std::string& direction, std::int64_t layer) {
+    const auto parsed = activekv::offload::parse_direction(direction);
+    nb::gil_scoped_release release;
+    engine_->inject_fence_fault(parsed, layer);
+  }
+
   std::set<std::int64_t> get_block_ids_with_load_errors() {
     std::set<std::int64_t> errors;
     errors.swap(load_errors_);
@@ -779,5 +803,12 @@ NB_MODULE(_vllm, m) {
       .def("save_kv_layer", &ConnectorCore::save_kv_layer, nb::arg("connector"),
            nb::arg("layer_name"), nb::arg("kv_layer").none(), nb::arg("attn_metadata").none())
       .def("wait_for_save", &ConnectorCore::wait_for_save, nb::arg("connector"))
-      .def("get_block_ids_with_load_errors", &ConnectorCore::get_block_ids_with_load_errors);
+      .def("get_block_ids_with_load_errors", &ConnectorCore::get_block_ids_with_load_errors)
+      .def_prop_ro("state", &ConnectorCore::state,
+                   "What the connector holds now (requests, pinned/storing/committed blocks, free "
+                   "slots, quarantined regions, a running step): for tests and diagnostics.")
+      .def("inject_fence_fault", &ConnectorCore::inject_fence_fault, nb::arg("direction"),
+           nb::arg("layer"),
+           "Tests and traces only: the next lease of this direction (\"load\" | \"store\") and "
+           "layer has a fence of unknown outcome.");
 }

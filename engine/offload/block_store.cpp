@@ -132,6 +132,13 @@ std::size_t BlockStore::storing_blocks() const {
   return count;
 }
 
+std::size_t BlockStore::pinned_blocks() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t count = 0;
+  for (const auto& entry : blocks_) count += entry.second.pins > 0 ? 1 : 0;
+  return count;
+}
+
 std::uint64_t BlockStore::clock() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return clock_;

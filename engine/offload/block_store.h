@@ -80,6 +80,7 @@ class BlockStore {
   std::size_t free_slots() const;
   std::size_t committed_blocks() const;
   std::size_t storing_blocks() const;
+  std::size_t pinned_blocks() const;  // blocks with a load in flight
   std::uint64_t clock() const;
   // Every internal invariant checked; an empty string when all hold, else the first broken one.
   std::string check_invariants() const;

@@ -30,7 +30,10 @@ class Rig:
     """vLLM's Scheduler with ActiveKVConnector, and the connector's worker half on the tensors
     `allocate_kv_cache` makes; steps run as KVConnectorModelRunnerMixin runs them."""
 
-    def __init__(self, folder: Path, layout: str, spec: tuple[str, int, int, int], mode: str):
+    def __init__(
+        self, folder: Path, layout: str, spec: tuple[str, int, int, int], mode: str, *,
+        num_blocks: int = 24, step_tokens: int | None = None,
+    ) -> None:  # fmt: skip
         import torch
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
@@ -45,9 +48,11 @@ class Rig:
         extra = {"mode": mode, "cpu_bytes": 1 << 24, "num_regions": 4, "region_blocks": 16}
         self.vllm_config, kv_cache_config, self.names, self.spec, _ = build_configs(
             folder, "ActiveKVConnector", None, LAYERS, kv_layout=layout, dtype=dtype,
-            block_size=block_size, num_kv_heads=heads, head_dim=head_dim, num_blocks=24,
+            block_size=block_size, num_kv_heads=heads, head_dim=head_dim, num_blocks=num_blocks,
             extra=extra,
         )  # fmt: skip
+        if step_tokens is not None:  # chunked prefill: a prompt takes several steps
+            self.vllm_config.scheduler_config.max_num_batched_tokens = step_tokens
         self.scheduler = Scheduler(
             vllm_config=self.vllm_config,
             kv_cache_config=kv_cache_config,
@@ -75,44 +80,56 @@ class Rig:
         """One device block of every layer, [H, N, 2D], copied out."""
         return [self.kv[name][block].clone() for name in self.names]
 
-    def serve(self, request_id: str, prompt: list[int]) -> list[Any]:
-        """Runs `request_id` to its end; the connector plans of its steps."""
-        from vllm.forward_context import ForwardContext
+    def add(self, request_id: str, prompt: list[int], max_tokens: int = 1) -> None:
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
         from vllm.v1.request import Request
 
         self.scheduler.add_request(Request(
             request_id=request_id, prompt_token_ids=prompt,
-            sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
-            block_hasher=self.hasher,
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            pooling_params=None, block_hasher=self.hasher,
         ))  # fmt: skip
+
+    def step(self, before_load: Any = None) -> tuple[Any, set[int]]:
+        """One scheduler step, the worker's hooks in the model runner's order; its plan and the
+        blocks reported as failed loads. `before_load(core)` runs after the plan is bound."""
+        from vllm.forward_context import ForwardContext
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        output = self.scheduler.schedule()
+        metadata = output.kv_connector_metadata
+        worker = self.worker
+        worker.bind_connector_metadata(metadata)
+        if before_load is not None:
+            before_load(worker._core)
+        context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+        if output.has_sync_kv_loads:
+            worker.start_load_kv(context)
+        if output.total_num_scheduled_tokens > 0:
+            for name in self.names:
+                worker.wait_for_layer_load(name)
+                worker.save_kv_layer(name, self.kv[name], None)
+        if not output.has_sync_kv_loads:
+            worker.start_load_kv(context)
+        worker.wait_for_save()
+        invalid = worker.get_block_ids_with_load_errors()
+        worker.clear_connector_metadata()
+        req_ids = list(output.num_scheduled_tokens)
+        self.scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[11] for _ in req_ids],
+            kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
+        ))  # fmt: skip
+        return metadata.plan, invalid
+
+    def serve(self, request_id: str, prompt: list[int]) -> list[Any]:
+        """Runs `request_id` to its end; the connector plans of its steps."""
+        self.add(request_id, prompt)
         plans = []
         while self.scheduler.has_requests():
-            output = self.scheduler.schedule()
-            metadata = output.kv_connector_metadata
-            plans.append(metadata.plan)
-            worker = self.worker
-            worker.bind_connector_metadata(metadata)
-            context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
-            if output.has_sync_kv_loads:
-                worker.start_load_kv(context)
-            if output.total_num_scheduled_tokens > 0:
-                for name in self.names:
-                    worker.wait_for_layer_load(name)
-                    worker.save_kv_layer(name, self.kv[name], None)
-            if not output.has_sync_kv_loads:
-                worker.start_load_kv(context)
-            worker.wait_for_save()
-            invalid = worker.get_block_ids_with_load_errors()
-            worker.clear_connector_metadata()
-            req_ids = list(output.num_scheduled_tokens)
-            self.scheduler.update_from_output(output, ModelRunnerOutput(
-                req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=[[11] for _ in req_ids],
-                kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
-            ))  # fmt: skip
+            plan, invalid = self.step()
             assert not invalid
+            plans.append(plan)
         return plans
 
 

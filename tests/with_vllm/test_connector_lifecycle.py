@@ -1,0 +1,102 @@
+"""What the connector holds across a request's life with the real Scheduler: after requests
+finish, are aborted, or are preempted and resumed, no request, pin, storing block or step is left,
+and the pool's accounting is what it was. A load whose fence fails is reported to vLLM as invalid
+blocks, which it recomputes; it is never counted as loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from test_real_kv_caches import Rig
+
+SPEC = ("float16", 16, 2, 64)
+
+
+def _settled(core: Any, *, committed: int | None = None) -> dict[str, Any]:
+    state = core.state
+    assert state["requests"] == 0, state
+    assert (state["pinned_blocks"], state["storing_blocks"], state["step_running"]) == (0, 0, False)
+    assert state["invariants"] == "", state
+    if committed is not None:
+        assert state["committed_blocks"] == committed, state
+    return state
+
+
+def _events(rig: Rig) -> dict[str, int]:
+    """Engine events by kind, as both halves drained them (they share one engine here)."""
+    counts: dict[str, int] = {}
+    for core in (rig.scheduler.connector._core, rig.worker._core):
+        for kind, count in core.event_counts.items():
+            counts[kind] = counts.get(kind, 0) + count
+    return counts
+
+
+def _prompt(blocks: int, salt: int = 0) -> list[int]:
+    return [(7 * i + salt) % 500 for i in range(blocks * SPEC[1] + 1)]
+
+
+def test_finished_requests_leave_nothing_held(activekv_site: Path, tmp_path: Path) -> None:
+    rig = Rig(tmp_path, "LBNHC", SPEC, "exact")
+    scheduler_core = rig.scheduler.connector._core
+    before = rig.worker._core.state
+    rig.serve("first", _prompt(3))
+    rig.serve("second", _prompt(3))  # loads the first's blocks back
+    state = _settled(scheduler_core, committed=3)
+    assert state["free_slots"] == before["free_slots"] - 3
+    assert _events(rig)["loaded"] == 3
+
+
+def test_an_aborted_request_mid_prefill_leaves_nothing_held(
+    activekv_site: Path, tmp_path: Path
+) -> None:
+    from vllm.v1.request import RequestStatus
+
+    rig = Rig(tmp_path, "LBNHC", SPEC, "exact", step_tokens=32)  # two blocks a step
+    rig.add("long", _prompt(6), max_tokens=4)
+    plan, _ = rig.step()
+    assert len(plan.stores) == 2  # the first chunk's full blocks
+    rig.scheduler.finish_requests("long", RequestStatus.FINISHED_ABORTED)
+    while rig.scheduler.has_requests():
+        rig.step()
+    rig.step()  # the step that reports the abort as finished
+    _settled(rig.scheduler.connector._core, committed=2)
+
+
+def test_preempted_requests_resume_and_leave_nothing_held(
+    activekv_site: Path, tmp_path: Path
+) -> None:
+    """Two requests decoding on too few device blocks: vLLM preempts one (its blocks freed) and
+    resumes it later; the connector follows its new block ids and ends holding nothing."""
+    rig = Rig(tmp_path, "LBNHC", SPEC, "exact", num_blocks=10)
+    rig.add("a", _prompt(3, 1), max_tokens=40)
+    rig.add("b", _prompt(3, 2), max_tokens=40)
+    preempted = 0
+    steps = 0
+    while rig.scheduler.has_requests() and steps < 400:
+        before = len(rig.scheduler.waiting)
+        rig.step()
+        preempted += len(rig.scheduler.waiting) > before
+        steps += 1
+    assert not rig.scheduler.has_requests()
+    assert preempted > 0, "the scenario must preempt a request"
+    _settled(rig.scheduler.connector._core)
+
+
+def test_a_failed_load_is_reported_as_invalid_blocks_and_recomputed(
+    activekv_site: Path, tmp_path: Path
+) -> None:
+    rig = Rig(tmp_path, "LBNHC", SPEC, "exact")
+    rig.serve("first", _prompt(3))
+    rig.randomize()
+    rig.add("second", _prompt(3))
+    plan, invalid = rig.step(before_load=lambda core: core.inject_fence_fault("load", 0))
+    assert len(plan.loads) == 3
+    assert invalid == {block for _, block in plan.loads}  # every load of the lost lease
+    while rig.scheduler.has_requests():  # vLLM recomputes them; the request completes
+        _, more = rig.step()
+        assert not more
+    state = _settled(rig.scheduler.connector._core, committed=3)
+    assert state["quarantined_regions"] == 1
+    counts = _events(rig)
+    assert counts.get("load_error", 0) == 3 and counts.get("loaded", 0) == 0
