@@ -710,11 +710,18 @@ class ConnectorCore {
       store_keys.push_back(key);
       store_blocks.push_back(block);
     }
-    nb::gil_scoped_release release;
-    engine_->plan_load(load_keys, load_blocks);
-    engine_->plan_store(store_keys, store_blocks);
-    engine_->build_step();
-    engine_->start_load();
+    std::vector<std::size_t> missed;
+    {
+      nb::gil_scoped_release release;
+      engine_->plan_load(load_keys, load_blocks);
+      engine_->plan_store(store_keys, store_blocks);
+      // A block the scheduler half saw committed may be gone by now (evicted by a store that
+      // ran between its lookup and this step): vLLM counted those tokens as loaded, so they
+      // are reported as failed loads and recomputed, never left as whatever the block held.
+      missed = engine_->build_step();
+      engine_->start_load();
+    }
+    for (std::size_t block : missed) load_errors_.insert(static_cast<std::int64_t>(block));
     step_running_ = true;
   }
 
@@ -771,7 +778,7 @@ NB_MODULE(_vllm, m) {
   nb::class_<StepPlan>(m, "StepPlan",
                        "One step's planned loads and stores, (block hash key, device block) "
                        "pairs: the connector metadata vLLM sends to the workers.")
-      .def(nb::init<>())
+      .def(nb::init<Refs, Refs>(), nb::arg("loads") = Refs{}, nb::arg("stores") = Refs{})
       .def_ro("loads", &StepPlan::loads)
       .def_ro("stores", &StepPlan::stores)
       .def("__getstate__",

@@ -189,15 +189,17 @@ void Engine::plan_store(const std::vector<std::uint64_t>& hashes,
   add_to_plan(planned_stores_, checked_plan(hashes, device_blocks), "plan_store");
 }
 
-void Engine::build_step() {
+std::vector<std::size_t> Engine::build_step() {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ != Phase::planning) out_of_order("build_step");
+  std::vector<std::size_t> missed;
   for (const PlannedBlock& planned : planned_loads_) {
     if (const auto slot = store_.pin_for_load(planned.hash)) {
       loads_.push_back({planned.hash, planned.device_block, *slot, false});
       log(EventKind::hit, planned.hash);
     } else {
       log(EventKind::miss, planned.hash);
+      missed.push_back(planned.device_block);
     }
   }
   for (const PlannedBlock& planned : planned_stores_) {
@@ -208,6 +210,7 @@ void Engine::build_step() {
   layers_loaded_ = 0;
   layers_saved_ = 0;
   phase_ = Phase::built;
+  return missed;
 }
 
 void Engine::start_load() {

@@ -108,7 +108,9 @@ class Engine {
                  const std::vector<std::int64_t>& device_blocks);
   void plan_store(const std::vector<std::uint64_t>& hashes,
                   const std::vector<std::int64_t>& device_blocks);
-  void build_step();
+  // Pins the planned loads found committed; the device blocks of those that were not (dropped,
+  // their data never arrives: a caller that promised them must say so), in plan order.
+  std::vector<std::size_t> build_step();
 
   // Worker side, in this order per step: start_load, then for each layer n
   // wait_for_layer_load(n) and save_kv_layer(n), then wait_for_save. A step with nothing to load

@@ -212,6 +212,24 @@ TEST_CASE("a block stored from strided device KV loads back to its rows, in ever
   }
 }
 
+TEST_CASE("build_step names the device blocks of the planned loads it did not find") {
+  Engine engine = make_engine(4);
+  DeviceKv kv;
+  engine.register_kv_caches(kv.views());
+  kv.fill(0, 4);
+  run_step(engine, {}, {{11, 0}});
+  kv.clear();
+  engine.plan_load({11, 98, 99}, {3, 5, 1});
+  CHECK(engine.build_step() == std::vector<std::size_t>{5, 1});
+  engine.start_load();
+  for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+    CHECK(engine.wait_for_layer_load(layer).empty());
+    engine.save_kv_layer(layer, nullptr);
+  }
+  engine.wait_for_save();
+  CHECK(kv.holds(3, 4));  // the hit arrived; the misses were dropped
+}
+
 TEST_CASE("lookup is pure") {
   Engine engine = make_engine(4);
   DeviceKv kv;

@@ -100,3 +100,30 @@ def test_a_failed_load_is_reported_as_invalid_blocks_and_recomputed(
     assert state["quarantined_regions"] == 1
     counts = _events(rig)
     assert counts.get("load_error", 0) == 3 and counts.get("loaded", 0) == 0
+
+
+def test_a_planned_load_the_pool_no_longer_holds_is_reported_invalid(
+    activekv_site: Path, tmp_path: Path
+) -> None:
+    """The scheduler half saw a block committed, but it was evicted before the worker's step (a
+    store in between, as under async scheduling): its device block is reported as a failed load,
+    so vLLM recomputes it instead of reading whatever the block held."""
+    from activekv._vllm import StepPlan
+    from activekv.vllm_connector import ActiveKVMetadata
+    from vllm.forward_context import ForwardContext
+
+    rig = Rig(tmp_path, "LBNHC", SPEC, "exact")
+    rig.serve("first", _prompt(2))
+    metadata = ActiveKVMetadata()
+    metadata.plan = StepPlan(loads=[(0x5EED, 4)], stores=[])  # a key never stored
+    worker = rig.worker
+    worker.bind_connector_metadata(metadata)
+    worker.start_load_kv(ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={}))
+    for name in rig.names:
+        worker.wait_for_layer_load(name)
+        worker.save_kv_layer(name, rig.kv[name], None)
+    worker.wait_for_save()
+    assert worker.get_block_ids_with_load_errors() == {4}
+    worker.clear_connector_metadata()
+    assert _events(rig).get("miss") == 1
+    _settled(rig.scheduler.connector._core, committed=2)
