@@ -253,7 +253,7 @@ FenceQuery classify_fence_query(int cuda_status) {
 struct CudaRoute::Resources {
   Resources(const KvBlockLayout& layout, CompressionMode compression, std::uint8_t* pool,
             std::size_t pool_bytes, std::size_t slot_size, std::size_t num_regions,
-            std::size_t blocks_per_region, std::size_t device_blocks)
+            std::size_t blocks_per_region)
       : kv_layout(layout),
         device(current_device()),
         mode(kernel_mode(compression)),
@@ -263,7 +263,6 @@ struct CudaRoute::Resources {
         layer_bytes(stored_layer_bytes(layout, compression)),
         tensor_bytes(layout.bytes_per_tensor()),
         slot_bytes(slot_size),
-        num_device_blocks(device_blocks),
         processors(processor_count(device)),
         max_blocks(2 * processors),
         bulk(bulk_plan(device, processors)),
@@ -294,7 +293,6 @@ struct CudaRoute::Resources {
   const std::size_t layer_bytes;
   const std::size_t tensor_bytes;
   const std::size_t slot_bytes;
-  const std::size_t num_device_blocks;
   const std::uint32_t processors;  // the device's SMs
   // Two bus-crossing launches (a load and a store) must fit on the GPU together.
   const std::uint32_t max_blocks;
@@ -365,9 +363,9 @@ struct CudaRoute::Resources {
 
 CudaRoute::CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
                      std::size_t pool_bytes, std::size_t slot_bytes, std::size_t num_regions,
-                     std::size_t region_blocks, std::size_t num_device_blocks)
+                     std::size_t region_blocks)
     : resources_(std::make_unique<Resources>(layout, mode, pool, pool_bytes, slot_bytes,
-                                             num_regions, region_blocks, num_device_blocks)) {}
+                                             num_regions, region_blocks)) {}
 
 CudaRoute::~CudaRoute() {
   const DeviceScope scope(resources_->device);

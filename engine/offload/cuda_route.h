@@ -37,11 +37,11 @@ bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
 class CudaRoute {
  public:
   // Pins and maps `pool` (pool_bytes, page-aligned, slots of slot_bytes) and makes the streams,
-  // events and the regions' transfer lists: everything the route will ever allocate. Each layer's
-  // device KV holds num_device_blocks blocks.
+  // events and the regions' transfer lists: everything the route will ever allocate. Where each
+  // layer's device KV is comes with each transfer (issue).
   CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
             std::size_t pool_bytes, std::size_t slot_bytes, std::size_t num_regions,
-            std::size_t region_blocks, std::size_t num_device_blocks);
+            std::size_t region_blocks);
   ~CudaRoute();
   CudaRoute(const CudaRoute&) = delete;
   // The CUDA device current at construction: every later call of the route runs on it.

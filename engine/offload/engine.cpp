@@ -133,7 +133,7 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
   if (mode_ != CompressionMode::exact && route == Route::cpu) gathered_.resize(2 * tensor_bytes_);
   if (route == Route::cuda) {
     cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots() * slot_bytes_,
-                                        slot_bytes_, num_regions, region_blocks, num_device_blocks);
+                                        slot_bytes_, num_regions, region_blocks);
   }
 }
 
