@@ -16,8 +16,9 @@ Three jobs:
 
 Every action is pinned by commit (its tag in a comment). A newer push cancels a pull request's
 run; the release job runs one at a time per repository (a job-level concurrency group, never
-cancelled midway: its publish is resumable, yet two must not race for the index). zizmor's audits pass (tests/test_ci_workflow.py); the GPU
-job's self-hosted runner is accepted where it is declared, with the reason.
+cancelled midway: its publish is resumable, yet two must not race for the index). zizmor's
+audits pass (tests/test_ci_workflow.py); the GPU job's self-hosted runner is accepted where it
+is declared, with the reason.
 
 The file is validated against SchemaStore's GitHub workflow schema (as vendored by the pinned
 check-jsonschema) before it is written, and tests/test_ci_workflow.py fails when the committed
