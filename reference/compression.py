@@ -98,10 +98,15 @@ def checked_layout_in_memory(array: np.ndarray, name: str) -> None:
             f"{name}: expected a C-contiguous array; got strides {strides} (in elements) "
             f"for shape {list(array.shape)}"
         )
-    offset = array.ctypes.data % array.itemsize
+    checked_alignment(array, name, array.itemsize)
+
+
+def checked_alignment(array: np.ndarray, name: str, element_bytes: int) -> None:
+    """ValueError naming ``name`` unless ``array`` starts at a multiple of ``element_bytes``."""
+    offset = array.ctypes.data % element_bytes
     if offset:
         raise ValueError(
-            f"{name}: expected an array aligned to its {array.itemsize}-byte elements; got one "
+            f"{name}: expected an array aligned to its {element_bytes}-byte elements; got one "
             f"that starts {offset} byte(s) past such a boundary"
         )
 

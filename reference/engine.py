@@ -28,6 +28,7 @@ from .compression import (
     _WORDS,
     _check_mode,
     _dtype_name,
+    checked_alignment,
     checked_layout_in_memory,
     decode_layer,
     encode_layer,
@@ -342,12 +343,7 @@ class Engine:
                 f"{name}: expected strides with the last one 1 and none negative (each token's K "
                 f"and V words contiguous); got {strides} (in elements)"
             )
-        offset = array.ctypes.data % word
-        if offset:
-            raise ValueError(
-                f"{name}: expected an array aligned to its {word}-byte elements; got one that "
-                f"starts {offset} byte(s) past such a boundary"
-            )
+        checked_alignment(array, name, word)
         if any(stride * element % word for stride in strides[:3]):
             raise ValueError(
                 f"{name}: expected strides that keep words aligned (multiples of {word} bytes); "
