@@ -218,18 +218,52 @@ def real_kv_caches(vllm_config: Any, kv_cache_config: Any) -> dict[str, Any]:
     return allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout)
 
 
+def worker_step(worker: Any, output: Any, kv_caches: dict[str, Any], names: list[str]) -> set[int]:
+    """The worker half's calls for one scheduler step, in the order KVConnectorModelRunnerMixin
+    and the attention layers make them; the device blocks it reports as failed loads."""
+    from vllm.forward_context import ForwardContext
+
+    worker.bind_connector_metadata(output.kv_connector_metadata)
+    context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+    if output.has_sync_kv_loads:
+        worker.start_load_kv(context)
+    if output.total_num_scheduled_tokens > 0:
+        for name in names:
+            worker.wait_for_layer_load(name)
+            worker.save_kv_layer(name, kv_caches[name], None)
+    if not output.has_sync_kv_loads:
+        worker.start_load_kv(context)
+    worker.wait_for_save()
+    worker.get_transfer_results(output.finished_req_ids)
+    invalid = worker.get_block_ids_with_load_errors()
+    worker.clear_connector_metadata()
+    return invalid
+
+
+def runner_output(output: Any, invalid: set[int]) -> Any:
+    """What the model runner returns for `output`: one sampled token per request, and the
+    connector's failed loads."""
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+    req_ids = list(output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=[[11] for _ in req_ids],
+        kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
+    )
+
+
 def drive(
     connector_name: str, module_path: str | None, roots: list[Path], layers: int, steps: int
 ) -> dict[str, Any]:
     import torch
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
-    from vllm.forward_context import ForwardContext
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -285,21 +319,7 @@ def drive(
             for _, block in plan.loads:
                 for name in names:
                     kv_caches[name][block].zero_()
-            # The worker's calls, as KVConnectorModelRunnerMixin and the attention layers make them.
-            worker.bind_connector_metadata(metadata)
-            context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
-            if output.has_sync_kv_loads:
-                worker.start_load_kv(context)
-            if output.total_num_scheduled_tokens > 0:
-                for name in names:
-                    worker.wait_for_layer_load(name)
-                    worker.save_kv_layer(name, kv_caches[name], None)
-            if not output.has_sync_kv_loads:
-                worker.start_load_kv(context)
-            worker.wait_for_save()
-            worker.get_transfer_results(output.finished_req_ids)
-            invalid = worker.get_block_ids_with_load_errors()
-            worker.clear_connector_metadata()
+            invalid = worker_step(worker, output, kv_caches, names)
             # What moved: each stored block's bytes, and each loaded block against them.
             for key, block in plan.stores:
                 stored[key] = block_digest(kv_caches, names, block)
@@ -308,14 +328,7 @@ def drive(
                 for key, block in plan.loads
                 if block not in invalid
             ]
-            req_ids = list(output.num_scheduled_tokens)
-            runner_output = ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=[[11] for _ in req_ids],
-                kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
-            )
-            scheduler.update_from_output(output, runner_output)
+            scheduler.update_from_output(output, runner_output(output, invalid))
             records.append(
                 {
                     "step": step,

@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 
-from release.scripts.served_path_driver import build_configs, real_kv_caches
+from release.scripts.served_path_driver import (
+    build_configs,
+    real_kv_caches,
+    runner_output,
+    worker_step,
+)
 
 LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 # (dtype, block_size, num_kv_heads, head_dim)
@@ -92,35 +97,13 @@ class Rig:
 
     def step(self, before_load: Any = None) -> tuple[Any, set[int]]:
         """One scheduler step, the worker's hooks in the model runner's order; its plan and the
-        blocks reported as failed loads. `before_load(core)` runs after the plan is bound."""
-        from vllm.forward_context import ForwardContext
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
+        blocks reported as failed loads. `before_load(core)` runs before the worker's hooks."""
         output = self.scheduler.schedule()
-        metadata = output.kv_connector_metadata
-        worker = self.worker
-        worker.bind_connector_metadata(metadata)
         if before_load is not None:
-            before_load(worker._core)
-        context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
-        if output.has_sync_kv_loads:
-            worker.start_load_kv(context)
-        if output.total_num_scheduled_tokens > 0:
-            for name in self.names:
-                worker.wait_for_layer_load(name)
-                worker.save_kv_layer(name, self.kv[name], None)
-        if not output.has_sync_kv_loads:
-            worker.start_load_kv(context)
-        worker.wait_for_save()
-        invalid = worker.get_block_ids_with_load_errors()
-        worker.clear_connector_metadata()
-        req_ids = list(output.num_scheduled_tokens)
-        self.scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[11] for _ in req_ids],
-            kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid),
-        ))  # fmt: skip
-        return metadata.plan, invalid
+            before_load(self.worker._core)
+        invalid = worker_step(self.worker, output, self.kv, self.names)
+        self.scheduler.update_from_output(output, runner_output(output, invalid))
+        return output.kv_connector_metadata.plan, invalid
 
     def serve(self, request_id: str, prompt: list[int]) -> list[Any]:
         """Runs `request_id` to its end; the connector plans of its steps."""
