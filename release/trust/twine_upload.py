@@ -23,9 +23,10 @@ _REDACTED = "********"
 _MAX_ANSWER_CHARS = 400
 # twine's rich log: "INFO     Response from URL:" then "<status> <reason>", then the body.
 _RESPONSE = re.compile(r"Response from \S+:\s*\n\s*(?P<status>\d{3}[^\n]*)\n")
-_LOG_LEVEL = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b", re.MULTILINE)
+_LEVEL = r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b"  # a rich log record starts so
+_LOG_LEVEL = re.compile(_LEVEL, re.MULTILINE)
 # The body is logged as a record of its own, up to the next record.
-_BODY = re.compile(r"\s*INFO\b(?P<text>.*?)(?=^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|\Z)",
+_BODY = re.compile(rf"\s*INFO\b(?P<text>.*?)(?={_LEVEL}|\Z)",
                    re.DOTALL | re.MULTILINE)  # fmt: skip
 _PRE = re.compile(r"<pre>(.*?)</pre>", re.DOTALL | re.IGNORECASE)
 _TAG = re.compile(r"<(style|script|title)\b.*?</\1>|<[^>]+>", re.DOTALL | re.IGNORECASE)
