@@ -6,9 +6,12 @@ blocks, which it recomputes; it is never counted as loaded."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from test_real_kv_caches import Rig
+
+from release.scripts.served_path_driver import worker_step
 
 SPEC = ("float16", 16, 2, 64)
 
@@ -110,20 +113,13 @@ def test_a_planned_load_the_pool_no_longer_holds_is_reported_invalid(
     so vLLM recomputes it instead of reading whatever the block held."""
     from activekv._vllm import StepPlan
     from activekv.vllm_connector import ActiveKVMetadata
-    from vllm.forward_context import ForwardContext
 
     rig = Rig(tmp_path, "LBNHC", SPEC, "exact")
     rig.serve("first", _prompt(2))
     metadata = ActiveKVMetadata()
     metadata.plan = StepPlan(loads=[(0x5EED, 4)], stores=[])  # a key never stored
-    worker = rig.worker
-    worker.bind_connector_metadata(metadata)
-    worker.start_load_kv(ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={}))
-    for name in rig.names:
-        worker.wait_for_layer_load(name)
-        worker.save_kv_layer(name, rig.kv[name], None)
-    worker.wait_for_save()
-    assert worker.get_block_ids_with_load_errors() == {4}
-    worker.clear_connector_metadata()
+    step = SimpleNamespace(kv_connector_metadata=metadata, has_sync_kv_loads=False,
+                           total_num_scheduled_tokens=1, finished_req_ids=set())  # fmt: skip
+    assert worker_step(rig.worker, step, rig.kv, rig.names) == {4}
     assert _events(rig).get("miss") == 1
     _settled(rig.scheduler.connector._core, committed=2)
