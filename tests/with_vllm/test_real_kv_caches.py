@@ -175,3 +175,25 @@ def test_compressed_modes_keep_each_row_within_its_scale(
                 bound = rows.abs() * 2**-4 + amax / 448 * 2**-9 + 1e-6
             assert (error <= bound + rows.abs() * 2**-8).all(), key  # + the dtype rounding back
             assert torch.count_nonzero(error) > 0 or mode == "exact"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_test_layouts_are_vllms(activekv_site: Path, tmp_path: Path, layout: str) -> None:
+    """tests/fixtures_kv.py places KV caches as vLLM does, for the tests that run without vLLM:
+    the same per-layer view strides and the same distance between layers as allocate_kv_cache."""
+    import numpy as np
+    import torch
+    from fixtures_kv import layer_views
+
+    dtype, block_size, heads, head_dim = SPECS[1]
+    vllm_config, kv_cache_config, names, _, num_blocks = build_configs(
+        tmp_path, "ActiveKVConnector", None, LAYERS, kv_layout=layout, dtype=dtype,
+        block_size=block_size, num_kv_heads=heads, head_dim=head_dim, num_blocks=24,
+    )  # fmt: skip
+    allocated = real_kv_caches(vllm_config, kv_cache_config)  # one backing allocation
+    real = [allocated[name] for name in names]
+    ours = layer_views(layout, LAYERS, num_blocks, heads, block_size, head_dim, np.uint16)
+    word = torch.finfo(real[0].dtype).bits // 8
+    assert [tuple(view.shape) for view in real] == [view.shape for view in ours]
+    assert [tuple(s * word for s in view.stride()) for view in real] == [v.strides for v in ours]
+    assert real[1].data_ptr() - real[0].data_ptr() == ours[1].ctypes.data - ours[0].ctypes.data
