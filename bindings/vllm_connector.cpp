@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -33,6 +34,7 @@
 #include "offload/compression.h"
 #include "offload/engine.h"
 #include "offload/kv_layout.h"
+#include "offload/shared_index.h"
 
 namespace nb = nanobind;
 using activekv::offload::CompressionMode;
@@ -41,6 +43,9 @@ using activekv::offload::Engine;
 using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
 using activekv::offload::Route;
+using activekv::offload::SharedIndexError;
+using activekv::offload::SharedIndexReader;
+using activekv::offload::SharedIndexWriter;
 
 using activekv::bindings::kv_layer_view;
 
@@ -145,6 +150,9 @@ struct Settings {
   std::size_t num_device_blocks;
   std::vector<std::string> layer_names;  // model order: the order vLLM calls the layers in
   std::string engine_id;
+  // vLLM's workers (tensor x pipeline parallel) and this process's rank among them (workers).
+  std::size_t world_size;
+  std::size_t rank;
 };
 
 KvDtype kv_dtype(nb::handle torch_dtype) {
@@ -308,6 +316,31 @@ void check_plain_attention(nb::handle spec, const std::string& where) {
   }
 }
 
+// (world size, rank) of vLLM's parallel_config: every worker holds a pool of its own shard, and
+// the scheduler counts a block as a hit only where all of them hold it (engine/offload/SPEC.md
+// §9). Their block index is shared memory, so every worker must run on the scheduler's host.
+std::pair<std::size_t, std::size_t> parallel_ranks(nb::handle vllm_config) {
+  nb::object parallel = nb::getattr(vllm_config, "parallel_config", nb::none());
+  if (parallel.is_none()) return {1, 0};
+  const auto read = [&](const char* name, std::int64_t fallback) {
+    return nb::hasattr(parallel, name) ? int_attr(parallel, name, "vllm_config.parallel_config")
+                                       : fallback;
+  };
+  const std::int64_t world_size = read("world_size", 1);
+  const std::int64_t rank = read("rank", 0);
+  const std::int64_t nodes = read("nnodes", 1);
+  if (nodes != 1) {
+    throw ConnectorConfigError(
+        "vllm_config.parallel_config.nnodes: expected 1 (ActiveKV's workers publish their blocks "
+        "to the scheduler through shared memory on one host); got " + std::to_string(nodes));
+  }
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw ConnectorConfigError("vllm_config.parallel_config.rank: expected 0 <= rank < world_size (" +
+                               std::to_string(world_size) + "); got " + std::to_string(rank));
+  }
+  return {static_cast<std::size_t>(world_size), static_cast<std::size_t>(rank)};
+}
+
 Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
   std::vector<nb::object> groups;
   for (nb::handle group : kv_cache_config.attr("kv_cache_groups")) groups.push_back(nb::borrow(group));
@@ -340,6 +373,7 @@ Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
   }
   const nb::dict extra = extra_config(transfer);
   nb::object engine_id = nb::getattr(transfer, "engine_id", nb::none());
+  const auto [world_size, rank] = parallel_ranks(vllm_config);
   return Settings{
       layout,
       extra_choice(extra, "mode", "exact", connector_mode),
@@ -350,7 +384,9 @@ Settings read_settings(nb::handle vllm_config, nb::handle kv_cache_config) {
       static_cast<std::size_t>(positive_u32(int_attr(kv_cache_config, "num_blocks", "kv_cache_config"),
                                             "kv_cache_config.num_blocks")),
       std::move(layer_names),
-      engine_id.is_none() ? std::string() : std::string(nb::str(engine_id).c_str())};
+      engine_id.is_none() ? std::string() : std::string(nb::str(engine_id).c_str()),
+      world_size,
+      rank};
 }
 
 // An engine argument error as the user wrote the setting: "capacity_bytes: ..." becomes
@@ -374,28 +410,53 @@ bool same_layout(const KvBlockLayout& a, const KvBlockLayout& b) {
          a.dtype() == b.dtype();
 }
 
-// The scheduler half and the worker half of one process share one engine per vLLM engine_id, so
-// the scheduler's lookups see what the worker stored. Guarded by the GIL.
-std::shared_ptr<Engine> shared_engine(const Settings& settings) {
-  static std::map<std::string, std::weak_ptr<Engine>> engines;
-  std::weak_ptr<Engine>& slot = engines[settings.engine_id];
-  if (std::shared_ptr<Engine> existing = slot.lock()) {
-    if (!same_layout(existing->layout(), settings.layout) ||
-        existing->num_device_blocks() != settings.num_device_blocks ||
-        existing->mode() != settings.mode || existing->route() != settings.route) {
+// The engine arguments checked as the engine would check them, without allocating its pool: the
+// scheduler half has no pool but refuses what no worker could start with.
+void check_engine_arguments(const Settings& settings) {
+  try {
+    activekv::offload::checked_slot_bytes(settings.layout, settings.mode, settings.cpu_bytes,
+                                          settings.num_regions, settings.region_blocks,
+                                          settings.num_device_blocks);
+  } catch (const std::invalid_argument& error) {
+    throw ConnectorConfigError(in_config_terms(error.what()));
+  }
+}
+
+// A worker's engine and the block index it publishes for the scheduler's process.
+struct WorkerEngine {
+  explicit WorkerEngine(const Settings& settings)
+      : engine(settings.layout, settings.mode, settings.cpu_bytes, settings.num_regions,
+               settings.region_blocks, settings.num_device_blocks, settings.route),
+        index(settings.engine_id, settings.rank, engine.num_slots()) {}
+
+  Engine engine;
+  SharedIndexWriter index;
+};
+
+// The worker cores of one process share one engine per vLLM engine_id (one rank's pool and its
+// index, which admits one writer). Guarded by the GIL.
+std::shared_ptr<WorkerEngine> shared_engine(const Settings& settings) {
+  static std::map<std::string, std::weak_ptr<WorkerEngine>> engines;
+  std::weak_ptr<WorkerEngine>& slot = engines[settings.engine_id];
+  if (std::shared_ptr<WorkerEngine> existing = slot.lock()) {
+    const Engine& engine = existing->engine;
+    if (!same_layout(engine.layout(), settings.layout) ||
+        engine.num_device_blocks() != settings.num_device_blocks ||
+        engine.mode() != settings.mode || engine.route() != settings.route) {
       throw ConnectorConfigError("kv_transfer_config.engine_id: engine " + settings.engine_id +
                                  " already exists in this process with another KV layout, mode or device");
     }
     return existing;
   }
-  std::shared_ptr<Engine> engine;
+  check_engine_arguments(settings);
+  std::shared_ptr<WorkerEngine> engine;
   try {
-    engine = std::make_shared<Engine>(settings.layout, settings.mode, settings.cpu_bytes,
-                                      settings.num_regions, settings.region_blocks,
-                                      settings.num_device_blocks, settings.route);
+    engine = std::make_shared<WorkerEngine>(settings);
   } catch (const activekv::offload::CudaRouteError& error) {
     throw ConnectorConfigError(extra_key("device") + " = \"cuda\": the CUDA route cannot start (" +
                                error.what() + ")");
+  } catch (const SharedIndexError& error) {
+    throw ConnectorConfigError(std::string("kv_transfer_config.engine_id: ") + error.what());
   } catch (const std::invalid_argument& error) {
     throw ConnectorConfigError(in_config_terms(error.what()));
   }
@@ -427,10 +488,19 @@ struct TrackedRequest {
 
 class ConnectorCore {
  public:
+  // The scheduler half holds no pool: it reads the block index every worker publishes (in this
+  // process or another). The worker half holds its rank's engine.
   ConnectorCore(nb::handle vllm_config, nb::handle role, nb::handle kv_cache_config)
       : settings_(read_settings(vllm_config, kv_cache_config)),
-        role_(nb::str(nb::getattr(role, "name", role)).c_str()),
-        engine_(shared_engine(settings_)) {}
+        role_(nb::str(nb::getattr(role, "name", role)).c_str()) {
+    if (role_ == "SCHEDULER") {
+      check_engine_arguments(settings_);
+      index_.emplace(settings_.engine_id, settings_.world_size);
+    } else {
+      worker_ = shared_engine(settings_);
+      engine_ = &worker_->engine;
+    }
+  }
 
   const std::string& role() const { return role_; }
   std::size_t num_layers() const { return settings_.layer_names.size(); }
@@ -454,8 +524,9 @@ class ConnectorCore {
         keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(std::min(keys.size(), offerable)));
     std::size_t hits = 0;
     {
+      SharedIndexReader& index = scheduler_index("get_num_new_matched_tokens");
       nb::gil_scoped_release release;
-      hits = engine_->lookup(offered);
+      hits = index.lookup(offered);
     }
     TrackedRequest& tracked = requests_[id];
     tracked.keys = std::move(keys);
@@ -469,7 +540,6 @@ class ConnectorCore {
     tracked.load_blocks =
         hits > tracked.local_blocks ? std::min(hits - tracked.local_blocks, room) : 0;
     offered_loads_ += tracked.load_blocks;
-    drain_events();
     return {static_cast<std::int64_t>(tracked.load_blocks * block_size), false};
   }
 
@@ -539,7 +609,6 @@ class ConnectorCore {
     for (nb::handle id : scheduler_output.attr("finished_req_ids")) {
       requests_.erase(nb::cast<std::string>(id));
     }
-    drain_events();
     // Offers not taken up by an allocation this step lapse; a request still waiting is asked again.
     for (auto& entry : requests_) entry.second.load_blocks = 0;
     offered_loads_ = 0;
@@ -552,6 +621,7 @@ class ConnectorCore {
   // ---- worker half ----
 
   void register_kv_caches(nb::handle kv_caches) {
+    worker_engine("register_kv_caches");
     if (!nb::isinstance<nb::dict>(kv_caches)) {
       throw ConnectorConfigError("kv_caches: expected a dict of layer name to tensor; got " +
                                  type_of(kv_caches));
@@ -612,10 +682,15 @@ class ConnectorCore {
 
   // What the connector holds between steps (tests): requests tracked by the scheduler half, the
   // pool's pinned, storing, committed and free blocks, quarantined regions, a step in progress.
-  nb::dict state() const {
+  nb::dict state() {
     nb::dict result;
+    if (index_) {
+      result["requests"] = requests_.size();
+      result["live_ranks"] = index_->live_ranks();
+      return result;
+    }
     const activekv::offload::BlockStore& store = engine_->store();
-    result["requests"] = requests_.size();
+    result["published_blocks"] = worker_->index.size();
     result["step_running"] = step_running_;
     result["pinned_blocks"] = store.pinned_blocks();
     result["storing_blocks"] = store.storing_blocks();
@@ -629,6 +704,7 @@ class ConnectorCore {
   // Tests and traces only: the next lease of this direction and layer has a fence of unknown
   // outcome (Engine.inject_fence_fault).
   void inject_fence_fault(const std::string& direction, std::int64_t layer) {
+    worker_engine("inject_fence_fault");
     const auto parsed = activekv::offload::parse_direction(direction);
     nb::gil_scoped_release release;
     engine_->inject_fence_fault(parsed, layer);
@@ -643,6 +719,18 @@ class ConnectorCore {
  private:
   static std::string request_id(nb::handle request) {
     return nb::cast<std::string>(request.attr("request_id"));
+  }
+
+  SharedIndexReader& scheduler_index(const char* hook) {
+    if (!index_) throw std::logic_error(std::string(hook) + ": a scheduler hook, called on the " + role_ + " half");
+    return *index_;
+  }
+
+  Engine& worker_engine(const char* hook) {
+    if (engine_ == nullptr) {
+      throw std::logic_error(std::string(hook) + ": a worker hook, called on the " + role_ + " half");
+    }
+    return *engine_;
   }
 
   std::size_t planned_loads() const { return plan_.loads.size() + offered_loads_; }
@@ -692,6 +780,7 @@ class ConnectorCore {
   // the forward only when a step has synchronous loads; otherwise the layer hooks come first.
   void begin_step(nb::handle connector) {
     if (step_running_) return;
+    worker_engine("the worker's step");
     nb::object metadata = connector.attr("_get_connector_metadata")();
     StepPlan* plan = nullptr;
     if (!nb::try_cast<StepPlan*>(nb::getattr(metadata, "plan", nb::none()), plan) ||
@@ -725,11 +814,14 @@ class ConnectorCore {
     step_running_ = true;
   }
 
-  // The engine keeps an event log until it is taken; the connector keeps counts per kind.
+  // The engine keeps an event log until it is taken; the connector keeps counts per kind and
+  // publishes what the pool gained and lost to the scheduler's block index.
   void drain_events() {
-    for (const auto& event : engine_->take_events()) {
+    const std::vector<activekv::offload::Event> events = engine_->take_events();
+    for (const auto& event : events) {
       ++event_counts_[activekv::offload::event_kind_name(event.kind)];
     }
+    worker_->index.publish(events);
   }
 
   Settings settings_;
@@ -737,8 +829,10 @@ class ConnectorCore {
   // Worker half: the KV caches the engine's views point into, released after the engine (members
   // go in reverse order), so that its last owner never drains transfers into freed memory.
   std::vector<nb::ndarray<>> kv_arrays_;
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<WorkerEngine> worker_;
+  Engine* engine_ = nullptr;  // worker_'s
   // Scheduler half.
+  std::optional<SharedIndexReader> index_;
   std::unordered_map<std::string, TrackedRequest> requests_;
   StepPlan plan_;
   std::size_t offered_loads_ = 0;  // offered by lookups this step, not yet allocated

@@ -52,6 +52,10 @@ class Tracked:
 
 
 _ENGINES: dict[str, Engine] = {}
+# What each engine's worker half published (engine/offload/SPEC.md §9: commits add, evictions
+# remove, drained after each step); the scheduler half looks blocks up here, as the native one
+# reads the shared block index, never the worker's engine.
+_PUBLISHED: dict[str, set[int]] = {}
 
 
 class ReferenceConnector(KVConnectorBase_V1):
@@ -81,6 +85,7 @@ class ReferenceConnector(KVConnectorBase_V1):
                 kv_cache_config.num_blocks,
             )
         self._engine = _ENGINES[engine_id]
+        self._published = _PUBLISHED.setdefault(engine_id, set())
         self._requests: dict[str, Tracked] = {}
         self._plan = ReferencePlan()
         self._offered = 0
@@ -96,7 +101,7 @@ class ReferenceConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         keys = [block_key(h) for h in request.block_hashes]
         keys = keys[: max(request.num_tokens - 1, 0) // self._block_size]
-        hits = self._engine.lookup(keys)
+        hits = next((i for i, key in enumerate(keys) if key not in self._published), len(keys))
         tracked = self._requests.setdefault(request.request_id, Tracked(request))
         self._offered -= tracked.load_blocks
         tracked.request = request
@@ -105,7 +110,6 @@ class ReferenceConnector(KVConnectorBase_V1):
         room = max(self._region_blocks - len(self._plan.loads) - self._offered, 0)
         tracked.load_blocks = min(max(hits - tracked.local_blocks, 0), room)
         self._offered += tracked.load_blocks
-        self._drain_events()
         return tracked.load_blocks * self._block_size, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -160,7 +164,6 @@ class ReferenceConnector(KVConnectorBase_V1):
                 tracked.stored_blocks += 1
         for req_id in scheduler_output.finished_req_ids:
             self._requests.pop(req_id, None)
-        self._drain_events()
         for tracked in self._requests.values():  # offers not taken up this step lapse
             tracked.load_blocks = 0
         self._offered = 0
@@ -213,5 +216,9 @@ class ReferenceConnector(KVConnectorBase_V1):
         self._running = True
 
     def _drain_events(self) -> None:
-        for kind, _ in self._engine.events():
+        for kind, value in self._engine.events():
             self.event_counts[kind] = self.event_counts.get(kind, 0) + 1
+            if kind == "commit":
+                self._published.add(value)
+            elif kind == "evict":
+                self._published.discard(value)

@@ -31,26 +31,6 @@ std::size_t physical_memory_bytes() {
   return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes);
 }
 
-// The slot size, once every scalar argument has been checked (in the reference's order), so that
-// nothing is allocated for a construction that is going to be refused. A pool larger than the
-// machine's memory is refused here, naming capacity_bytes, rather than failing to allocate.
-std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode,
-                               std::size_t capacity_bytes, std::size_t num_regions,
-                               std::size_t region_blocks, std::size_t num_device_blocks) {
-  const std::size_t slot_bytes = stored_block_bytes(layout, mode);
-  room_for_a_slot(capacity_bytes, slot_bytes);
-  positive(num_regions, "num_regions");
-  positive(region_blocks, "region_blocks");
-  positive(num_device_blocks, "num_device_blocks");
-  const std::size_t num_slots = capacity_bytes / slot_bytes;
-  const std::size_t physical = physical_memory_bytes();
-  if (physical != 0 && num_slots * slot_bytes > physical) {
-    throw EngineInputError("capacity_bytes: expected a pool that fits in this machine's memory (" +
-                           std::to_string(physical) + " bytes); got " + std::to_string(num_slots) +
-                           " slots of " + std::to_string(slot_bytes) + " bytes");
-  }
-  return slot_bytes;
-}
 
 // Per (token, head) of one block's K or V under `strides`: the device address of its head_dim
 // words and their place in the contiguous [block_size, num_kv_heads, head_dim] tensor.
@@ -72,6 +52,27 @@ std::size_t direction_index(Direction direction) {
 }
 
 }  // namespace
+
+// The slot size, once every scalar argument has been checked (in the reference's order), so that
+// nothing is allocated for a construction that is going to be refused. A pool larger than the
+// machine's memory is refused here, naming capacity_bytes, rather than failing to allocate.
+std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode,
+                               std::size_t capacity_bytes, std::size_t num_regions,
+                               std::size_t region_blocks, std::size_t num_device_blocks) {
+  const std::size_t slot_bytes = stored_block_bytes(layout, mode);
+  room_for_a_slot(capacity_bytes, slot_bytes);
+  positive(num_regions, "num_regions");
+  positive(region_blocks, "region_blocks");
+  positive(num_device_blocks, "num_device_blocks");
+  const std::size_t num_slots = capacity_bytes / slot_bytes;
+  const std::size_t physical = physical_memory_bytes();
+  if (physical != 0 && num_slots * slot_bytes > physical) {
+    throw EngineInputError("capacity_bytes: expected a pool that fits in this machine's memory (" +
+                           std::to_string(physical) + " bytes); got " + std::to_string(num_slots) +
+                           " slots of " + std::to_string(slot_bytes) + " bytes");
+  }
+  return slot_bytes;
+}
 
 Direction parse_direction(std::string_view name) {
   if (name == "load") return Direction::load;

@@ -75,6 +75,13 @@ struct Event {
   bool operator!=(const Event& other) const { return !(*this == other); }
 };
 
+// The slot size an Engine of these arguments would have, or the EngineInputError its construction
+// would raise; nothing is allocated (a scheduler that plans for pools in other processes checks
+// their arguments so).
+std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode,
+                               std::size_t capacity_bytes, std::size_t num_regions,
+                               std::size_t region_blocks, std::size_t num_device_blocks);
+
 class Engine {
  public:
   // EngineInputError naming the argument: no whole slot fits in capacity_bytes, or num_regions,

@@ -84,6 +84,10 @@ class SharedIndexWriter {
 class SharedIndexReader {
  public:
   SharedIndexReader(const std::string& engine_id, std::size_t world_size);
+  SharedIndexReader(SharedIndexReader&&) = default;
+  SharedIndexReader& operator=(SharedIndexReader&&) = default;
+  SharedIndexReader(const SharedIndexReader&) = delete;
+  SharedIndexReader& operator=(const SharedIndexReader&) = delete;
 
   // How many of `hashes`, from the first, every rank's table holds. A rank with no table yet, or
   // whose process has ended (its lock is free), holds none; so does one whose table keeps

@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import tempfile
+import uuid
 from collections import Counter
 from pathlib import Path
 from types import CodeType
@@ -149,7 +150,7 @@ def build_configs(
     kv_layout: str = "LBNHC", dtype: str = "float16", block_size: int = 16, num_blocks: int = 64,
     num_kv_heads: int = MODEL_CONFIG["num_key_value_heads"],
     head_dim: int = MODEL_CONFIG["head_dim"],
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None, tensor_parallel_size: int = 1,
 ) -> Any:  # fmt: skip
     """vLLM's configs as its engine core makes them for a model of `layers` attention layers: the
     KV cache config planned by vLLM (`get_kv_cache_config_from_groups`) for `kv_layout`, so that
@@ -160,6 +161,7 @@ def build_configs(
         DeviceConfig,
         KVTransferConfig,
         ModelConfig,
+        ParallelConfig,
         SchedulerConfig,
         VllmConfig,
     )
@@ -183,11 +185,13 @@ def build_configs(
             disable_hybrid_kv_cache_manager=True,
         ),
         device_config=DeviceConfig("cpu"),
+        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         kv_transfer_config=KVTransferConfig(
             kv_connector=connector,
             kv_connector_module_path=module_path,
             kv_role="kv_both",
-            engine_id=f"served-path-{connector}-{kv_layout}-{dtype}-{block_size}-{num_kv_heads}",
+            # Unique per call: the workers' block index is named by it, host-wide.
+            engine_id=f"served-path-{kv_layout}-{dtype}-{block_size}-{num_kv_heads}-{uuid.uuid4().hex}",
             kv_connector_extra_config=extra
             if extra is not None
             else {"cpu_bytes": 1 << 22, "num_regions": 4, "region_blocks": 16},

@@ -16,23 +16,22 @@ from release.scripts.served_path_driver import worker_step
 SPEC = ("float16", 16, 2, 64)
 
 
-def _settled(core: Any, *, committed: int | None = None) -> dict[str, Any]:
-    state = core.state
-    assert state["requests"] == 0, state
+def _settled(rig: Rig, *, committed: int | None = None) -> dict[str, Any]:
+    """The worker's pool state, once the scheduler half tracks no request and the worker holds
+    no pin, storing block or step; its published index matches its pool."""
+    assert rig.scheduler.connector._core.state["requests"] == 0
+    state = rig.worker._core.state
     assert (state["pinned_blocks"], state["storing_blocks"], state["step_running"]) == (0, 0, False)
     assert state["invariants"] == "", state
+    assert state["published_blocks"] == state["committed_blocks"], state
     if committed is not None:
         assert state["committed_blocks"] == committed, state
     return state
 
 
 def _events(rig: Rig) -> dict[str, int]:
-    """Engine events by kind, as both halves drained them (they share one engine here)."""
-    counts: dict[str, int] = {}
-    for core in (rig.scheduler.connector._core, rig.worker._core):
-        for kind, count in core.event_counts.items():
-            counts[kind] = counts.get(kind, 0) + count
-    return counts
+    """Engine events by kind, as the worker half drained them."""
+    return dict(rig.worker._core.event_counts)
 
 
 def _prompt(blocks: int, salt: int = 0) -> list[int]:
@@ -41,11 +40,10 @@ def _prompt(blocks: int, salt: int = 0) -> list[int]:
 
 def test_finished_requests_leave_nothing_held(activekv_site: Path, tmp_path: Path) -> None:
     rig = Rig(tmp_path, "LBNHC", SPEC, "exact")
-    scheduler_core = rig.scheduler.connector._core
     before = rig.worker._core.state
     rig.serve("first", _prompt(3))
     rig.serve("second", _prompt(3))  # loads the first's blocks back
-    state = _settled(scheduler_core, committed=3)
+    state = _settled(rig, committed=3)
     assert state["free_slots"] == before["free_slots"] - 3
     assert _events(rig)["loaded"] == 3
 
@@ -63,7 +61,7 @@ def test_an_aborted_request_mid_prefill_leaves_nothing_held(
     while rig.scheduler.has_requests():
         rig.step()
     rig.step()  # the step that reports the abort as finished
-    _settled(rig.scheduler.connector._core, committed=2)
+    _settled(rig, committed=2)
 
 
 def test_preempted_requests_resume_and_leave_nothing_held(
@@ -83,7 +81,7 @@ def test_preempted_requests_resume_and_leave_nothing_held(
         steps += 1
     assert not rig.scheduler.has_requests()
     assert preempted > 0, "the scenario must preempt a request"
-    _settled(rig.scheduler.connector._core)
+    _settled(rig)
 
 
 def test_a_failed_load_is_reported_as_invalid_blocks_and_recomputed(
@@ -99,7 +97,7 @@ def test_a_failed_load_is_reported_as_invalid_blocks_and_recomputed(
     while rig.scheduler.has_requests():  # vLLM recomputes them; the request completes
         _, more = rig.step()
         assert not more
-    state = _settled(rig.scheduler.connector._core, committed=3)
+    state = _settled(rig, committed=3)
     assert state["quarantined_regions"] == 1
     counts = _events(rig)
     assert counts.get("load_error", 0) == 3 and counts.get("loaded", 0) == 0
@@ -122,4 +120,4 @@ def test_a_planned_load_the_pool_no_longer_holds_is_reported_invalid(
                            total_num_scheduled_tokens=1, finished_req_ids=set())  # fmt: skip
     assert worker_step(rig.worker, step, rig.kv, rig.names) == {4}
     assert _events(rig).get("miss") == 1
-    _settled(rig.scheduler.connector._core, committed=2)
+    _settled(rig, committed=2)
