@@ -180,6 +180,7 @@ TEST_CASE("a rank served by a live process is refused to a second writer, naming
   CHECK(reader.lookup({5}) == 1);  // the refusal changed nothing
   kill_and_reap(first);
   CHECK(reader.lookup({5}) == 0);
+  SharedIndexWriter takeover(id, 0, 8);  // and removes the table the killed child left
 }
 
 TEST_CASE("a writer that ends cleanly removes its table") {
