@@ -213,7 +213,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument("directory", type=Path, metavar="DIR", help="where to write the keys")
     _add_consumer_verify_arguments(sub.choices["verify"])
+    for name in ("publish", "run"):
+        _add_publish_target_arguments(sub.choices[name])
     return parser  # fmt: skip
+
+
+# `--index URL` and the like: the manifest's [publish] keys of the same names, for this run.
+_PUBLISH_TARGET_OPTIONS = {
+    "index": 'the index to publish to: "embedded" or a PEP 503 simple URL (publish.index)',
+    "upload_url": "where twine uploads (publish.upload_url; default: devpi's .../USER/INDEX/ "
+    "for .../+simple/, the root for .../simple/)",
+    "tuf_dir": "remote index: the folder the TUF repository is written to, served beside the "
+    "index (publish.tuf_dir)",
+    "tuf_url": "remote index: the URL that folder is served at (publish.tuf_url)",
+}
+
+
+def _add_publish_target_arguments(parser: argparse.ArgumentParser) -> None:
+    for key, text in _PUBLISH_TARGET_OPTIONS.items():
+        flag = "--" + key.replace("_", "-")
+        metavar = "DIR" if key == "tuf_dir" else "URL"
+        parser.add_argument(flag, dest=f"publish_{key}", default=None, metavar=metavar, help=text)
+
+
+def _with_publish_target(manifest: Manifest, args: argparse.Namespace) -> Manifest:
+    """The manifest with the [publish] keys given as options (a folder made absolute, since it
+    is given relative to where the command runs, not to the manifest)."""
+    given = {key: value for key in _PUBLISH_TARGET_OPTIONS
+             if (value := getattr(args, f"publish_{key}", None)) is not None}  # fmt: skip
+    if "tuf_dir" in given:
+        given["tuf_dir"] = str(Path(given["tuf_dir"]).absolute())
+    return manifest.with_publish(**given) if given else manifest
 
 
 def _add_consumer_verify_arguments(verify: argparse.ArgumentParser) -> None:
@@ -388,7 +418,7 @@ def _manifest_state_dir(manifest: Manifest) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        manifest = load_manifest(args.manifest)
+        manifest = _with_publish_target(load_manifest(args.manifest), args)
         state_dir = args.state_dir or _manifest_state_dir(manifest)
         context = Context(
             manifest, REPO_ROOT, args.out.resolve(), state_dir.resolve(),

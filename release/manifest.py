@@ -11,7 +11,7 @@ import json
 import re
 import stat
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import UnionType
@@ -167,26 +167,44 @@ def _signing_key(value: str) -> str:
     return value
 
 
-def _index(value: str) -> str:
+def _is_web_url(value: str) -> bool:
+    """An https URL without credentials in it; http only on this machine."""
     try:
         url = urlsplit(value)
         host = url.hostname
     except ValueError:
-        url, host = None, None
-    _check(
-        value == "embedded"
-        or (
-            url is not None
-            and url.username is None
-            and (
-                (url.scheme == "https" and bool(host))
-                or (url.scheme == "http" and host in LOCAL_HOSTS)
-            )
-        ),
-        '"embedded" or an https:// URL without credentials (http:// only for 127.0.0.1 or '
-        "localhost)",
+        return False
+    return url.username is None and (
+        (url.scheme == "https" and bool(host)) or (url.scheme == "http" and host in LOCAL_HOSTS)
     )
+
+
+_WEB_URL = "an https:// URL without credentials (http:// only for 127.0.0.1 or localhost)"
+
+
+def _index(value: str) -> str:
+    _check(value == "embedded" or _is_web_url(value), f'"embedded" or {_WEB_URL}')
     return value
+
+
+def _web_url(value: str) -> str:
+    _check(_is_web_url(value), _WEB_URL)
+    return value
+
+
+def _folder(value: str) -> str:
+    _no_control_characters(value)
+    _check(value.strip() != "", "a folder path")
+    return value
+
+
+def conventional_upload_url(simple_url: str) -> str | None:
+    """Where twine uploads for an index whose simple URL has a server's usual shape: devpi's
+    ``…/USER/INDEX/+simple/`` takes uploads at ``…/USER/INDEX/``, pypiserver's ``…/simple/`` at
+    its root. None for any other shape (``upload_url`` must then be given)."""
+    base = urlsplit(simple_url)._replace(query="", fragment="").geturl().rstrip("/")
+    parent, _, last = base.rpartition("/")
+    return parent + "/" if last in ("simple", "+simple") and "//" in parent else None
 
 
 def _no_control_characters(value: str) -> None:
@@ -470,11 +488,22 @@ class PublishSettings(_Model):
     ]
     state_dir: Annotated[StrictStr, AfterValidator(_state_dir)]
     tuf_keys: TufKeys | None = None
+    # A remote index (``index`` is its PEP 503 simple URL): where twine uploads (default: the
+    # server's convention, see conventional_upload_url), the folder the TUF repository is written
+    # to (relative to the manifest's folder), which the operator serves at ``tuf_url``.
+    upload_url: Annotated[StrictStr, AfterValidator(_web_url)] | None = None
+    tuf_dir: Annotated[StrictStr, AfterValidator(_folder)] | None = None
+    tuf_url: Annotated[StrictStr, AfterValidator(_web_url)] | None = None
 
     @property
     def embedded(self) -> bool:
         """True when the pipeline starts its own index on 127.0.0.1."""
         return self.index == "embedded"
+
+    @property
+    def upload_endpoint(self) -> str | None:
+        """Where twine uploads to a remote index: ``upload_url``, else the server's convention."""
+        return self.upload_url or conventional_upload_url(self.index)
 
 
 RunnerLabel = Annotated[
@@ -550,6 +579,30 @@ class Manifest(_Model):
             raise ManifestError(
                 _line(self._path, ("release", "channels"), f"a channel {known}", _show(name))
             ) from None
+
+    def _override_line(self, issue: _Issue, overrides: Mapping[str, str]) -> str:
+        key = str(issue.loc[1]) if len(issue.loc) > 1 else ""
+        option = f" (--{key.replace('_', '-')})" if key in overrides else ""
+        where = f"{_dotted(issue.loc)}{option}"
+        return f"{self._path}: {where}: expected {issue.expected}; got {issue.got}"
+
+    def with_publish(self, **overrides: str) -> Manifest:
+        """This manifest with ``[publish]`` keys given on the command line (``--index URL`` and
+        the like), checked as the manifest's own; each error names the option."""
+        data = {**self.publish.model_dump(exclude_none=True), **overrides}
+        try:
+            publish = PublishSettings.model_validate(data)
+        except ValidationError as exc:
+            found = [_from_pydantic(error) for error in exc.errors()]
+            issues = [_Issue(("publish", *issue.loc), issue.expected, issue.got) for issue in found]
+        else:
+            issues = _publish_references(publish)
+        if issues:
+            lines = [self._override_line(issue, overrides) for issue in issues]
+            raise ManifestError("\n".join(lines))
+        updated = self.model_copy(update={"publish": publish})
+        updated._path = self._path
+        return updated
 
 
 # --- loading and error reporting ---
@@ -667,6 +720,7 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                 )
             )
     issues += _pyproject_references(m)
+    issues += _publish_references(m.publish)
     if m.build.stable_abi_from not in m.build.python:
         issues.append(
             _Issue(
@@ -694,6 +748,32 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                         "nothing",
                     )
                 )
+    return issues
+
+
+_REMOTE_KEYS = {
+    "tuf_dir": "the folder the TUF repository is written to, which the operator serves beside a "
+    "remote index",
+    "tuf_url": "the URL that folder is served at",
+}
+
+
+def _publish_references(publish: PublishSettings) -> list[_Issue]:
+    """A remote index needs its TUF folder and URL and an upload URL; the embedded one none."""
+    issues: list[_Issue] = []
+    if publish.embedded:
+        for key in ("upload_url", *_REMOTE_KEYS):
+            if (value := getattr(publish, key)) is not None:
+                expected = 'nothing with index = "embedded" (it serves uploads and TUF itself)'
+                issues.append(_Issue(("publish", key), expected, _show(value)))
+        return issues
+    for key, expected in _REMOTE_KEYS.items():
+        if getattr(publish, key) is None:
+            issues.append(_Issue(("publish", key), expected, "nothing"))
+    if publish.upload_endpoint is None:
+        expected = ("the URL twine uploads to (publish.index does not end in /simple/ or "
+                    "/+simple/, so it cannot be derived)")  # fmt: skip
+        issues.append(_Issue(("publish", "upload_url"), expected, "nothing"))
     return issues
 
 

@@ -47,7 +47,7 @@ WHEEL_FIXTURES = frozenset(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         wheel = WHEEL_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if wheel or item.get_closest_marker("e2e") or item.get_closest_marker("devpi"):
+        if wheel or item.get_closest_marker("e2e") or item.get_closest_marker("remote_index"):
             item.add_marker(pytest.mark.integration)
 
 

@@ -3,6 +3,8 @@ steps."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -34,12 +36,12 @@ def signed_envelope(wheels: list[Path], state_dir: Path, out: Path, version: str
 
 
 def gated_out(
-    out: Path, tags: Sequence[str], version: str, state_dir: Path
+    out: Path, tags: Sequence[str], version: str, state_dir: Path, salt: str = ""
 ) -> tuple[list[Path], dict[str, str]]:
     """``out`` as the build and the dev channel's gates leave it: one fixture wheel per tag,
     passing evidence of every required gate, attested with the dev key of ``state_dir``, and the
     build record. The wheels and their digests."""
-    wheels = [build_wheel(out / "wheels", version=version, tag=tag) for tag in tags]
+    wheels = [build_wheel(out / "wheels", version=version, tag=tag, salt=salt) for tag in tags]
     digests = {wheel.name: sha256_file(wheel) for wheel in wheels}
     signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
     for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
@@ -48,3 +50,21 @@ def gated_out(
         attest(evidence, signer, out)
     records.write(out, record_build(wheel_set(*wheels), REPO_ROOT))
     return wheels, digests
+
+
+TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",
+        "cp312-abi3-manylinux_2_28_x86_64")  # fmt: skip
+
+
+def signed_out_dir(root: Path, version: str) -> tuple[Path, Path, list[Path]]:
+    """(out, state, wheels): an output directory as the gates and `python -m release sign`
+    leave it, for one fixture wheel per tag of TAGS."""
+    out, state = root / "out", root / "state"
+    wheels, _ = gated_out(out, TAGS, version, state)
+    signed = subprocess.run(
+        [sys.executable, "-m", "release", "sign", "--out", str(out), "--state-dir", str(state)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    (out / "sign-output.txt").write_text(signed.stdout + signed.stderr)  # scanned for key bytes
+    return out, state, wheels

@@ -121,12 +121,50 @@ def test_unknown_channel_names_the_known_ones() -> None:
     )
 
 
+REMOTE = (
+    'index = "http://127.0.0.1:8080/simple/"\ntuf_dir = "/srv/tuf"\n'
+    'tuf_url = "http://127.0.0.1:8081/"'
+)
+
+
+def test_a_remote_index_takes_its_upload_url_by_the_server_convention_or_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = REAL.read_text(encoding="utf-8").replace('index = "embedded"', REMOTE)
+    assert (
+        load_text(tmp_path, monkeypatch, text).publish.upload_endpoint == "http://127.0.0.1:8080/"
+    )
+    devpi = text.replace("8080/simple/", "3141/bot/releases/+simple/")
+    manifest = load_text(tmp_path, monkeypatch, devpi)
+    assert manifest.publish.upload_endpoint == "http://127.0.0.1:3141/bot/releases/"
+    given = text.replace("/simple/", "/packages/").replace(
+        "tuf_dir", 'upload_url = "https://upload.example.com/legacy/"\ntuf_dir'
+    )
+    manifest = load_text(tmp_path, monkeypatch, given)
+    assert manifest.publish.upload_endpoint == "https://upload.example.com/legacy/"
+
+
+def test_command_line_publish_options_are_checked_as_the_manifest_keys() -> None:
+    manifest = load_manifest(REAL)
+    remote = manifest.with_publish(
+        index="https://pypi.example.com/simple/", tuf_dir="/srv/tuf",
+        tuf_url="https://pypi.example.com/tuf/",
+    )  # fmt: skip
+    assert (remote.publish.upload_endpoint, remote.path) == ("https://pypi.example.com/", REAL)
+    assert manifest.publish.embedded  # the loaded manifest is left as it was
+    with pytest.raises(ManifestError) as caught:
+        manifest.with_publish(index="ftp://example.com/simple/")
+    assert str(caught.value).startswith(f"{REAL}: publish.index (--index): expected ")
+    with pytest.raises(ManifestError, match=r"publish\.tuf_url: expected the URL that folder"):
+        manifest.with_publish(index="https://pypi.example.com/simple/", tuf_dir="/srv/tuf")
+
+
 def test_valid_variants_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = REAL.read_text(encoding="utf-8")
     for transform in (
         shim(),
         replace('key = "file:/etc/activekv/stable-signing-key.pem"', 'key = "gcpkms:projects/p/k"'),
-        replace('index = "embedded"', 'index = "http://127.0.0.1:8080/simple/"'),
+        replace('index = "embedded"', REMOTE),
         replace('platform = "manylinux_2_28_x86_64"', 'platform = "manylinux_2_17_aarch64"'),
     ):
         manifest = load_text(tmp_path, monkeypatch, transform(text))
@@ -441,6 +479,30 @@ CASES = [
         "publish.index",
         "without credentials",
         id="index-credentials",
+    ),
+    pytest.param(
+        replace('index = "embedded"', REMOTE.replace('tuf_dir = "/srv/tuf"\n', "")),
+        "publish.tuf_dir",
+        "the folder the TUF repository is written to",
+        id="remote-without-tuf-dir",
+    ),
+    pytest.param(
+        replace('index = "embedded"', REMOTE.replace("/simple/", "/packages/")),
+        "publish.upload_url",
+        "cannot be derived",
+        id="remote-upload-url-not-derivable",
+    ),
+    pytest.param(
+        replace('index = "embedded"', 'index = "embedded"\ntuf_url = "https://x.example.com/"'),
+        "publish.tuf_url",
+        'nothing with index = "embedded"',
+        id="embedded-with-tuf-url",
+    ),
+    pytest.param(
+        replace('index = "embedded"', REMOTE.replace('"/srv/tuf"', '"/srv/\\n"')),
+        "publish.tuf_dir",
+        "without control characters",
+        id="tuf-dir-newline",
     ),
     pytest.param(
         replace('username = "activekv-publisher"', 'username = "active kv"'),

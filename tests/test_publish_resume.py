@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     load_pem_private_key,
 )
-from fixtures_sign import gated_out
+from fixtures_sign import TAGS, gated_out, signed_out_dir
 
 from release.manifest import load_manifest
 from release.trust.index import EmbeddedIndex
@@ -32,8 +32,6 @@ from release.util.pins import project_version
 pytestmark = pytest.mark.integration  # real index servers, twine and killed processes
 
 REPO = Path(__file__).resolve().parent.parent
-TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",
-        "cp312-abi3-manylinux_2_28_x86_64")  # fmt: skip
 
 
 def _release(*args: str | Path) -> list[str]:
@@ -43,13 +41,7 @@ def _release(*args: str | Path) -> list[str]:
 @pytest.fixture
 def signed_out(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
     """An output directory as the gates and the sign step leave it, for three fixture wheels."""
-    out, state = tmp_path / "out", tmp_path / "state"
-    wheels, _ = gated_out(out, TAGS, project_version(), state)
-    signed = subprocess.run(_release("sign", "--out", out, "--state-dir", state), cwd=REPO,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert signed.returncode == 0, signed.stdout + signed.stderr
-    (out / "sign-output.txt").write_text(signed.stdout + signed.stderr)  # scanned for key bytes
-    return out, state, wheels
+    return signed_out_dir(tmp_path, project_version())
 
 
 def _wait_for_first_upload(packages: Path, log: Path, process: subprocess.Popen[bytes]) -> str:

@@ -76,6 +76,11 @@ class EmbeddedIndex:
         return self._dir / "tuf"
 
     @property
+    def keys_dir(self) -> Path:
+        """The TUF roles' generated (dev) keys, beside the metadata and never served."""
+        return self.tuf_dir / "keys"
+
+    @property
     def provenance_dir(self) -> Path:
         """The signed statements, one per version; served as TUF targets ``provenance/…``."""
         return self._dir / "metadata"
@@ -155,6 +160,9 @@ class EmbeddedIndex:
     @property
     def simple_url(self) -> str:
         return f"{self.url}/simple/"
+
+    def overwrite_note(self) -> str | None:
+        return None  # pypiserver runs without --overwrite: it refuses a second upload itself
 
     @property
     def tuf_url(self) -> str:

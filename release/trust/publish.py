@@ -44,7 +44,8 @@ PAUSE_ENV = "ACTIVEKV_TEST_PAUSE_AFTER_UPLOAD_S"
 
 
 class IndexTarget(Protocol):
-    """Where to publish: an :class:`release.trust.index.EmbeddedIndex` or any index with these."""
+    """Where to publish: an :class:`release.trust.index.EmbeddedIndex`, a
+    :class:`release.trust.remote_index.RemoteIndex`, or any index with these."""
 
     @property
     def url(self) -> str: ...
@@ -57,6 +58,11 @@ class IndexTarget(Protocol):
 
     @property
     def password(self) -> str: ...
+
+    def overwrite_note(self) -> str | None:
+        """Said when a file of a published name is refused, if the server itself would have
+        replaced it (None: it would not, or does not say)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -130,10 +136,12 @@ def publish(
         if name in present and present[name] != digest
     ]
     if conflicts:
+        note = index.overwrite_note()
         raise PublishError(
             f"refusing to publish {project} {version}: the index already has different bytes "
             f"under the same file name: {'; '.join(conflicts)}. Nothing was uploaded; published "
-            "files are never replaced (bump the version, or rebuild reproducibly)"
+            f"files are never replaced{f' ({note})' if note else ''} (bump the version, or "
+            "rebuild reproducibly)"
         )
     missing = sorted(name for name in local if name not in present)
 

@@ -32,6 +32,7 @@ from release.trust.attestation import (
 from release.trust.index import EmbeddedIndex, install_hint
 from release.trust.keys import channel_signer, tuf_keys_spec
 from release.trust.publish import envelope_path_for, publish
+from release.trust.remote_index import RemoteIndex
 from release.trust.sign import (
     Key,
     build_statement,
@@ -169,13 +170,27 @@ def step_sign(context: Context, channel_name: str | None) -> int:
     return 0
 
 
-def _index(context: Context) -> EmbeddedIndex:
-    if not context.manifest.publish.embedded:
-        raise PublishError(
-            f'{context.manifest.path}: publish.index: only "embedded" is supported by this '
-            f"version of the pipeline; got {context.manifest.publish.index!r}"
-        )
-    return EmbeddedIndex(context.state_dir, context.manifest.publish.username)
+Index = EmbeddedIndex | RemoteIndex
+
+
+def _index(context: Context, *, upload: bool = False) -> Index:
+    """The manifest's index: the embedded one, or a remote one (its credentials found and tried
+    when it is opened to ``upload``)."""
+    settings = context.manifest.publish
+    if settings.embedded:
+        return EmbeddedIndex(context.state_dir, settings.username)
+    assert settings.tuf_dir and settings.tuf_url and settings.upload_endpoint  # the manifest's
+    tuf_dir = (context.manifest.path.parent / settings.tuf_dir).resolve()
+    keys_dir = context.state_dir / "remote-index" / "tuf-keys"
+    if keys_dir.resolve().is_relative_to(tuf_dir):
+        raise PublishError(f"{context.manifest.path}: publish.tuf_dir: expected a folder apart "
+                           f"from the state directory, whose keys must never be served; got "
+                           f"{tuf_dir}")  # fmt: skip
+    return RemoteIndex(
+        simple_url=settings.index, url=settings.upload_endpoint, tuf_dir=tuf_dir,
+        tuf_url=settings.tuf_url, keys_dir=keys_dir, default_username=settings.username,
+        upload=upload,
+    )  # fmt: skip
 
 
 def open_publish(
@@ -195,15 +210,16 @@ def open_publish(
     tuf_keys = context.manifest.publish.tuf_keys
     if context.key_dir is not None:
         tuf_keys = tuf_keys_spec(context.key_dir)
+    index = _index(context)
     return repository_for(
-        _index(context).tuf_dir, tuf_keys, channel=channel,
-        state_dir=context.state_dir, manifest_dir=context.manifest.path.parent,
+        index.tuf_dir, tuf_keys, channel=channel, state_dir=context.state_dir,
+        manifest_dir=context.manifest.path.parent, keys_dir=index.keys_dir,
     )  # fmt: skip
 
 
 def _publish_with(
     context: Context,
-    index: EmbeddedIndex,
+    index: Index,
     channel: str,
     wheels: WheelSet,
     tuf: TufRepository,
@@ -228,7 +244,7 @@ def _publish_with(
     ))  # fmt: skip
 
 
-def _verify_with(context: Context, index: EmbeddedIndex, public_key: Any) -> None:
+def _verify_with(context: Context, index: Index, public_key: Any) -> None:
     version = project_version()
     stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
     statement = read_and_verify_envelope(stored, public_key)
@@ -269,7 +285,7 @@ def step_publish(context: Context, channel_name: str | None) -> int:
     _, public_key = channel_signer(context, channel, spec)
     wheels, attestations = _attested(context, channel, spec, public_key)
     tuf = open_publish(context, channel, public_key, attestations)
-    with _index(context) as index:
+    with _index(context, upload=True) as index:
         _publish_with(context, index, channel, wheels, tuf, attestations)
     return 0
 
@@ -287,8 +303,12 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
 
 
 def step_serve(context: Context) -> int:
+    index = _index(context)
+    if not isinstance(index, EmbeddedIndex):
+        raise PublishError(f"{context.manifest.path}: publish.index: serve runs the embedded "
+                           f"index; {index.simple_url} is served by its operator")  # fmt: skip
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # as Ctrl-C: a service manager's stop
-    with _index(context) as index:
+    with index:
         console.print(f"serving {index.packages_dir} at {index.simple_url} (Ctrl-C stops)")
         console.print(install_hint(index.simple_url, context.manifest.release.name))
         try:
@@ -330,7 +350,7 @@ def sign_publish_verify(context: Context, channel: str, spec: ChannelSpec) -> No
     signer, public_key = channel_signer(context, channel, spec)
     published, attestations = _sign(context, channel, spec, signer, public_key)
     tuf = open_publish(context, channel, public_key, attestations)
-    with _index(context) as index:
+    with _index(context, upload=True) as index:
         console.rule(f"publish to {index.simple_url}")
         _publish_with(context, index, channel, published, tuf, attestations)
         console.rule("verify")

@@ -85,8 +85,11 @@ class TufRepository:
 
     directory: Path
     expiry: Expiry = field(default_factory=Expiry)
-    # Each role's signer and public key; None: keys generated under ``keys/`` (dev).
+    # Each role's signer and public key; None: keys generated under ``keys_dir`` (dev).
     signers: Mapping[str, tuple[Signer, Key]] | None = None
+    # Where generated keys live (default ``directory/keys``): elsewhere when ``directory`` is
+    # itself served, as a remote index's ``tuf_dir`` is.
+    keys_directory: Path | None = None
 
     @property
     def metadata_dir(self) -> Path:
@@ -94,7 +97,7 @@ class TufRepository:
 
     @property
     def keys_dir(self) -> Path:
-        return self.directory / "keys"
+        return self.keys_directory or self.directory / "keys"
 
     @property
     def trusted_root_path(self) -> Path:
@@ -301,11 +304,18 @@ class TufRepository:
 
 
 def repository_for(
-    directory: Path, keys: TufKeys | None, *, channel: str, state_dir: Path, manifest_dir: Path
+    directory: Path,
+    keys: TufKeys | None,
+    *,
+    channel: str,
+    state_dir: Path,
+    manifest_dir: Path,
+    keys_dir: Path | None = None,
 ) -> TufRepository:
     """The index's TUF repository as the manifest's ``[publish.tuf_keys]`` configure it.
 
-    Without that table the roles' keys are generated under ``directory/keys`` (dev); the
+    Without that table the roles' keys are generated under ``keys_dir`` (default
+    ``directory/keys``; dev); the
     ``stable`` channel refuses them, as it refuses generated signing keys.
     """
     if keys is None:
@@ -315,7 +325,7 @@ def repository_for(
                 f"snapshot, timestamp) to publish on {channel!r}; generated dev keys never sign "
                 f"for {channel!r}"
             )
-        return TufRepository(directory)
+        return TufRepository(directory, keys_directory=keys_dir)
     signers = {}
     for role in ROLES:
         spec = getattr(keys, role)

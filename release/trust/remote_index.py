@@ -1,0 +1,164 @@
+"""A package index its operator already runs (devpi-server, pypiserver, or any index twine can
+upload to), and the TUF repository written to a folder the operator serves beside it.
+
+Credentials come from the environment or keyring, never from the manifest, and are never
+printed: ``ACTIVEKV_INDEX_TOKEN`` (an API token, user ``__token__``), else
+``ACTIVEKV_INDEX_PASSWORD`` with ``ACTIVEKV_INDEX_USERNAME`` (default: the manifest's
+``publish.username``), else keyring's password for the upload URL and that user. Before anything
+is uploaded they are tried on the upload URL with an upload that carries no file: a server that
+answers 401 or 403 refuses them, and the publish stops naming the index and the variables.
+
+The publish rules are the embedded index's (release/trust/publish.py): this module only says where
+files go and whether the server itself would replace a file (devpi's ``volatile`` indexes), which
+the pipeline never does either way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from release.errors import PublishError
+
+ENV_USERNAME = "ACTIVEKV_INDEX_USERNAME"
+ENV_PASSWORD = "ACTIVEKV_INDEX_PASSWORD"
+ENV_TOKEN = "ACTIVEKV_INDEX_TOKEN"
+_HTTP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class RemoteIndex:
+    """What :class:`release.trust.publish.IndexTarget` needs of a remote index, and where its TUF
+    repository and signed statements are written (``tuf_dir``, served at ``tuf_url``)."""
+
+    simple_url: str
+    url: str  # where twine uploads
+    tuf_dir: Path
+    tuf_url: str
+    keys_dir: Path  # the TUF roles' generated (dev) keys: never under tuf_dir, which is served
+    default_username: str
+    upload: bool = False  # opened to upload: credentials found and tried at __enter__
+    _credentials: tuple[str, str] | None = None
+
+    @property
+    def provenance_dir(self) -> Path:
+        """The signed statements and attestations, TUF targets ``provenance/…``."""
+        return self.tuf_dir / "targets" / "provenance"
+
+    @property
+    def username(self) -> str:
+        return self._opened()[0]
+
+    @property
+    def password(self) -> str:
+        return self._opened()[1]
+
+    def __enter__(self) -> RemoteIndex:
+        if self.upload:
+            credentials = find_credentials(self.url, self.default_username)
+            check_credentials(self.url, *credentials)
+            self._credentials = credentials
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._credentials = None
+
+    def _opened(self) -> tuple[str, str]:
+        if self._credentials is None:
+            raise PublishError(f"{self.url}: not opened to upload (use it as `with` block)")
+        return self._credentials
+
+    def overwrite_note(self) -> str | None:
+        """What the server would do with a file of a name it has: a devpi index with
+        ``volatile`` replaces it. None where the server does not say (pypiserver does not)."""
+        request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:
+                document = json.load(response)
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        result = document.get("result") if isinstance(document, dict) else None
+        if isinstance(result, dict) and result.get("volatile") is True:
+            return f"the server would have let it ({self.url} is a volatile devpi index)"
+        return None
+
+
+def find_credentials(upload_url: str, default_username: str) -> tuple[str, str]:
+    """(user, password) for ``upload_url`` from the environment or keyring; PublishError naming
+    the variables to set when there are none."""
+    if token := os.environ.get(ENV_TOKEN):
+        return "__token__", token
+    username = os.environ.get(ENV_USERNAME) or default_username
+    password = os.environ.get(ENV_PASSWORD) or _keyring_password(upload_url, username)
+    if not password:
+        raise PublishError(
+            f"publishing to {upload_url} needs credentials: set {ENV_PASSWORD} (and "
+            f"{ENV_USERNAME}, default {default_username!r}) or {ENV_TOKEN}, or store the password "
+            f"in keyring for {upload_url}; nothing was uploaded"
+        )
+    return username, password
+
+
+def _keyring_password(upload_url: str, username: str) -> str | None:
+    try:
+        import keyring  # twine's own credential store
+        from keyring.errors import KeyringError
+
+        try:
+            return keyring.get_password(upload_url, username)
+        except KeyringError:  # no backend on this machine
+            return None
+    except ImportError:
+        return None
+
+
+def check_credentials(upload_url: str, username: str, password: str) -> None:
+    """Tries the credentials on ``upload_url`` with an upload that carries no file: the server
+    checks who asks before what is sent, so 401 or 403 means refused; anything else (devpi and
+    pypiserver answer 400: no file) means accepted. PublishError names the index and the cause."""
+    boundary = uuid.uuid4().hex
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name=":action"\r\n\r\n'
+        f"file_upload\r\n--{boundary}--\r\n"
+    ).encode()
+    token = base64.b64encode(f"{username}:{password}".encode()).decode()
+    request = urllib.request.Request(
+        upload_url, data=body, method="POST",
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}",
+                 "Authorization": f"Basic {token}"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise PublishError(
+                f"{upload_url} refused the credentials of user {username!r} (HTTP {exc.code}); "
+                f"check {ENV_TOKEN}, or {ENV_USERNAME} and {ENV_PASSWORD}; nothing was uploaded"
+            ) from None
+        if exc.code in (404, 405):
+            raise PublishError(
+                f"{upload_url} takes no uploads (HTTP {exc.code} {exc.reason}); set "
+                "publish.upload_url to the URL twine uploads to; nothing was uploaded"
+            ) from None
+        if exc.code >= 500:
+            raise PublishError(
+                f"{upload_url} failed (HTTP {exc.code} {exc.reason}) when the credentials were "
+                "tried; nothing was uploaded"
+            ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise PublishError(f"{upload_url} cannot be reached ({reason}); nothing was "
+                           "uploaded") from None  # fmt: skip
