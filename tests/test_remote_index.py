@@ -23,7 +23,7 @@ from release.trust.publish import PAUSE_ENV
 from release.trust.remote_index import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
 from release.util.digests import sha256_file
-from release.util.paths import REPO_ROOT
+from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
 from release.util.pins import project_version
 
 pytestmark = pytest.mark.remote_index
@@ -221,3 +221,18 @@ def test_a_killed_publish_is_completed_by_running_it_again(
         targets = TufRepository(tuf_server.folder).targets()
         assert {name: targets[name].hashes["sha256"] for name in digests} == digests
         assert f"{PROVENANCE_PREFIX}activekv-{VERSION}.intoto.json" in targets
+
+
+def test_the_manifest_names_the_remote_index_and_a_tuf_dir_beside_it(tmp_path: Path) -> None:
+    """[publish] index, tuf_dir (relative: to the manifest's folder) and tuf_url, no options."""
+    with PypiServer(tmp_path / "pypiserver") as server, StaticServer(tmp_path / "tuf") as tuf:
+        manifest = tmp_path / "remote.toml"
+        remote = f'index = "{server.simple_url}"\ntuf_dir = "tuf"\ntuf_url = "{tuf.url}"'
+        text = DEFAULT_MANIFEST.read_text(encoding="utf-8")
+        manifest.write_text(text.replace('index = "embedded"', remote), encoding="utf-8")
+        out, state, wheels = signed_out_dir(tmp_path / "release", VERSION)
+        published = _release("publish", "--manifest", manifest, "--out", out, "--state-dir",
+                             state, env=_as(server))  # fmt: skip
+        assert published.returncode == 0, published.stdout + published.stderr
+        assert len(list_project_files(server.simple_url, "activekv")) == len(wheels)
+        assert set(TufRepository(tuf.folder).targets()) >= {w.name for w in wheels}

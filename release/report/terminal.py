@@ -101,8 +101,10 @@ def print_summary(out_dir: Path, manifest: Manifest, channel: str) -> None:
                           f"{', '.join(check.imported)}")  # fmt: skip
     else:
         console.print("verify: not run")
-    if publish:
+    if publish and manifest.publish.embedded:
         console.print(
             "the index lives in the state directory; `nox -s serve` serves it again, "
             f"then {install_hint('http://127.0.0.1:<port>/simple/', manifest.release.name)}"
         )
+    elif publish:
+        console.print(install_hint(publish.index, manifest.release.name))
