@@ -40,6 +40,7 @@ from release.build.wheels import SOURCE_ROOTS as WHEEL_SOURCES
 from release.errors import ManifestError, ReleaseError
 from release.manifest import CiSettings, Manifest
 from release.report.document import GPU_STAGING_RECORD as GPU_STAGING
+from release.trust.remote_index import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
 from release.util.atomic import atomic_write
 from release.util.pins import pinned_version
 from release.wheelset import version_tuple
@@ -287,6 +288,14 @@ def _gpu_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
     return job
 
 
+def _index_credentials(manifest: Manifest) -> dict[str, str] | None:
+    """A remote index's credentials, from the repository's secrets of the same names, for the
+    publish step alone (the embedded index makes its own)."""
+    if manifest.publish.embedded:
+        return None
+    return {name: f"${{{{ secrets.{name} }}}}" for name in (ENV_TOKEN, ENV_USERNAME, ENV_PASSWORD)}
+
+
 def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
     cpu_gates = sorted(name for name, gate in manifest.gates.items() if gate.runner == "cpu")
     steps: list[Any] = [
@@ -322,6 +331,7 @@ def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
         _run(
             "publish (refuses unless the channel's gates passed on these digests)",
             'python -m release publish --channel "$CHANNEL"',
+            env=_index_credentials(manifest),
         ),
         _run("verify from the index", 'python -m release verify --channel "$CHANNEL"'),
         _run("release report", "python -m release report", condition=ALWAYS),

@@ -351,6 +351,25 @@ def test_the_release_job_runs_on_evidence_only(
     assert records["continue-on-error"] is True
 
 
+def test_a_remote_index_gives_the_publish_step_its_credentials_from_secrets(
+    manifest: Manifest,
+) -> None:
+    def publish_step(generated: dict[str, Any]) -> dict[str, Any]:
+        (step,) = [s for s in _steps(generated["jobs"]["release"])
+                   if s.get("name", "").startswith("publish")]  # fmt: skip
+        return step
+
+    assert "env" not in publish_step(ci_workflow.generate(manifest))  # embedded: none needed
+    remote = manifest.with_publish(
+        index="https://pypi.example.com/simple/", tuf_dir="/srv/tuf",
+        tuf_url="https://pypi.example.com/tuf/",
+    )  # fmt: skip
+    assert publish_step(ci_workflow.generate(remote))["env"] == {
+        name: f"${{{{ secrets.{name} }}}}"
+        for name in ("ACTIVEKV_INDEX_TOKEN", "ACTIVEKV_INDEX_USERNAME", "ACTIVEKV_INDEX_PASSWORD")
+    }
+
+
 def test_every_command_the_workflow_calls_exists(committed: dict[str, Any]) -> None:
     parser = cli._parser()
     known = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
