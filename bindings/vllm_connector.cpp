@@ -448,7 +448,6 @@ std::shared_ptr<WorkerEngine> shared_engine(const Settings& settings) {
     }
     return existing;
   }
-  check_engine_arguments(settings);
   std::shared_ptr<WorkerEngine> engine;
   try {
     engine = std::make_shared<WorkerEngine>(settings);
@@ -680,8 +679,9 @@ class ConnectorCore {
     drain_events();
   }
 
-  // What the connector holds between steps (tests): requests tracked by the scheduler half, the
-  // pool's pinned, storing, committed and free blocks, quarantined regions, a step in progress.
+  // What the connector holds between steps (tests). Scheduler half: the requests it tracks and the
+  // workers alive. Worker half: its pool's pinned, storing, committed and free blocks, the blocks
+  // it published, quarantined regions, a step in progress.
   nb::dict state() {
     nb::dict result;
     if (index_) {
@@ -722,7 +722,10 @@ class ConnectorCore {
   }
 
   SharedIndexReader& scheduler_index(const char* hook) {
-    if (!index_) throw std::logic_error(std::string(hook) + ": a scheduler hook, called on the " + role_ + " half");
+    if (!index_) {
+      throw std::logic_error(std::string(hook) + ": a scheduler hook, called on the " + role_ +
+                             " half");
+    }
     return *index_;
   }
 
