@@ -1,5 +1,6 @@
 #include "offload/shared_index.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -147,7 +148,41 @@ bool holds(const IndexHeader& header, std::uint64_t mask, std::uint64_t hash) {
   return false;
 }
 
+// Whether the file open as `fd` is still the shared-memory object called `name`.
+bool linked_as(int fd, const std::string& name) {
+  struct stat held {};
+  if (::fstat(fd, &held) != 0 || held.st_nlink == 0) return false;
+  const int named = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (named < 0) return false;
+  struct stat current {};
+  const bool same = ::fstat(named, &current) == 0 && current.st_ino == held.st_ino &&
+                    current.st_dev == held.st_dev;
+  ::close(named);
+  return same;
+}
+
 }  // namespace
+
+std::size_t remove_stale_shared_indexes() {
+  // glibc keeps POSIX shared memory in /dev/shm, the one place to list it.
+  DIR* directory = ::opendir("/dev/shm");
+  if (directory == nullptr) return 0;
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(directory)) {
+    if (std::strncmp(entry->d_name, "activekv-", 9) == 0) names.push_back(std::string("/") + entry->d_name);
+  }
+  ::closedir(directory);
+  std::size_t removed = 0;
+  for (const std::string& name : names) {
+    const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) continue;
+    SharedFile file(fd);
+    // A shared lock granted: no writer holds it (a new writer waits for this lock, then finds the
+    // table unlinked and makes another).
+    if (::flock(fd, LOCK_SH | LOCK_NB) == 0) removed += ::shm_unlink(name.c_str()) == 0;
+  }
+  return removed;
+}
 
 std::string shared_index_name(const std::string& engine_id, std::size_t rank) {
   char digits[17];
@@ -160,13 +195,24 @@ SharedIndexWriter::SharedIndexWriter(const std::string& engine_id, std::size_t r
     : name_(shared_index_name(engine_id, rank)) {
   const std::string subject =
       "block index of engine " + engine_id + ", rank " + std::to_string(rank) + " (" + name_ + ")";
-  const int fd = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) throw SharedIndexError(system_error("cannot open the " + subject, errno));
-  file_ = SharedFile(fd);
-  if (!lock_exclusively(fd)) {
-    throw SharedIndexError("the " + subject + " is held by another live process (a worker of the "
-                           "same engine id and rank)");
+  remove_stale_shared_indexes();
+  // The table locked must still be the one under the name: a stale-table removal (by another
+  // engine's worker) may unlink it between the open and the lock. Then open it anew.
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    fd = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) throw SharedIndexError(system_error("cannot open the " + subject, errno));
+    file_ = SharedFile(fd);
+    if (!lock_exclusively(fd)) {
+      throw SharedIndexError("the " + subject + " is held by another live process (a worker of "
+                             "the same engine id and rank)");
+    }
+    if (!linked_as(fd, name_)) {
+      file_ = SharedFile();
+      fd = -1;
+    }
   }
+  if (fd < 0) throw SharedIndexError("the " + subject + " kept being removed while it was opened");
   const std::uint64_t slots = table_slots_for(capacity);
   struct stat status {};
   if (::fstat(fd, &status) != 0) throw SharedIndexError(system_error("cannot stat the " + subject, errno));

@@ -26,6 +26,11 @@ class SharedIndexError : public std::runtime_error {
 // digits a hash of the engine id (vLLM's engine ids may hold any character).
 std::string shared_index_name(const std::string& engine_id, std::size_t rank);
 
+// Removes every table whose writer has ended without removing it (killed): such a table counts
+// for no hit, and the engine ids of a host's past runs would otherwise pile up in /dev/shm. Each
+// writer calls it as it starts. The number removed.
+std::size_t remove_stale_shared_indexes();
+
 namespace detail {
 struct IndexHeader;
 

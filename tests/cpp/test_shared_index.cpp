@@ -7,7 +7,9 @@
 
 #include "test_support.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,11 +149,12 @@ TEST_CASE("a hit needs every rank, and a rank whose process died holds nothing")
   CHECK(reader.live_ranks() == 2);
   CHECK(reader.lookup({1, 2, 3}) == 2);
   kill_and_reap(rank1);
-  // Its table is still there (SIGKILL ran no cleanup), but its lock went with the process.
+  // Its table is still there (SIGKILL ran no cleanup), but its lock went with the process; the
+  // next writer to start removes it.
   CHECK(reader.live_ranks() == 1);
   CHECK(reader.lookup({1, 2, 3}) == 0);
 
-  SUBCASE("the next writer of the rank takes the table over, empty") {
+  SUBCASE("the next writer of the rank starts empty") {
     SharedIndexWriter restarted(id, 1, 64);
     CHECK(reader.lookup({1, 2, 3}) == 0);
     restarted.publish(commits({1, 2, 3}));
@@ -181,6 +184,28 @@ TEST_CASE("a rank served by a live process is refused to a second writer, naming
   kill_and_reap(first);
   CHECK(reader.lookup({5}) == 0);
   SharedIndexWriter takeover(id, 0, 8);  // and removes the table the killed child left
+}
+
+TEST_CASE("a starting writer removes the tables killed writers left, and no live one") {
+  const std::string dead_id = engine_id("stale-dead");
+  const std::string live_id = engine_id("stale-live");
+  const pid_t live = child_writer(live_id, 0, {2});
+  kill_and_reap(child_writer(dead_id, 0, {1}));  // after: a starting writer removes stale tables
+  const std::string dead_name = shared_index_name(dead_id, 0);
+  const auto exists = [](const std::string& name) {
+    const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd >= 0) ::close(fd);
+    return fd >= 0;
+  };
+  CHECK(exists(dead_name));
+  SharedIndexWriter other(engine_id("stale-other"), 0, 8);  // any engine's worker
+  CHECK_FALSE(exists(dead_name));
+  CHECK(exists(shared_index_name(live_id, 0)));
+  SharedIndexReader reader(live_id, 1);
+  CHECK(reader.lookup({2}) == 1);
+  kill_and_reap(live);
+  CHECK(activekv::offload::remove_stale_shared_indexes() >= 1);
+  CHECK_FALSE(exists(shared_index_name(live_id, 0)));
 }
 
 TEST_CASE("a writer that ends cleanly removes its table") {
