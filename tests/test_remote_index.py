@@ -236,3 +236,11 @@ def test_the_manifest_names_the_remote_index_and_a_tuf_dir_beside_it(tmp_path: P
         assert published.returncode == 0, published.stdout + published.stderr
         assert len(list_project_files(server.simple_url, "activekv")) == len(wheels)
         assert set(TufRepository(tuf.folder).targets()) >= {w.name for w in wheels}
+
+
+def test_an_opened_index_never_shows_its_password(tmp_path: Path) -> None:
+    from release.trust.remote_index import RemoteIndex
+
+    index = RemoteIndex("https://x.example/simple/", "https://x.example/", tmp_path, "https://t/",
+                        tmp_path / "keys", "bot", _credentials=("bot", "s3cret-pw"))  # fmt: skip
+    assert "s3cret-pw" not in repr(index)

@@ -21,7 +21,7 @@ import os
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -45,7 +45,8 @@ class RemoteIndex:
     keys_dir: Path  # the TUF roles' generated (dev) keys: never under tuf_dir, which is served
     default_username: str
     upload: bool = False  # opened to upload: credentials found and tried at __enter__
-    _credentials: tuple[str, str] | None = None
+    # Never in repr: a traceback or log that shows the index must not show its password.
+    _credentials: tuple[str, str] | None = field(default=None, repr=False)
 
     @property
     def provenance_dir(self) -> Path:
