@@ -589,7 +589,11 @@ class Manifest(_Model):
     def with_publish(self, **overrides: str) -> Manifest:
         """This manifest with ``[publish]`` keys given on the command line (``--index URL`` and
         the like), checked as the manifest's own; each error names the option."""
-        data = {**self.publish.model_dump(exclude_none=True), **overrides}
+        data = self.publish.model_dump(exclude_none=True)
+        if "index" in overrides:  # another index: the manifest's keys of its own index go too
+            for key in ("upload_url", "tuf_dir", "tuf_url"):
+                data.pop(key, None)
+        data.update(overrides)
         try:
             publish = PublishSettings.model_validate(data)
         except ValidationError as exc:

@@ -157,6 +157,14 @@ def test_command_line_publish_options_are_checked_as_the_manifest_keys() -> None
     assert str(caught.value).startswith(f"{REAL}: publish.index (--index): expected ")
     with pytest.raises(ManifestError, match=r"publish\.tuf_url: expected the URL that folder"):
         manifest.with_publish(index="https://pypi.example.com/simple/", tuf_dir="/srv/tuf")
+    # Another index takes none of the manifest's keys of its own index: back to the embedded one,
+    # or to a second server, whose upload and TUF URLs must then be given.
+    assert remote.with_publish(index="embedded").publish.embedded
+    with pytest.raises(ManifestError, match=r"publish\.tuf_dir: expected"):
+        remote.with_publish(index="https://b.example.com/simple/")
+    other = remote.with_publish(index="https://b.example.com/+simple/", tuf_dir="/srv/b",
+                                tuf_url="https://b.example.com/tuf/")  # fmt: skip
+    assert other.publish.upload_endpoint == "https://b.example.com/"
 
 
 def test_valid_variants_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

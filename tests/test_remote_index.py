@@ -244,3 +244,48 @@ def test_an_opened_index_never_shows_its_password(tmp_path: Path) -> None:
     index = RemoteIndex("https://x.example/simple/", "https://x.example/", tmp_path, "https://t/",
                         tmp_path / "keys", "bot", _credentials=("bot", "s3cret-pw"))  # fmt: skip
     assert "s3cret-pw" not in repr(index)
+
+
+def test_a_redirecting_upload_url_is_refused_and_gets_no_credentials(tmp_path: Path) -> None:
+    """urllib would follow a 302 as a GET carrying the Authorization header: the probe follows
+    none, and says where the URL leads."""
+    import http.server
+    import threading
+
+    from release.errors import PublishError
+    from release.trust.remote_index import check_credentials
+
+    seen: list[str | None] = []
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/other/")
+            self.end_headers()
+
+        do_GET = do_POST
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/upload/"
+        with pytest.raises(PublishError, match=r"redirects \(HTTP 302\) to http://.*/other/"):
+            check_credentials(url, "bot", "wrong")
+        assert len(seen) == 1  # the POST only, never a follow-up to the redirect's target
+    finally:
+        server.shutdown()
+
+
+def test_a_tuf_dir_that_would_serve_private_keys_is_refused(tmp_path: Path) -> None:
+    out, state, _ = signed_out_dir(tmp_path / "release", VERSION)
+    target = ["--index", "http://127.0.0.1:9/simple/", "--tuf-url", "http://127.0.0.1:9/tuf/"]
+    for served in (state / "served", state.parent):  # inside the state folder, or around it
+        refused = _publish(out, state, [*target, "--tuf-dir", str(served)], _env())
+        assert refused.returncode == 2
+        assert "publish.tuf_dir: expected a folder apart from the state directory" in (
+            refused.stderr
+        )

@@ -116,7 +116,7 @@ std::string system_error(const std::string& what, int error) {
 bool lock_exclusively(int fd) {
   for (int attempt = 0; attempt < 1000; ++attempt) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
-    if (errno != EWOULDBLOCK) return false;
+    if (errno != EWOULDBLOCK) throw SharedIndexError(system_error("flock", errno));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
@@ -177,9 +177,13 @@ std::size_t remove_stale_shared_indexes() {
     const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0) continue;
     SharedFile file(fd);
-    // A shared lock granted: no writer holds it (a new writer waits for this lock, then finds the
-    // table unlinked and makes another).
-    if (::flock(fd, LOCK_SH | LOCK_NB) == 0) removed += ::shm_unlink(name.c_str()) == 0;
+    // The exclusive lock granted: no writer holds the table, nor does another process removing
+    // it. Removed only if the name still leads to this file: once another remover has, the name
+    // may already belong to a new writer's table. (A new writer that opened this file meanwhile
+    // finds it unlinked once it has its lock, and opens the name anew.)
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && linked_as(fd, name)) {
+      removed += ::shm_unlink(name.c_str()) == 0;
+    }
   }
   return removed;
 }
@@ -218,9 +222,9 @@ SharedIndexWriter::SharedIndexWriter(const std::string& engine_id, std::size_t r
   if (::fstat(fd, &status) != 0) throw SharedIndexError(system_error("cannot stat the " + subject, errno));
   // Never shrink: a reader may still map the size a previous writer gave it.
   const std::size_t bytes = std::max(file_bytes(slots), static_cast<std::size_t>(status.st_size));
-  if (static_cast<std::size_t>(status.st_size) < bytes &&
-      ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    throw SharedIndexError(system_error("cannot size the " + subject, errno));
+  // Allocated, not only sized: a full /dev/shm is an error here, not a SIGBUS at first write.
+  if (const int error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); error != 0) {
+    throw SharedIndexError(system_error("cannot allocate the " + subject, error));
   }
   if (!file_.map(bytes, PROT_READ | PROT_WRITE)) {
     throw SharedIndexError(system_error("cannot map the " + subject, errno));
@@ -239,8 +243,9 @@ SharedIndexWriter::SharedIndexWriter(const std::string& engine_id, std::size_t r
 }
 
 SharedIndexWriter::~SharedIndexWriter() {
-  // Removed while still locked, so no reader takes a finished worker's table for a live one.
-  if (file_.is_open()) ::shm_unlink(name_.c_str());
+  // Removed while still locked, so no reader takes a finished worker's table for a live one;
+  // only if the name still leads to it (never a successor's table).
+  if (file_.is_open() && linked_as(file_.fd(), name_)) ::shm_unlink(name_.c_str());
 }
 
 void SharedIndexWriter::publish(const std::vector<Event>& events) {
@@ -351,10 +356,11 @@ const IndexHeader* SharedIndexReader::live_table(std::size_t rank) {
     return nullptr;
   }
   const IndexHeader* header = file.header();
-  // A newer writer with a larger pool grew the file beyond this mapping: map it again.
+  // A newer writer with a larger pool grew the file beyond this mapping: it is mapped again at
+  // the next lookup (this one counts no hit).
   if (file_bytes(header->table_slots.load(std::memory_order_acquire)) > file.bytes()) {
     file = SharedFile();
-    return live_table(rank);
+    return nullptr;
   }
   return header;
 }

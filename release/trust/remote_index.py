@@ -125,6 +125,14 @@ def _keyring_password(upload_url: str, username: str) -> str | None:
         return None
 
 
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None  # the 3xx is raised as an HTTPError instead
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects)
+
+
 def check_credentials(upload_url: str, username: str, password: str) -> None:
     """Tries the credentials on ``upload_url`` with an upload that carries no file: the server
     checks who asks before what is sent, so 401 or 403 means refused; anything else (devpi and
@@ -141,9 +149,17 @@ def check_credentials(upload_url: str, username: str, password: str) -> None:
                  "Authorization": f"Basic {token}"},
     )  # fmt: skip
     try:
-        with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S):
+        with _NO_REDIRECTS.open(request, timeout=_HTTP_TIMEOUT_S):
             return
     except urllib.error.HTTPError as exc:
+        exc.close()
+        if 300 <= exc.code < 400:
+            # Followed, a POST would become a GET carrying the credentials to wherever it points.
+            raise PublishError(
+                f"{upload_url} redirects (HTTP {exc.code}) to {exc.headers.get('Location')}; give "
+                "that URL as publish.upload_url; the credentials were not sent there, and nothing "
+                "was uploaded"
+            ) from None
         if exc.code in (401, 403):
             raise PublishError(
                 f"{upload_url} refused the credentials of user {username!r} (HTTP {exc.code}); "

@@ -181,11 +181,19 @@ def _index(context: Context, *, upload: bool = False) -> Index:
         return EmbeddedIndex(context.state_dir, settings.username)
     assert settings.tuf_dir and settings.tuf_url and settings.upload_endpoint  # the manifest's
     tuf_dir = (context.manifest.path.parent / settings.tuf_dir).resolve()
-    keys_dir = context.state_dir / "remote-index" / "tuf-keys"
-    if keys_dir.resolve().is_relative_to(tuf_dir):
+    state = context.state_dir.resolve()
+    # Served as it lies: never the state directory's keys and credentials, nor --key-dir's.
+    private = [state, *([context.key_dir.resolve()] if context.key_dir else [])]
+    key_refs = [*context.manifest.sign.values(), *(
+        [getattr(settings.tuf_keys, role) for role in ("root", "targets", "snapshot", "timestamp")]
+        if settings.tuf_keys else [])]  # fmt: skip
+    private += [Path(ref.key.removeprefix("file:")).resolve()
+                for ref in key_refs if ref.key.startswith("file:")]  # fmt: skip
+    if any(tuf_dir.is_relative_to(p) or p.is_relative_to(tuf_dir) for p in private):
         raise PublishError(f"{context.manifest.path}: publish.tuf_dir: expected a folder apart "
-                           f"from the state directory, whose keys must never be served; got "
-                           f"{tuf_dir}")  # fmt: skip
+                           f"from the state directory and the key folder, whose keys must never "
+                           f"be served; got {tuf_dir}")  # fmt: skip
+    keys_dir = context.state_dir / "remote-index" / "tuf-keys"
     return RemoteIndex(
         simple_url=settings.index, url=settings.upload_endpoint, tuf_dir=tuf_dir,
         tuf_url=settings.tuf_url, keys_dir=keys_dir, default_username=settings.username,
