@@ -198,10 +198,11 @@ def _folder(value: str) -> str:
     return value
 
 
-def conventional_upload_url(simple_url: str) -> str | None:
-    """Where twine uploads for an index whose simple URL has a server's usual shape: devpi's
-    ``…/USER/INDEX/+simple/`` takes uploads at ``…/USER/INDEX/``, pypiserver's ``…/simple/`` at
-    its root. None for any other shape (``upload_url`` must then be given)."""
+def index_root(simple_url: str) -> str | None:
+    """The folder a simple URL of a server's usual shape stands in: devpi's
+    ``…/USER/INDEX/+simple/`` in ``…/USER/INDEX/`` (where it takes uploads), pypiserver's and the
+    embedded index's ``…/simple/`` in the root (uploads there; the embedded index serves ``tuf/``
+    beside it). None for any other shape."""
     base = urlsplit(simple_url)._replace(query="", fragment="").geturl().rstrip("/")
     parent, _, last = base.rpartition("/")
     return parent + "/" if last in ("simple", "+simple") and "//" in parent else None
@@ -489,7 +490,7 @@ class PublishSettings(_Model):
     state_dir: Annotated[StrictStr, AfterValidator(_state_dir)]
     tuf_keys: TufKeys | None = None
     # A remote index (``index`` is its PEP 503 simple URL): where twine uploads (default: the
-    # server's convention, see conventional_upload_url), the folder the TUF repository is written
+    # server's convention, see index_root), the folder the TUF repository is written
     # to (relative to the manifest's folder), which the operator serves at ``tuf_url``.
     upload_url: Annotated[StrictStr, AfterValidator(_web_url)] | None = None
     tuf_dir: Annotated[StrictStr, AfterValidator(_folder)] | None = None
@@ -503,7 +504,7 @@ class PublishSettings(_Model):
     @property
     def upload_endpoint(self) -> str | None:
         """Where twine uploads to a remote index: ``upload_url``, else the server's convention."""
-        return self.upload_url or conventional_upload_url(self.index)
+        return self.upload_url or index_root(self.index)
 
 
 RunnerLabel = Annotated[
@@ -591,7 +592,7 @@ class Manifest(_Model):
         the like), checked as the manifest's own; each error names the option."""
         data = self.publish.model_dump(exclude_none=True)
         if "index" in overrides:  # another index: the manifest's keys of its own index go too
-            for key in ("upload_url", "tuf_dir", "tuf_url"):
+            for key in _REMOTE_ONLY:
                 data.pop(key, None)
         data.update(overrides)
         try:
@@ -760,13 +761,15 @@ _REMOTE_KEYS = {
     "remote index",
     "tuf_url": "the URL that folder is served at",
 }
+# The [publish] keys that describe a remote index.
+_REMOTE_ONLY = ("upload_url", *_REMOTE_KEYS)
 
 
 def _publish_references(publish: PublishSettings) -> list[_Issue]:
     """A remote index needs its TUF folder and URL and an upload URL; the embedded one none."""
     issues: list[_Issue] = []
     if publish.embedded:
-        for key in ("upload_url", *_REMOTE_KEYS):
+        for key in _REMOTE_ONLY:
             if (value := getattr(publish, key)) is not None:
                 expected = 'nothing with index = "embedded" (it serves uploads and TUF itself)'
                 issues.append(_Issue(("publish", key), expected, _show(value)))

@@ -81,8 +81,8 @@ def load_signer(
                 "dev keys can never sign for stable; give a file: key or a signer URI"
             )
         return _generated_signer(state_dir, channel)
-    if key_ref.startswith(_FILE_SCHEME):
-        signer = _signer_from_pem_file(_file_ref_path(key_ref))
+    if is_file_key(key_ref):
+        signer = _signer_from_pem_file(file_key_path(key_ref))
         return _not_a_dev_key(key_ref, channel, state_dir, (signer, signer.public_key))
     scheme = key_ref.partition(":")[0] if ":" in key_ref else key_ref
     if ":" in key_ref and scheme in SIGNER_FOR_URI_SCHEME:
@@ -216,7 +216,13 @@ def generated_key_pair(pem_path: Path, pub_path: Path) -> tuple[Signer, Key]:
     return signer, key
 
 
-def _file_ref_path(key_ref: str) -> Path:
+def is_file_key(key_ref: str) -> bool:
+    """Whether ``key_ref`` names a PEM file (``file:<absolute path>``)."""
+    return key_ref.startswith(_FILE_SCHEME)
+
+
+def file_key_path(key_ref: str) -> Path:
+    """The PEM file a ``file:`` key reference names (``file:/abs`` or ``file:///abs``)."""
     raw = key_ref[len(_FILE_SCHEME) :]
     if raw.startswith("//"):  # file:///abs/path form
         raw = raw[2:]

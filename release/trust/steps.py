@@ -36,6 +36,8 @@ from release.trust.remote_index import RemoteIndex
 from release.trust.sign import (
     Key,
     build_statement,
+    file_key_path,
+    is_file_key,
     load_public_key,
     read_and_verify_envelope,
     refuse_dev_key,
@@ -45,7 +47,7 @@ from release.trust.sign import (
     write_public_key,
 )
 from release.trust.tuf_client import TrustedIndex
-from release.trust.tuf_metadata import TufRepository, repository_for
+from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
 from release.trust.verify import verify_attestations, verify_from_index, verify_release
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
@@ -173,6 +175,22 @@ def step_sign(context: Context, channel_name: str | None) -> int:
 Index = EmbeddedIndex | RemoteIndex
 
 
+def _check_served_apart_from_keys(context: Context, tuf_dir: Path) -> None:
+    """PublishError unless ``tuf_dir``, which a web server serves as it lies, stays apart from
+    every private key: the state directory, ``--key-dir`` and each ``file:`` key of the manifest
+    ([sign.*], [publish.tuf_keys.*])."""
+    tuf_keys = context.manifest.publish.tuf_keys
+    refs = [spec.key for spec in context.manifest.sign.values()]
+    refs += [getattr(tuf_keys, role).key for role in ROLES] if tuf_keys else []
+    private = [context.state_dir, *([context.key_dir] if context.key_dir else [])]
+    private += [file_key_path(ref) for ref in refs if is_file_key(ref)]
+    for path in (p.resolve() for p in private):
+        if tuf_dir.is_relative_to(path) or path.is_relative_to(tuf_dir):
+            raise PublishError(f"{context.manifest.path}: publish.tuf_dir: expected a folder apart "
+                               f"from the state directory and the key folder, whose keys must "
+                               f"never be served; got {tuf_dir}")  # fmt: skip
+
+
 def _index(context: Context, *, upload: bool = False) -> Index:
     """The manifest's index: the embedded one, or a remote one (its credentials found and tried
     when it is opened to ``upload``)."""
@@ -181,18 +199,7 @@ def _index(context: Context, *, upload: bool = False) -> Index:
         return EmbeddedIndex(context.state_dir, settings.username)
     assert settings.tuf_dir and settings.tuf_url and settings.upload_endpoint  # the manifest's
     tuf_dir = (context.manifest.path.parent / settings.tuf_dir).resolve()
-    state = context.state_dir.resolve()
-    # Served as it lies: never the state directory's keys and credentials, nor --key-dir's.
-    private = [state, *([context.key_dir.resolve()] if context.key_dir else [])]
-    key_refs = [*context.manifest.sign.values(), *(
-        [getattr(settings.tuf_keys, role) for role in ("root", "targets", "snapshot", "timestamp")]
-        if settings.tuf_keys else [])]  # fmt: skip
-    private += [Path(ref.key.removeprefix("file:")).resolve()
-                for ref in key_refs if ref.key.startswith("file:")]  # fmt: skip
-    if any(tuf_dir.is_relative_to(p) or p.is_relative_to(tuf_dir) for p in private):
-        raise PublishError(f"{context.manifest.path}: publish.tuf_dir: expected a folder apart "
-                           f"from the state directory and the key folder, whose keys must never "
-                           f"be served; got {tuf_dir}")  # fmt: skip
+    _check_served_apart_from_keys(context, tuf_dir)
     keys_dir = context.state_dir / "remote-index" / "tuf-keys"
     return RemoteIndex(
         simple_url=settings.index, url=settings.upload_endpoint, tuf_dir=tuf_dir,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from release.errors import ReleaseError, SigningError, VerifyError
+from release.manifest import index_root
 from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
 from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
@@ -114,10 +115,9 @@ def parse_requirement(text: str) -> tuple[str, str]:
 
 def tuf_url_for(index_url: str) -> str:
     """The TUF repository beside a pip index URL: ``…/simple/`` becomes ``…/tuf/``."""
-    base = index_url.rstrip("/")
-    parent, _, last = base.rpartition("/")
-    if last in ("simple", "+simple") and "//" in parent:
-        return parent + "/tuf/"
+    root = index_root(index_url)
+    if root is not None:
+        return root + "tuf/"
     raise VerifyError(
         f"--index {index_url}: cannot tell where its TUF repository is (expected a URL ending "
         "in /simple/); give --tuf-url"
