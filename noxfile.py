@@ -136,7 +136,7 @@ def serve(session: nox.Session) -> None:
 def unit(session: nox.Session) -> None:
     """The edit loop's profile: lint and the unit tests (no wheel build, server or compiler)."""
     _install(session, "test")
-    session.run("ruff", "check", "release", "tests", "reference", "noxfile.py")
+    session.run("ruff", "check", "release", "tests", "reference", "cmake", "noxfile.py")
     session.run("pytest", "-m", "not integration", *session.posargs)
 
 
@@ -145,6 +145,6 @@ def tests(session: nox.Session) -> None:
     """C++ tests (ctest), lint, then the pipeline's tests and the end-to-end release (pytest)."""
     _install(session, "test")
     session.run("python", "-m", "release", "cpp-tests")
-    session.run("ruff", "check", "release", "tests", "reference", "noxfile.py")
-    session.run("ruff", "format", "--check", "release", "tests", "reference", "noxfile.py")
+    session.run("ruff", "check", "release", "tests", "reference", "cmake", "noxfile.py")
+    session.run("ruff", "format", "--check", "release", "tests", "reference", "cmake", "noxfile.py")
     session.run("pytest", *session.posargs)

@@ -4,6 +4,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+// robin_map for its version only: nanobind's static library compiles this copy of it in.
+#include <tsl/robin_growth_policy.h>
 
 #include <cstdint>
 #include <exception>
@@ -14,7 +16,24 @@
 #include <vector>
 
 #include "common/build_info.h"
+#include "common/sbom_facts.h"
 #include "cuda/probe.h"
+
+// The C++ runtime linked into the module (zig's libc++, with its libc++abi and libunwind, in the
+// hermetic build; libstdc++ where a g++ builds the wheel).
+#if defined(_LIBCPP_VERSION)
+ACTIVEKV_SBOM_FACT(kCxxRuntimeFact, "cxx_runtime=libc++ " ACTIVEKV_SBOM_TEXT(_LIBCPP_VERSION));
+#elif defined(_GLIBCXX_RELEASE)
+ACTIVEKV_SBOM_FACT(kCxxRuntimeFact, "cxx_runtime=libstdc++ " ACTIVEKV_SBOM_TEXT(_GLIBCXX_RELEASE));
+#endif
+// The binding library and the hash map it carries, as compiled into this module (NB_STATIC).
+#define ACTIVEKV_SBOM_VERSION(major, minor, patch) \
+  ACTIVEKV_SBOM_TEXT(major) "." ACTIVEKV_SBOM_TEXT(minor) "." ACTIVEKV_SBOM_TEXT(patch)
+ACTIVEKV_SBOM_FACT(kNanobindFact, "nanobind=" ACTIVEKV_SBOM_VERSION(NB_VERSION_MAJOR, NB_VERSION_MINOR,
+                                                                  NB_VERSION_PATCH));
+ACTIVEKV_SBOM_FACT(kRobinMapFact, "robin_map=" ACTIVEKV_SBOM_VERSION(TSL_RH_VERSION_MAJOR,
+                                                                   TSL_RH_VERSION_MINOR,
+                                                                   TSL_RH_VERSION_PATCH));
 
 namespace activekv::bindings {
 

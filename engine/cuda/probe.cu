@@ -3,6 +3,10 @@
 
 #include <cuda_runtime.h>
 
+#include "common/sbom_facts.h"
+
+ACTIVEKV_SBOM_CUDA_FACTS();
+
 // A named namespace, not an anonymous one: nvcc names anonymous namespaces after a hash of the
 // source file's absolute path, which would make the wheel's bytes depend on where it was built.
 namespace activekv_cuda_detail {

@@ -7,8 +7,12 @@
 
 #include <cuda_runtime.h>
 
+#include "common/sbom_facts.h"
+
 #include "offload/codec_rules.h"
 #include "offload/float_bits.h"
+
+ACTIVEKV_SBOM_CUDA_FACTS();
 
 // A named namespace, not an anonymous one: see probe.cu.
 namespace activekv_cuda_staging {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -34,7 +35,9 @@ from release.util.progress import console, tracked
 from release.wheelset import version_tuple
 
 # What decides a wheel's bytes, besides the toolchain and the interpreter.
-SOURCE_ROOTS = ("CMakeLists.txt", "pyproject.toml", "README.md", "engine", "bindings", "shims")
+SOURCE_ROOTS = (
+    "CMakeLists.txt", "pyproject.toml", "README.md", "engine", "bindings", "shims", "cmake",
+)
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,20 @@ def _run_logged(command: list[str], env: dict[str, str], log: Path, what: str) -
         raise BuildError(f"{what} failed (exit {result.returncode}); log: {log}\n{tail}")
 
 
+def _write_sbom_record(record: dict[str, str], cache_dir: Path) -> Path:
+    """The record without paths (they differ between machines, the tools' bytes do not), in a
+    file named by its content, so the wheel cache and the build directory follow it."""
+    portable = {key: value for key, value in record.items() if not key.endswith("_path")}
+    text = json.dumps(portable, indent=2, sort_keys=True) + "\n"
+    path = cache_dir / "toolchain" / f"record-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(text)
+        partial.replace(path)
+    return path
+
+
 def check_wheel_objects(wheel: Path) -> list[str]:
     """libstdc++ references in every shared object of a wheel (the post-link check)."""
     problems: list[str] = []
@@ -214,6 +231,9 @@ class WheelBuilder:
         if fresh_build_root is not None:
             self.env["CCACHE_DISABLE"] = "1"
             self.env["ZIG_LOCAL_CACHE_DIR"] = str(fresh_build_root / "zig-local")
+        # The provenance's record of the tools, which the wheel's SBOM names (cmake/write_sbom.py).
+        self.record = toolchain_record(self.toolchain, self.env["PATH"])
+        self.defines["ACTIVEKV_TOOLCHAIN_RECORD"] = str(_write_sbom_record(self.record, cache_dir))
         key_text = repr(sorted(self.defines.items())) + repr(self.toolchain.identity())
         self.toolchain_key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
 
@@ -352,8 +372,7 @@ def build_wheels(
     )
     for skip in skipped:
         console.print(f"  python {skip.python}: skipped, {skip.reason}")
-    record = toolchain_record(builder.toolchain, builder.env["PATH"])
-    return BuildReport(wheels, tuple(skipped), record, builder.epoch)
+    return BuildReport(wheels, tuple(skipped), builder.record, builder.epoch)
 
 
 def _build_with_cibuildwheel(

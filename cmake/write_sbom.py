@@ -1,0 +1,351 @@
+"""Writes the wheel's CycloneDX 1.6 SBOM (PEP 770: `<name>.dist-info/sboms/activekv.cdx.json`).
+
+Run by CMake after the modules are linked (bindings/CMakeLists.txt), with the build's own Python,
+whose isolated environment holds the pinned cyclonedx-python-lib and pyelftools
+(build-system.requires). What each module links in comes from the module itself: the facts its
+code recorded in the ELF section `.activekv_sbom` from the headers the compiler really used
+(engine/common/sbom_facts.h), and its DT_NEEDED entries (static or dynamic). The build tools come
+from the pipeline's toolchain record (the provenance's versions and digests), each checked here
+against the tool CMake really ran; a build without a record (a plain `pip wheel .`) names the
+tools CMake ran and hashes the binaries it can see.
+
+Bit-identical for identical inputs: no clock (the time is SOURCE_DATE_EPOCH, or none), no paths,
+a serial number derived from the content, fixed bom-refs. docs/sbom.md describes the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from cyclonedx.builder.this import this_component
+from cyclonedx.model import HashAlgorithm, HashType, Property
+from cyclonedx.model.bom import Bom, BomMetaData
+from cyclonedx.model.component import Component, ComponentType
+from cyclonedx.model.contact import OrganizationalEntity
+from cyclonedx.model.license import DisjunctiveLicense, LicenseExpression
+from cyclonedx.output.json import JsonV1Dot6
+from elftools.elf.elffile import ELFFile
+from packageurl import PackageURL
+
+FACT_SECTION = ".activekv_sbom"
+LLVM_LICENSE = "Apache-2.0 WITH LLVM-exception"
+
+
+class SbomError(Exception):
+    """A fact, tool or record that cannot be described truthfully: the build stops."""
+
+
+def read_module(path: Path) -> tuple[dict[str, str], list[str]]:
+    """The facts a module recorded (name -> value) and the libraries it loads (DT_NEEDED)."""
+    with path.open("rb") as stream:
+        elf = ELFFile(stream)
+        section = elf.get_section_by_name(FACT_SECTION)
+        if section is None:
+            raise SbomError(f"{path}: no {FACT_SECTION} section (engine/common/sbom_facts.h)")
+        facts: dict[str, str] = {}
+        for entry in filter(None, section.data().split(b"\0")):
+            name, separator, value = entry.decode().partition("=")
+            if not separator or facts.get(name, value) != value:
+                raise SbomError(f"{path}: {FACT_SECTION}: conflicting or malformed fact {entry!r}")
+            facts[name] = value
+        dynamic = elf.get_section_by_name(".dynamic")
+        needed = [tag.needed for tag in dynamic.iter_tags("DT_NEEDED")] if dynamic else []
+    return facts, needed
+
+
+def _linkage(needed: list[str], *sonames: str) -> str:
+    return "dynamic" if any(n.startswith(sonames) for n in needed) else "static"
+
+
+def _llvm_version(value: str) -> str:
+    number = int(value)  # _LIBCPP_VERSION is MMmmpp since LLVM 16
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+
+
+def linked_components(facts: dict[str, str], needed: list[str]) -> list[Component]:
+    """The third-party code one module carries, named by its facts."""
+    found: list[Component] = []
+    runtime, _, runtime_version = facts.get("cxx_runtime", "").partition(" ")
+    if runtime == "libc++":
+        version = _llvm_version(runtime_version)
+        linkage = _linkage(needed, "libc++.so")
+        # zig links libc++, libc++abi and libunwind of one LLVM release.
+        for name, subpath in (
+            ("libc++", "libcxx"),
+            ("libc++abi", "libcxxabi"),
+            ("libunwind", "libunwind"),
+        ):
+            found.append(
+                _library(
+                    name,
+                    version,
+                    linkage,
+                    license_expression=LLVM_LICENSE,
+                    purl=PackageURL(
+                        "github", "llvm", "llvm-project", f"llvmorg-{version}", subpath=subpath
+                    ),
+                    cpe=f"cpe:2.3:a:llvm:llvm:{version}:*:*:*:*:*:*:*",
+                    supplier="LLVM Project",
+                )
+            )
+    elif runtime == "libstdc++":
+        found.append(
+            _library(
+                "libstdc++",
+                runtime_version,
+                _linkage(needed, "libstdc++.so"),
+                license_expression="GPL-3.0-only WITH GCC-exception-3.1",
+                cpe=f"cpe:2.3:a:gnu:gcc:{runtime_version}:*:*:*:*:*:*:*",
+                supplier="GNU Project",
+            )
+        )
+    if cuda := facts.get("cuda_runtime"):
+        version = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"  # CUDART_VERSION is MMMmm
+        found.append(
+            _library(
+                "cudart",
+                version,
+                _linkage(needed, "libcudart.so"),
+                supplier="NVIDIA",
+                license_name="NVIDIA CUDA Toolkit End User License Agreement",
+                cpe=f"cpe:2.3:a:nvidia:cuda_toolkit:{version}:*:*:*:*:*:*:*",
+            )
+        )
+    if nanobind := facts.get("nanobind"):
+        found.append(
+            _library(
+                "nanobind",
+                nanobind,
+                "static",
+                license_expression="BSD-3-Clause",
+                purl=PackageURL("pypi", None, "nanobind", nanobind),
+                supplier="Wenzel Jakob",
+            )
+        )
+    if robin_map := facts.get("robin_map"):
+        found.append(
+            _library(
+                "robin-map",
+                robin_map,
+                "static",
+                license_expression="MIT",
+                purl=PackageURL("github", "tessil", "robin-map", f"v{robin_map}"),
+                supplier="Tessil",
+            )
+        )
+    return found
+
+
+def _library(
+    name: str,
+    version: str,
+    linkage: str,
+    *,
+    supplier: str,
+    license_expression: str | None = None,
+    license_name: str | None = None,
+    purl: PackageURL | None = None,
+    cpe: str | None = None,
+) -> Component:
+    licenses = (
+        [LicenseExpression(license_expression)]
+        if license_expression
+        else [DisjunctiveLicense(name=license_name)]
+    )
+    return Component(
+        name=name,
+        version=version,
+        type=ComponentType.LIBRARY,
+        bom_ref=f"{name}@{version}",
+        supplier=OrganizationalEntity(name=supplier),
+        licenses=licenses,
+        purl=purl,
+        cpe=cpe,
+        properties=[Property(name="activekv:linkage", value=linkage)],
+    )
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).resolve().read_bytes()).hexdigest()
+
+
+def _tool(
+    name: str, version: str | None, sha256: str | None, purl: PackageURL | None = None
+) -> Component:
+    hashes = [HashType(alg=HashAlgorithm.SHA_256, content=sha256)] if sha256 else []
+    return Component(
+        name=name,
+        version=version or None,
+        type=ComponentType.APPLICATION,
+        bom_ref=f"tool:{name}",
+        hashes=hashes,
+        purl=purl,
+    )
+
+
+def recorded_tools(
+    record: dict[str, str], ran: argparse.Namespace, facts: dict[str, str]
+) -> list[Component]:
+    """The pipeline's toolchain record, after checking it names the tools CMake ran."""
+    checks = [
+        ("cmake", record.get("cmake"), ran.cmake_version),
+        ("cmake_sha256", record.get("cmake_sha256"), _sha256(ran.cmake)),
+        ("nvcc", record.get("nvcc"), ".".join(ran.nvcc_version.split(".")[:2])),
+        ("nvcc_sha256", record.get("nvcc_sha256"), _sha256(ran.nvcc)),
+        ("nanobind", record.get("nanobind"), facts.get("nanobind")),
+        ("scikit-build-core", record.get("scikit-build-core"), ran.scikit_build_core),
+    ]
+    if ran.cuda_host_compiler:
+        checks.append(
+            (
+                "cuda_host_compiler_sha256",
+                record.get("cuda_host_compiler_sha256"),
+                _sha256(ran.cuda_host_compiler),
+            )
+        )
+    for key, recorded, actual in checks:
+        if recorded != actual:
+            raise SbomError(
+                f"toolchain record: {key}: expected what this build ran, {actual!r}; "
+                f"got {recorded!r}"
+            )
+    pypi = {
+        name: PackageURL("pypi", None, name, record[name])
+        for name in ("cmake", "nanobind", "scikit-build-core")
+    }
+    return [
+        _tool(
+            "zig",
+            record["zig"],
+            record["zig_sha256"],
+            PackageURL("pypi", None, "ziglang", record["zig"]),
+        ),
+        _tool("nvcc", record["nvcc"], record["nvcc_sha256"]),
+        _tool(
+            "cuda-host-compiler", record["cuda_host_compiler"], record["cuda_host_compiler_sha256"]
+        ),
+        _tool("cmake", record["cmake"], record["cmake_sha256"], pypi["cmake"]),
+        _tool("nanobind", record["nanobind"], record["nanobind_sha256"], pypi["nanobind"]),
+        _tool(
+            "scikit-build-core",
+            record["scikit-build-core"],
+            record["scikit-build-core_sha256"],
+            pypi["scikit-build-core"],
+        ),
+    ]
+
+
+def observed_tools(ran: argparse.Namespace, facts: dict[str, str]) -> list[Component]:
+    """Without a record: the tools CMake ran, hashed where they are binaries it can see."""
+    tools = [
+        _tool("cxx-compiler", ran.cxx_compiler_version, _sha256(ran.cxx_compiler)),
+        _tool("nvcc", ran.nvcc_version, _sha256(ran.nvcc)),
+        _tool("cmake", ran.cmake_version, _sha256(ran.cmake)),
+        _tool("nanobind", facts["nanobind"], None),
+        _tool("scikit-build-core", ran.scikit_build_core, None),
+    ]
+    if ran.cuda_host_compiler:
+        tools.insert(2, _tool("cuda-host-compiler", None, _sha256(ran.cuda_host_compiler)))
+    return tools
+
+
+def build_sbom(arguments: argparse.Namespace) -> str:
+    modules: list[Component] = []
+    linked: dict[str, Component] = {}
+    uses: dict[str, list[Component]] = {}
+    all_facts: dict[str, str] = {}
+    for spec in arguments.module:
+        name, wheel_path, built = spec.split("=", 2)
+        facts, needed = read_module(Path(built))
+        all_facts.update(facts)
+        parts = linked_components(facts, needed)
+        for part in parts:
+            linked.setdefault(str(part.bom_ref), part)
+        module = Component(
+            name=name,
+            version=arguments.version,
+            type=ComponentType.LIBRARY,
+            bom_ref=name,
+            properties=[
+                Property(name="activekv:file", value=wheel_path),
+                Property(
+                    name="activekv:cuda_architectures", value=facts.get("cuda_architectures", "")
+                ),
+            ],
+        )
+        modules.append(module)
+        uses[name] = [linked[str(part.bom_ref)] for part in parts]
+
+    record = (
+        json.loads(Path(arguments.toolchain_record).read_text())
+        if arguments.toolchain_record
+        else None
+    )
+    tools = (
+        recorded_tools(record, arguments, all_facts)
+        if record
+        else observed_tools(arguments, all_facts)
+    )
+    tools.append(this_component())
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    package = Component(
+        name=arguments.name,
+        version=arguments.version,
+        type=ComponentType.LIBRARY,
+        bom_ref=f"pkg:pypi/{arguments.name}@{arguments.version}",
+        purl=PackageURL("pypi", None, arguments.name, arguments.version),
+    )
+    metadata = BomMetaData(component=package, tools=tools)
+    metadata.timestamp = (
+        datetime.fromtimestamp(int(epoch), tz=timezone.utc) if epoch and epoch.isdigit() else None
+    )
+    bom = Bom(components=[*modules, *linked.values()], metadata=metadata)
+    for module in modules:
+        bom.register_dependency(package, [module])
+        bom.register_dependency(module, uses[module.name])
+    # A serial number of the content: the same inputs give the same document.
+    bom.serial_number = uuid.UUID(int=0)
+    draft = JsonV1Dot6(bom).output_as_string(indent=2)
+    bom.serial_number = uuid.uuid5(uuid.NAMESPACE_URL, hashlib.sha256(draft.encode()).hexdigest())
+    return JsonV1Dot6(bom).output_as_string(indent=2) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--version", required=True)
+    parser.add_argument(
+        "--module", action="append", required=True, help="IMPORT_NAME=PATH_IN_WHEEL=BUILT_FILE"
+    )
+    parser.add_argument("--toolchain-record", default="")
+    parser.add_argument("--cmake", required=True)
+    parser.add_argument("--cmake-version", required=True)
+    parser.add_argument("--nvcc", required=True)
+    parser.add_argument("--nvcc-version", required=True)
+    parser.add_argument("--cxx-compiler", required=True)
+    parser.add_argument("--cxx-compiler-version", required=True)
+    parser.add_argument("--cuda-host-compiler", default="")
+    parser.add_argument("--scikit-build-core", required=True)
+    arguments = parser.parse_args()
+    try:
+        text = build_sbom(arguments)
+    except SbomError as error:
+        print(f"write_sbom.py: {error}", file=sys.stderr)
+        return 1
+    partial = arguments.out.with_name(arguments.out.name + ".partial")
+    partial.write_text(text)
+    partial.replace(arguments.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
