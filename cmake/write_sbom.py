@@ -30,6 +30,7 @@ from cyclonedx.model.bom import Bom, BomMetaData
 from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.model.contact import OrganizationalEntity
 from cyclonedx.model.license import DisjunctiveLicense, LicenseExpression
+from cyclonedx.model.tool import ToolRepository
 from cyclonedx.output.json import JsonV1Dot6
 from elftools.elf.elffile import ELFFile
 from packageurl import PackageURL
@@ -303,7 +304,7 @@ def build_sbom(arguments: argparse.Namespace) -> str:
         bom_ref=f"pkg:pypi/{arguments.name}@{arguments.version}",
         purl=PackageURL("pypi", None, arguments.name, arguments.version),
     )
-    metadata = BomMetaData(component=package, tools=tools)
+    metadata = BomMetaData(component=package, tools=ToolRepository(components=tools))
     metadata.timestamp = (
         datetime.fromtimestamp(int(epoch), tz=timezone.utc) if epoch and epoch.isdigit() else None
     )

@@ -398,7 +398,7 @@ class Shim(_Model):
     ]
 
 
-FileKind = Literal["extension", "stub", "typed-marker", "metadata", "license", "shim"]
+FileKind = Literal["extension", "stub", "typed-marker", "metadata", "license", "shim", "sbom"]
 
 
 class PayloadPolicy(_Model):
@@ -406,6 +406,22 @@ class PayloadPolicy(_Model):
 
     allowed_kinds: Annotated[tuple[FileKind, ...], AfterValidator(_unique("file kinds"))]
     shims: Annotated[tuple[Shim, ...], AfterValidator(_shims)]
+    # The SBOM every wheel must carry as <dist-info>/sboms/<sbom> (PEP 770), checked against the
+    # wheel's own modules (release/gates/sbom.py); none required when absent.
+    sbom: (
+        Annotated[
+            StrictStr,
+            AfterValidator(_pattern(r"[a-z0-9][a-z0-9._-]*\.cdx\.json", "a file name like "
+                                    "activekv.cdx.json (CycloneDX JSON)")),
+        ]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _sbom_is_allowed(self) -> PayloadPolicy:
+        _check(self.sbom is None or "sbom" in self.allowed_kinds,
+               '"sbom" among payload.allowed_kinds, since payload.sbom requires one')  # fmt: skip
+        return self
 
 
 def _unique_cells(value: tuple[ParityCell, ...]) -> tuple[ParityCell, ...]:

@@ -6,7 +6,8 @@ hash, and every line of it must cite the pinned framework's source (release/gate
 which
 is checked against that framework's own wheel, fetched once into a cache
 (release/util/framework_cache.py). Bytecode and undeclared `.py` files (a stray `__init__.py`
-included) always fail.
+included) always fail. The SBOM the manifest requires (`payload.sbom`) must be there and tell the
+truth about the wheel's modules (release/gates/sbom.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path, PurePosixPath
 
+from packaging.utils import parse_wheel_filename
+
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.gates.citations import verify_shim
 from release.gates.contract import GateInputs, Judges, Runner
+from release.gates.sbom import sbom_problems
 from release.manifest import Manifest, Shim
 from release.util.framework_cache import framework_wheel
 from release.wheelset import WheelSet
@@ -44,7 +48,7 @@ def classify(path: str) -> str:
     parts = PurePosixPath(path).parts
     name = parts[-1]
     if parts[0].endswith(".dist-info"):
-        return "metadata"
+        return "sbom" if len(parts) > 2 and parts[1] == "sboms" else "metadata"
     if parts[0].endswith(".libs"):
         return "vendored-library"
     if _EXTENSION.search(name):
@@ -86,6 +90,7 @@ def list_wheel(
     """Every file of `wheel` with its kind, and the problem when it may not ship."""
     allowed = set(manifest.payload.allowed_kinds)
     shims = {shim.path: shim for shim in manifest.payload.shims}
+    sbom = _sbom_member(wheel, manifest)
     listing: list[PayloadFile] = []
     with zipfile.ZipFile(wheel) as archive:
         for info in archive.infolist():
@@ -102,10 +107,23 @@ def list_wheel(
                     problem = _shim_problem(shim, archive.read(info), frameworks)
             elif kind == "bytecode":
                 problem = "compiled Python bytecode may never ship"
+            elif kind == "sbom" and info.filename == sbom:
+                problem = "; ".join(sbom_problems(archive, info.filename, wheel.name))
             if not problem and kind not in allowed:
                 problem = f"kind {kind!r} is not in payload.allowed_kinds {sorted(allowed)}"
             listing.append(PayloadFile(wheel.name, info.filename, kind, info.file_size, problem))
+        if sbom and sbom not in archive.namelist():
+            missing = "missing: every wheel carries its SBOM here (payload.sbom, PEP 770)"
+            listing.append(PayloadFile(wheel.name, sbom, "sbom", 0, missing))
     return listing
+
+
+def _sbom_member(wheel: Path, manifest: Manifest) -> str:
+    """Where the wheel must hold the manifest's SBOM; empty when none is required."""
+    if manifest.payload.sbom is None:
+        return ""
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    return f"{name}-{version}.dist-info/sboms/{manifest.payload.sbom}"
 
 
 def run_payload_gate(
