@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -203,6 +204,7 @@ def _parser() -> argparse.ArgumentParser:
         ("verify", "install from the index and check against the statement"),
         ("run", "the whole release: build, gates, sign, publish, verify"),
         ("serve", "serve the embedded index in the foreground"),
+        ("rebuild", "rebuild a published wheel from its recorded commit; must be bit-identical"),
     ):
         sub.add_parser(name, parents=[common], help=text)
     keygen = sub.add_parser(
@@ -213,6 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument("directory", type=Path, metavar="DIR", help="where to write the keys")
     _add_consumer_verify_arguments(sub.choices["verify"])
+    _add_rebuild_arguments(sub.choices["rebuild"])
     for name in ("publish", "run"):
         _add_publish_target_arguments(sub.choices[name])
     return parser  # fmt: skip
@@ -246,49 +249,72 @@ def _with_publish_target(manifest: Manifest, args: argparse.Namespace) -> Manife
     return manifest.with_publish(**given) if given else manifest
 
 
-def _add_consumer_verify_arguments(verify: argparse.ArgumentParser) -> None:
-    """`verify --index URL NAME==VERSION`: a consumer's check, needing no publisher state."""
-    verify.add_argument(
-        "requirement",
-        nargs="?",
-        default=None,
-        metavar="NAME==VERSION",
-        help="with --index: the release to verify, e.g. activekv==0.1.0",
+def _add_consumer_trust_arguments(
+    parser: argparse.ArgumentParser, *, index_help: str, requirement_help: str
+) -> None:
+    """What a consumer trusts a release by (`verify --index`, `rebuild`): no publisher state."""
+    parser.add_argument(
+        "requirement", nargs="?", default=None, metavar="NAME==VERSION", help=requirement_help
     )
-    verify.add_argument(
-        "--index",
-        default=None,
-        metavar="URL",
-        help="verify as a consumer: the pip index URL (.../simple/); needs --root and "
-        "--provenance-key; does not start the embedded index",
-    )
-    verify.add_argument(
+    parser.add_argument("--index", default=None, metavar="URL", help=index_help)
+    parser.add_argument(
         "--root",
         type=Path,
         default=None,
         metavar="ROOT_JSON",
         help="the trusted TUF root (the publisher's 1.root.json)",
     )
-    verify.add_argument(
+    parser.add_argument(
         "--provenance-key",
         type=Path,
         default=None,
         metavar="PUB_JSON",
         help="public key of the provenance signer (<channel>-signing-key.pub.json)",
     )
-    verify.add_argument(
+    parser.add_argument(
         "--tuf-url",
         default=None,
         metavar="URL",
         help="the TUF repository (default: the index URL with /simple/ replaced by /tuf/)",
     )
-    verify.add_argument(
+    parser.add_argument(
         "--tuf-cache",
         type=Path,
         default=None,
         metavar="DIR",
         help="TUF metadata seen before, for rollback protection "
         "(default: ~/.cache/activekv/tuf/<hash of the root keys>, whatever URL)",
+    )
+
+
+def _add_rebuild_arguments(rebuild: argparse.ArgumentParser) -> None:
+    """`rebuild --index URL NAME==VERSION --source PATH_OR_URL`: the consumer's rebuild check."""
+    _add_consumer_trust_arguments(
+        rebuild,
+        index_help="the pip index URL (.../simple/) the release is published on",
+        requirement_help="the release whose wheel to rebuild, e.g. activekv==0.1.0",
+    )
+    rebuild.add_argument(
+        "--source",
+        default=None,
+        metavar="PATH_OR_URL",
+        help="a git repository holding the commit the signed statement names",
+    )
+    rebuild.add_argument(
+        "--python",
+        default=f"{sys.version_info.major}.{sys.version_info.minor}",
+        metavar="X.Y",
+        help="rebuild the wheel pip installs on this Python version (default: this one's)",
+    )
+
+
+def _add_consumer_verify_arguments(verify: argparse.ArgumentParser) -> None:
+    """`verify --index URL NAME==VERSION`: a consumer's check, needing no publisher state."""
+    _add_consumer_trust_arguments(
+        verify,
+        index_help="verify as a consumer: the pip index URL (.../simple/); needs --root and "
+        "--provenance-key; does not start the embedded index",
+        requirement_help="with --index: the release to verify, e.g. activekv==0.1.0",
     )
     verify.add_argument(
         "--python",
@@ -380,8 +406,11 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
         from release.trust.keys import step_keygen
 
         return step_keygen(args.channel, args.runner, args.directory)
-    if command in ("sign", "publish", "verify", "serve"):  # the signing and index stack
+    if command in ("sign", "publish", "verify", "serve", "rebuild"):  # the trust stack
         from release.trust import steps as trust
+
+        if command == "rebuild":
+            return trust.step_rebuild(context, args)
 
         if command == "verify" and args.index is not None:
             return trust.step_verify_index(context, args)

@@ -411,8 +411,12 @@ class PayloadPolicy(_Model):
     sbom: (
         Annotated[
             StrictStr,
-            AfterValidator(_pattern(r"[a-z0-9][a-z0-9._-]*\.cdx\.json", "a file name like "
-                                    "activekv.cdx.json (CycloneDX JSON)")),
+            AfterValidator(
+                _pattern(
+                    r"[a-z0-9][a-z0-9._-]*\.cdx\.json",
+                    "a file name like activekv.cdx.json (CycloneDX JSON)",
+                )
+            ),
         ]
         | None
     ) = None

@@ -42,14 +42,21 @@ def gated_out(
     passing evidence of every required gate, attested with the dev key of ``state_dir``, and the
     build record. The wheels and their digests."""
     wheels = [build_wheel(out / "wheels", version=version, tag=tag, salt=salt) for tag in tags]
+    digests = attest_passing_gates(out, wheels, state_dir)
+    records.write(out, record_build(wheel_set(*wheels), REPO_ROOT))
+    return wheels, digests
+
+
+def attest_passing_gates(out: Path, wheels: Sequence[Path], state_dir: Path) -> dict[str, str]:
+    """Passing evidence of every gate the dev channel requires over ``wheels``, attested with the
+    dev key of ``state_dir`` (for tests of what comes after the gates); the wheels' digests."""
     digests = {wheel.name: sha256_file(wheel) for wheel in wheels}
     signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
     for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
         evidence = Evidence(gate=gate, verdict="pass", artefacts=digests)
         write_evidence(out, evidence)
         attest(evidence, signer, out)
-    records.write(out, record_build(wheel_set(*wheels), REPO_ROOT))
-    return wheels, digests
+    return digests
 
 
 TAGS = ("cp310-cp310-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_x86_64",

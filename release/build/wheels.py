@@ -36,7 +36,13 @@ from release.wheelset import version_tuple
 
 # What decides a wheel's bytes, besides the toolchain and the interpreter.
 SOURCE_ROOTS = (
-    "CMakeLists.txt", "pyproject.toml", "README.md", "engine", "bindings", "shims", "cmake",
+    "CMakeLists.txt",
+    "pyproject.toml",
+    "README.md",
+    "engine",
+    "bindings",
+    "shims",
+    "cmake",
 )
 
 

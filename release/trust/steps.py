@@ -7,6 +7,8 @@ May import: everything of ``release.trust``, ``release.context``, ``release.evid
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import signal
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from release.trust.attestation import (
 from release.trust.index import EmbeddedIndex, install_hint
 from release.trust.keys import channel_signer, tuf_keys_spec
 from release.trust.publish import envelope_path_for, publish
+from release.trust.rebuild import rebuild_release
 from release.trust.remote_index import RemoteIndex
 from release.trust.sign import (
     Key,
@@ -355,6 +358,40 @@ def step_verify_index(context: Context, args: Any) -> int:
         console.print(f"  python {check.python_version}: {check.wheel} matches its TUF target "
                       f"and the signed statement; imported {', '.join(check.imported)}",
                       soft_wrap=True)  # fmt: skip
+    return 0
+
+
+def step_rebuild(context: Context, args: Any) -> int:
+    """`rebuild --index URL NAME==VERSION --source PATH_OR_URL`: the consumer's rebuild check
+    (release/trust/rebuild.py); writes <out>/rebuild.json and fails naming the first difference."""
+    given = {"--index": args.index, "NAME==VERSION": args.requirement, "--root": args.root,
+             "--provenance-key": args.provenance_key, "--source": args.source}  # fmt: skip
+    missing = [flag for flag, value in given.items() if not value]
+    if missing:
+        raise VerifyError(f"rebuild: also give {', '.join(missing)}")
+    with console.status(f"rebuilding {args.requirement} (python {args.python}) from {args.source}"):
+        result = rebuild_release(
+            index_url=args.index, requirement=args.requirement, trusted_root=args.root,
+            provenance_key=args.provenance_key, source=args.source, python=args.python,
+            workdir=context.out_dir / "rebuild", tuf_url=args.tuf_url, cache_dir=args.tuf_cache,
+        )  # fmt: skip
+    record = context.out_dir / "rebuild.json"
+    record.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
+    for line in result.toolchain_differences:
+        console.print(f"  toolchain differs from the record: {escape(line)}", soft_wrap=True)
+    if not result.identical:
+        other_tools = " (the rebuild ran on other tools, listed above)"
+        raise VerifyError(
+            f"the rebuild of {result.wheel} at commit {result.commit} is not the published wheel "
+            f"(sha256 {result.published_sha256}; rebuilt {result.rebuilt_sha256}): "
+            + "; ".join(result.differences)
+            + (other_tools if result.toolchain_differences else "")
+        )
+    console.print(
+        f"{result.wheel}: bit-identical to its rebuild at commit {result.commit} "
+        f"(sha256 {result.rebuilt_sha256}); record: {record}",
+        soft_wrap=True,
+    )
     return 0
 
 

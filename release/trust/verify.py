@@ -138,8 +138,22 @@ def verify_release(
 ) -> list[InstallCheck]:
     """The consumer's verification of ``requirement`` on the index at ``index_url``."""
     project, version = parse_requirement(requirement)
-    public_key = load_public_key(provenance_key)
     trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir)
+    statement = verified_statement(trusted, project, version, provenance_key, workdir)
+    verify_attestations(statement, trusted, project, version, workdir)
+    return verify_from_index(
+        simple_url=index_url, project=project, version=version, statement=statement,
+        interpreters=interpreters, imports=imports, workdir=workdir,
+        file_check=trusted.check_file,
+    )  # fmt: skip
+
+
+def verified_statement(
+    trusted: TrustedIndex, project: str, version: str, provenance_key: Path, workdir: Path
+) -> dict[str, Any]:
+    """The release's signed statement: TUF metadata refreshed, the statement fetched as a TUF
+    target, its signature checked with ``provenance_key``, its version the one asked for."""
+    public_key = load_public_key(provenance_key)
     trusted.refresh()
     statement_target = f"{PROVENANCE_PREFIX}{project}-{version}.intoto.json"
     statement_path = trusted.download(
@@ -155,12 +169,7 @@ def verify_release(
             f"the signed statement {statement_target} is for version {signed_version!r}, "
             f"not {version!r}"
         )
-    verify_attestations(statement, trusted, project, version, workdir)
-    return verify_from_index(
-        simple_url=index_url, project=project, version=version, statement=statement,
-        interpreters=interpreters, imports=imports, workdir=workdir,
-        file_check=trusted.check_file,
-    )  # fmt: skip
+    return statement
 
 
 def verify_attestations(

@@ -1,0 +1,180 @@
+"""The consumer's rebuild check (`python -m release rebuild --index URL NAME==VERSION --source
+PATH_OR_URL`): is the published wheel what its recorded commit builds?
+
+With the same trust inputs as `verify --index` (the trusted TUF root and the provenance signer's
+public key), the release's signed statement is verified first; the wheel for one Python version is
+downloaded by pip from the index alone and must be the statement's subject and its TUF target.
+The statement names the commit and SOURCE_DATE_EPOCH; that commit is checked out from `--source`
+into a fresh folder, and that commit's own `python -m release build` makes the wheel again with a
+cache of its own (no ccache, no wheel cache: a cold build), with the build tools pinned at that
+commit. The two wheels must be bit-identical; otherwise the first differing member and byte are
+named. The toolchain the rebuild used is compared with the recorded one (paths aside), so a
+difference can be told apart from a rebuild on other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import parse_wheel_filename
+
+from release.build.reproduce import wheel_differences
+from release.errors import VerifyError
+from release.trust.tuf_client import TrustedIndex
+from release.trust.verify import parse_requirement, tuf_url_for, verified_statement
+from release.util.digests import sha256_file
+from release.util.interpreters import find_interpreter
+from release.util.private_site import clean_pip_env
+
+_BUILD_TIMEOUT_S = 3600
+# Toolchain record keys that do not decide a wheel's bytes: where a tool lies, and ccache.
+_NOT_COMPARED = ("_path", "ccache")
+
+
+@dataclass(frozen=True)
+class RebuildResult:
+    wheel: str
+    commit: str
+    published_sha256: str
+    rebuilt_sha256: str
+    differences: tuple[str, ...]  # empty: bit-identical
+    toolchain_differences: tuple[str, ...]
+
+    @property
+    def identical(self) -> bool:
+        return self.published_sha256 == self.rebuilt_sha256
+
+
+def rebuild_release(
+    *,
+    index_url: str,
+    requirement: str,
+    trusted_root: Path,
+    provenance_key: Path,
+    source: str,
+    python: str,
+    workdir: Path,
+    tuf_url: str | None = None,
+    cache_dir: Path | None = None,
+) -> RebuildResult:
+    """Verifies, downloads, checks out, rebuilds and compares; the result either way."""
+    project, version = parse_requirement(requirement)
+    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    statement = verified_statement(trusted, project, version, provenance_key, workdir)
+    commit, epoch, recorded = _build_inputs(statement)
+
+    published = _download(index_url, requirement, python, workdir / "published")
+    trusted.check_file(published)
+    signed = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+    if signed.get(published.name) != sha256_file(published):
+        raise VerifyError(
+            f"{published.name} from {index_url} is not the signed statement's subject of that "
+            "name (digest differs or not named)"
+        )
+
+    checkout = _checkout(source, commit, workdir / "source")
+    rebuilt, used = _build(checkout, published.name, epoch, workdir)
+    published_sha256, rebuilt_sha256 = sha256_file(published), sha256_file(rebuilt)
+    same = published_sha256 == rebuilt_sha256
+    return RebuildResult(
+        wheel=published.name,
+        commit=commit,
+        published_sha256=published_sha256,
+        rebuilt_sha256=rebuilt_sha256,
+        differences=() if same else tuple(wheel_differences(published, rebuilt)),
+        toolchain_differences=tuple(toolchain_differences(recorded, used)),
+    )
+
+
+def _build_inputs(statement: Mapping[str, Any]) -> tuple[str, int, dict[str, str]]:
+    """The commit, SOURCE_DATE_EPOCH and toolchain record the statement names."""
+    definition = statement["predicate"]["buildDefinition"]
+    commits = [d["digest"]["gitCommit"] for d in definition.get("resolvedDependencies", [])
+               if "gitCommit" in d.get("digest", {})]  # fmt: skip
+    if len(commits) != 1:
+        raise VerifyError(
+            "the signed statement names no source commit (resolvedDependencies: gitCommit); it "
+            "was signed outside a git checkout, so there is nothing to rebuild from"
+        )
+    internal = definition.get("internalParameters", {})
+    return commits[0], int(internal["source_date_epoch"]), dict(internal.get("toolchain", {}))
+
+
+def toolchain_differences(recorded: Mapping[str, str], used: Mapping[str, str]) -> list[str]:
+    """Each tool whose version or digest differs between the record and the rebuild."""
+    keys = sorted(k for k in set(recorded) | set(used) if not k.endswith(_NOT_COMPARED))
+    return [f"{key}: recorded {recorded.get(key)!r}, rebuilt with {used.get(key)!r}"
+            for key in keys if recorded.get(key) != used.get(key)]  # fmt: skip
+
+
+def _run(command: list[str], what: str, cwd: Path, env: Mapping[str, str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as stream:
+        stream.write(f"$ {' '.join(command)}\n")
+        stream.flush()
+        result = subprocess.run(command, cwd=cwd, env=env, stdout=stream, stderr=subprocess.STDOUT,
+                                timeout=_BUILD_TIMEOUT_S)  # fmt: skip
+    if result.returncode != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
+        raise VerifyError(f"{what} failed (exit {result.returncode}); log: {log}\n{tail}")
+
+
+def _download(index_url: str, requirement: str, python: str, folder: Path) -> Path:
+    """The wheel pip picks for `python` from the index alone (no configured source)."""
+    interpreter = find_interpreter(python)
+    if interpreter is None:
+        raise VerifyError(f"--python {python}: no python{python} on PATH or under pyenv")
+    command = [str(interpreter), "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--index-url", index_url, "-d", str(folder), requirement]  # fmt: skip
+    folder.mkdir(parents=True)
+    _run(command, f"pip download of {requirement} from {index_url}", folder, clean_pip_env(),
+         folder.parent / "download.log")  # fmt: skip
+    wheels = sorted(folder.glob("*.whl"))
+    if len(wheels) != 1:
+        raise VerifyError(f"pip download of {requirement} gave {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def _checkout(source: str, commit: str, folder: Path) -> Path:
+    log = folder.parent / "checkout.log"
+    env = dict(clean_pip_env(), GIT_TERMINAL_PROMPT="0")
+    _run(["git", "clone", "--quiet", "--no-checkout", source, str(folder)],
+         f"git clone of --source {source}", folder.parent, env, log)  # fmt: skip
+    try:
+        _run(["git", "-C", str(folder), "checkout", "--quiet", "--detach", commit],
+             f"checking out {commit}", folder.parent, env, log)  # fmt: skip
+    except VerifyError:
+        raise VerifyError(
+            f"--source {source}: has no commit {commit} (the one the signed statement names)"
+        ) from None
+    return folder
+
+
+def _build(
+    checkout: Path, wheel_name: str, epoch: int, workdir: Path
+) -> tuple[Path, dict[str, str]]:
+    """That commit's own build of the wheel, cold; the wheel and the toolchain it recorded."""
+    _, _, _, tags = parse_wheel_filename(wheel_name)
+    interpreter = sorted(tag.interpreter for tag in tags)[0]  # cp312 (abi3: the oldest served)
+    python = f"{interpreter[2]}.{interpreter[3:]}"
+    out = workdir / "rebuilt"
+    # This machine's own package sources fetch the pinned build requirements, as for any build.
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), ACTIVEKV_CACHE_DIR=str(workdir / "cache"))
+    command = [sys.executable, "-m", "release", "build", "--python", python, "--out", str(out)]
+    _run(command, f"the rebuild of {wheel_name} (python -m release build at that commit)",
+         checkout, env, workdir / "rebuild.log")  # fmt: skip
+    rebuilt = out / "wheels" / wheel_name
+    if not rebuilt.is_file():
+        made = sorted(p.name for p in (out / "wheels").glob("*.whl"))
+        raise VerifyError(f"the rebuild made {made}, not {wheel_name}")
+    record = json.loads((out / "build.json").read_text())
+    return rebuilt, dict(record.get("toolchain", {}))
