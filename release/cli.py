@@ -88,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="override the manifest's build.toolchain.kind",
     )
+    build.add_argument(
+        "--fresh",
+        action="store_true",
+        help="compile everything again in new build trees under <out>/fresh-build, with neither "
+        "ccache nor the wheel cache (as the reproducible gate and `rebuild` do)",
+    )
     cpp = sub.add_parser("cpp-tests", parents=[common], help="build and run the C++ tests (ctest)")
     cpp.add_argument("--sanitizer", default=None, help="asan-ubsan or tsan")
     parity = sub.add_parser(
@@ -394,7 +400,7 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
     if command == "gpu-gates":
         return steps.step_gpu_gates(context, context.wheels_given(args.wheel), _gate_options(args))
     if command == "build":
-        return steps.step_build(context, args.python, args.toolchain)
+        return steps.step_build(context, args.python, args.toolchain, fresh=args.fresh)
     if command == "cpp-tests":
         from release.build.cpptests import run_cpp_tests
 

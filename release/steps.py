@@ -52,11 +52,17 @@ def print_verdict(evidence: Evidence) -> int:
 # --- build and gates ---
 
 
-def build(context: Context, only: list[str], toolchain_kind: str | None = None) -> WheelSet:
-    """Builds the wheels and writes the build record; each wheel is hashed here, once."""
+def build(
+    context: Context, only: list[str], toolchain_kind: str | None = None, *, fresh: bool = False
+) -> WheelSet:
+    """Builds the wheels and writes the build record; each wheel is hashed here, once. `fresh`:
+    new build trees under <out>/fresh-build, no ccache, no wheel cache."""
     from release.build.wheels import build_wheels
 
     started = datetime.now(timezone.utc)
+    fresh_root = context.out_dir / "fresh-build" if fresh else None
+    if fresh_root is not None:
+        shutil.rmtree(fresh_root, ignore_errors=True)
     report = build_wheels(
         context.manifest,
         source_dir=context.source_dir,
@@ -64,6 +70,7 @@ def build(context: Context, only: list[str], toolchain_kind: str | None = None) 
         cache_dir=context.cache_dir,
         only=only,
         toolchain_kind=toolchain_kind,
+        fresh_build_root=fresh_root,
     )
     wheels = WheelSet(tuple(
         Wheel(w.path, sha256_file(w.path), w.python, w.serves, w.size) for w in report.wheels
@@ -82,10 +89,12 @@ def build(context: Context, only: list[str], toolchain_kind: str | None = None) 
     return wheels
 
 
-def step_build(context: Context, only: list[str], toolchain_kind: str | None = None) -> int:
+def step_build(
+    context: Context, only: list[str], toolchain_kind: str | None = None, *, fresh: bool = False
+) -> int:
     """`build`: the wheels, then the policy gate on exactly them (the policy is part of the
     build: auditwheel's verdict on the wheels just made)."""
-    wheels = build(context, only, toolchain_kind)
+    wheels = build(context, only, toolchain_kind, fresh=fresh)
     return print_verdict(judge(context, "policy", gate_inputs(context, wheels)))
 
 

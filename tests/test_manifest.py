@@ -410,16 +410,34 @@ CASES = [
     ),
     # payload
     pytest.param(
-        replace('"metadata", "shim"]', '"metadata", "shim", "binary"]'),
-        "payload.allowed_kinds[5]",
+        replace('"shim", "sbom"]', '"shim", "sbom", "binary"]'),
+        "payload.allowed_kinds[6]",
         'one of "extension", "stub",',
         id="kind-unknown",
     ),
     pytest.param(
-        replace('"metadata", "shim"]', '"metadata", "stub"]'),
+        replace('"shim", "sbom"]', '"shim", "stub"]'),
         "payload.allowed_kinds",
         "file kinds without duplicates",
         id="kind-duplicate",
+    ),
+    pytest.param(
+        replace('"shim", "sbom"]', '"shim"]'),
+        "payload",
+        '"sbom" among payload.allowed_kinds, since payload.sbom requires one',
+        id="sbom-kind-not-allowed",
+    ),
+    pytest.param(
+        replace('sbom = "activekv.cdx.json"', 'sbom = "../escape.cdx.json"'),
+        "payload.sbom",
+        "a file name like activekv.cdx.json",
+        id="sbom-name-with-a-path",
+    ),
+    pytest.param(
+        replace('sbom = "activekv.cdx.json"', "sbom = 1"),
+        "payload.sbom",
+        "",
+        id="sbom-not-a-string",
     ),
     pytest.param(
         shim(path="vllm/hook.py"),

@@ -53,9 +53,15 @@ def make_wheel(directory: Path, extra: dict[str, bytes] | None = None, *, tag: s
     return path
 
 
+def without_sbom(manifest: Manifest) -> Manifest:
+    """The fake modules here record no SBOM facts; tests/test_sbom.py judges real wheels' SBOMs."""
+    payload = manifest.payload.model_copy(update={"sbom": None})
+    return manifest.model_copy(update={"payload": payload})
+
+
 @pytest.fixture(scope="module")
 def manifest() -> Manifest:
-    return load_manifest(REAL)
+    return without_sbom(load_manifest(REAL))
 
 
 def shim_manifest(
@@ -68,7 +74,7 @@ def shim_manifest(
 ) -> Manifest:
     """The real manifest with one declared shim (and "shim" among the allowed kinds or not)."""
     text = REAL.read_text()
-    kinds = 'allowed_kinds = ["extension", "stub", "typed-marker", "metadata", "shim"]'
+    kinds = 'allowed_kinds = ["extension", "stub", "typed-marker", "metadata", "shim", "sbom"]'
     shims = re.compile(r"^shims = \[\n(?:  .*\n)*\]\n", re.MULTILINE)
     assert text.count(kinds) == 1 and len(shims.findall(text)) == 1
     if not allow_shim:
@@ -80,7 +86,7 @@ def shim_manifest(
     text = shims.sub(f"shims = [\n  {entry},\n]\n", text)
     path = tmp_path / "manifest.toml"
     path.write_text(text)
-    return load_manifest(path)
+    return without_sbom(load_manifest(path))
 
 
 @pytest.mark.parametrize(
@@ -88,6 +94,8 @@ def shim_manifest(
     [
         (f"{DIST_INFO}/METADATA", "metadata"),
         (f"{DIST_INFO}/entry_points.txt", "metadata"),
+        (f"{DIST_INFO}/sboms/activekv.cdx.json", "sbom"),
+        (f"{DIST_INFO}/sboms/auditwheel.cdx.json", "sbom"),
         ("activekv.libs/libfoo-1234abcd.so.1", "vendored-library"),
         ("activekv/_engine.cpython-311-x86_64-linux-gnu.so", "extension"),
         ("activekv/_engine.cpython-313t-x86_64-linux-gnu.so", "extension"),

@@ -5,11 +5,12 @@ With the same trust inputs as `verify --index` (the trusted TUF root and the pro
 public key), the release's signed statement is verified first; the wheel for one Python version is
 downloaded by pip from the index alone and must be the statement's subject and its TUF target.
 The statement names the commit and SOURCE_DATE_EPOCH; that commit is checked out from `--source`
-into a fresh folder, and that commit's own `python -m release build` makes the wheel again with a
-cache of its own (no ccache, no wheel cache: a cold build), with the build tools pinned at that
-commit. The two wheels must be bit-identical; otherwise the first differing member and byte are
-named. The toolchain the rebuild used is compared with the recorded one (paths aside), so a
-difference can be told apart from a rebuild on other tools.
+into a fresh folder, and that commit's own `python -m release build --fresh` makes the wheel
+again: new build trees, neither ccache nor the wheel cache (the toolchain itself, zig's runtime
+libraries included, comes from the consumer's cache), with the build tools pinned at that commit.
+The two wheels must be bit-identical; otherwise the first differing member and byte are named.
+The toolchain the rebuild used is compared with the recorded one (paths aside), so a difference
+can be told apart from a rebuild on other tools.
 """
 
 from __future__ import annotations
@@ -62,12 +63,14 @@ def rebuild_release(
     source: str,
     python: str,
     workdir: Path,
+    build_cache: Path,
     tuf_url: str | None = None,
-    cache_dir: Path | None = None,
+    tuf_cache: Path | None = None,
 ) -> RebuildResult:
-    """Verifies, downloads, checks out, rebuilds and compares; the result either way."""
+    """Verifies, downloads, checks out, rebuilds and compares; the result either way.
+    `build_cache` holds the toolchain (ACTIVEKV_CACHE_DIR); nothing compiled is taken from it."""
     project, version = parse_requirement(requirement)
-    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir)
+    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, tuf_cache)
     shutil.rmtree(workdir, ignore_errors=True)
     statement = verified_statement(trusted, project, version, provenance_key, workdir)
     commit, epoch, recorded = _build_inputs(statement)
@@ -82,7 +85,7 @@ def rebuild_release(
         )
 
     checkout = _checkout(source, commit, workdir / "source")
-    rebuilt, used = _build(checkout, published.name, epoch, workdir)
+    rebuilt, used = _build(checkout, published.name, epoch, workdir, build_cache)
     published_sha256, rebuilt_sha256 = sha256_file(published), sha256_file(rebuilt)
     same = published_sha256 == rebuilt_sha256
     return RebuildResult(
@@ -160,16 +163,19 @@ def _checkout(source: str, commit: str, folder: Path) -> Path:
 
 
 def _build(
-    checkout: Path, wheel_name: str, epoch: int, workdir: Path
+    checkout: Path, wheel_name: str, epoch: int, workdir: Path, cache_dir: Path
 ) -> tuple[Path, dict[str, str]]:
-    """That commit's own build of the wheel, cold; the wheel and the toolchain it recorded."""
+    """That commit's own fresh build of the wheel; the wheel and the toolchain it recorded."""
     _, _, _, tags = parse_wheel_filename(wheel_name)
     interpreter = sorted(tag.interpreter for tag in tags)[0]  # cp312 (abi3: the oldest served)
     python = f"{interpreter[2]}.{interpreter[3:]}"
     out = workdir / "rebuilt"
-    # This machine's own package sources fetch the pinned build requirements, as for any build.
-    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), ACTIVEKV_CACHE_DIR=str(workdir / "cache"))
-    command = [sys.executable, "-m", "release", "build", "--python", python, "--out", str(out)]
+    # The toolchain comes from the consumer's own cache (zig's runtime libraries, the pinned
+    # requirements' files); the wheel is compiled afresh (--fresh: new build trees, no ccache, no
+    # wheel cache). This machine's package sources fetch the build requirements, as for any build.
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), ACTIVEKV_CACHE_DIR=str(cache_dir))
+    command = [sys.executable, "-m", "release", "build", "--fresh", "--python", python,
+               "--out", str(out)]  # fmt: skip
     _run(command, f"the rebuild of {wheel_name} (python -m release build at that commit)",
          checkout, env, workdir / "rebuild.log")  # fmt: skip
     rebuilt = out / "wheels" / wheel_name

@@ -373,7 +373,8 @@ def step_rebuild(context: Context, args: Any) -> int:
         result = rebuild_release(
             index_url=args.index, requirement=args.requirement, trusted_root=args.root,
             provenance_key=args.provenance_key, source=args.source, python=args.python,
-            workdir=context.out_dir / "rebuild", tuf_url=args.tuf_url, cache_dir=args.tuf_cache,
+            workdir=context.out_dir / "rebuild", build_cache=context.cache_dir,
+            tuf_url=args.tuf_url, tuf_cache=args.tuf_cache,
         )  # fmt: skip
     record = context.out_dir / "rebuild.json"
     record.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")

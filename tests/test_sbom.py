@@ -1,0 +1,245 @@
+"""The SBOM in every wheel (PEP 770): cmake/write_sbom.py writes it at build time, the payload gate
+(release/gates/sbom.py) judges it against the wheel's own modules.
+
+The real wheel's SBOM must pass; each negative control plants one lie or omission in a copy of
+that wheel and must fail the payload gate naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from release.gates.payload import list_wheel
+from release.gates.sbom import expected_components, module_facts
+from release.manifest import Manifest, load_manifest
+from release.util.paths import DEFAULT_MANIFEST
+
+REPO = Path(__file__).resolve().parent.parent
+MEMBER = "activekv-0.1.0.dist-info/sboms/activekv.cdx.json"
+Document = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    """The real manifest, less its shim: the shim's citations are judged with vLLM's own wheel
+    (tests/test_payload.py, tests/test_citations.py); here only the SBOM's problems count."""
+    real = load_manifest(DEFAULT_MANIFEST)
+    return real.model_copy(update={"payload": real.payload.model_copy(update={"shims": ()})})
+
+
+def _sbom(wheel: Path) -> Document:
+    with zipfile.ZipFile(wheel) as archive:
+        return json.loads(archive.read(MEMBER))
+
+
+def _rewritten(wheel: Path, folder: Path, change: Callable[[Document], Document | None]) -> Path:
+    """A copy of `wheel` whose SBOM is `change`d (None: removed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(copy, "w") as target:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == MEMBER:
+                changed = change(json.loads(data))
+                if changed is None:
+                    continue
+                data = json.dumps(changed, indent=2).encode()
+            target.writestr(info, data)
+    return copy
+
+
+def _problems(wheel: Path, manifest: Manifest) -> list[str]:
+    """What the payload gate finds wrong with the wheel's SBOM."""
+    return [
+        f"{e.path}: {e.problem}"
+        for e in list_wheel(wheel, manifest)
+        if e.path == MEMBER and e.problem
+    ]
+
+
+def _component(document: Document, name: str) -> Document:
+    return next(c for c in document["components"] if c["name"] == name)
+
+
+def test_the_real_wheel_carries_an_sbom_that_tells_the_truth(built_wheel, manifest):
+    assert _problems(built_wheel, manifest) == []
+    document = _sbom(built_wheel)
+    assert (document["bomFormat"], document["specVersion"]) == ("CycloneDX", "1.6")
+    names = {c["name"]: c for c in document["components"]}
+    assert {"activekv._engine", "activekv._fabric", "activekv._vllm"} <= set(names)
+    for part in ("libc++", "libc++abi", "libunwind", "cudart", "nanobind", "robin-map"):
+        assert part in names and names[part]["version"], part
+        assert names[part]["licenses"], part
+    assert names["nanobind"]["purl"] == f"pkg:pypi/nanobind@{names['nanobind']['version']}"
+    assert names["libc++"]["cpe"].startswith("cpe:2.3:a:llvm:llvm:")
+    engine = names["activekv._engine"]
+    properties = {p["name"]: p["value"] for p in engine["properties"]}
+    assert properties["activekv:cuda_architectures"] == "80-real,90-real,100-real,100-virtual"
+    # the build tools, with the digests the provenance records
+    tools = {t["name"]: t for t in document["metadata"]["tools"]["components"]}
+    for tool in ("zig", "nvcc", "cuda-host-compiler", "cmake", "nanobind", "scikit-build-core"):
+        assert tools[tool]["hashes"][0]["alg"] == "SHA-256", tool
+    record = json.loads((built_wheel.parent.parent / "build.json").read_text())["toolchain"]
+    assert tools["zig"]["hashes"][0]["content"] == record["zig_sha256"]
+    assert tools["nanobind"]["hashes"][0]["content"] == record["nanobind_sha256"]
+    assert tools["cmake"]["version"] == record["cmake"]
+
+
+def test_the_versions_come_from_the_modules_themselves(built_wheel):
+    with zipfile.ZipFile(built_wheel) as archive:
+        (engine,) = [
+            n for n in archive.namelist() if n.startswith("activekv/_engine.") and n.endswith(".so")
+        ]
+        facts = module_facts(archive.read(engine))
+    expected = expected_components(facts)
+    document = _sbom(built_wheel)
+    for name, version in expected.items():
+        assert _component(document, name)["version"] == version
+    import nanobind  # the build's pinned nanobind, whose headers the module compiled
+
+    assert expected["nanobind"] == nanobind.__version__
+
+
+def _set_version(name: str, version: str) -> Callable[[Document], Document]:
+    def change(document: Document) -> Document:
+        _component(document, name)["version"] = version
+        return document
+
+    return change
+
+
+def _drop_module(document: Document) -> Document:
+    document["components"] = [c for c in document["components"] if c["name"] != "activekv._fabric"]
+    return document
+
+
+def _add_component(document: Document) -> Document:
+    document["components"].append(
+        {"type": "library", "name": "zlib", "version": "1.3.1", "bom-ref": "zlib@1.3.1"}
+    )
+    return document
+
+
+def _invalid(document: Document) -> Document:
+    document["components"][0]["type"] = "blob"
+    return document
+
+
+def _architectures(document: Document) -> Document:
+    for prop in _component(document, "activekv._engine")["properties"]:
+        if prop["name"] == "activekv:cuda_architectures":
+            prop["value"] = "80-real"
+    return document
+
+
+def _other_package(document: Document) -> Document:
+    document["metadata"]["component"]["version"] = "9.9.9"
+    return document
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        pytest.param(lambda d: None, "missing: every wheel carries its SBOM", id="no-sbom"),
+        pytest.param(
+            _set_version("libc++", "17.0.6"),
+            "libc++: the SBOM says 17.0.6;",
+            id="lying-libcxx-version",
+        ),
+        pytest.param(
+            _set_version("cudart", "12.4"), "cudart: the SBOM says 12.4;", id="lying-cuda-version"
+        ),
+        pytest.param(
+            _set_version("nanobind", "2.0.0"),
+            "nanobind: the SBOM says 2.0.0;",
+            id="lying-nanobind-version",
+        ),
+        pytest.param(_drop_module, "expected a component activekv._fabric", id="module-left-out"),
+        pytest.param(_add_component, "zlib 1.3.1: listed, but no module", id="made-up-component"),
+        pytest.param(
+            _invalid, "does not validate against the CycloneDX 1.6 schema", id="schema-invalid"
+        ),
+        pytest.param(_architectures, "activekv:cuda_architectures: expected", id="architectures"),
+        pytest.param(
+            _other_package, "metadata.component: expected activekv 0.1.0", id="another-package"
+        ),
+    ],
+)
+def test_a_planted_lie_fails_the_payload_gate(built_wheel, manifest, tmp_path, change, named):
+    wheel = _rewritten(built_wheel, tmp_path, change)
+    problems = _problems(wheel, manifest)
+    assert any(named in problem for problem in problems), problems
+
+
+def _write_sbom(tmp_path: Path, wheel: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """cmake/write_sbom.py run as CMake runs it, over the wheel's own modules."""
+    modules = []
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.endswith(".so"):
+                archive.extract(name, tmp_path / "modules")
+                import_name = name.split(".")[0].replace("/", ".")
+                modules += ["--module", f"{import_name}={name}={tmp_path / 'modules' / name}"]
+    tool = sys.executable  # stands in for every binary: only its digest is taken
+    command = [
+        sys.executable,
+        REPO / "cmake" / "write_sbom.py",
+        "--out",
+        tmp_path / "sbom.json",
+        "--name",
+        "activekv",
+        "--version",
+        "0.1.0",
+        *modules,
+        "--cmake",
+        tool,
+        "--cmake-version",
+        "4.4.5",
+        "--nvcc",
+        tool,
+        "--nvcc-version",
+        "13.0.88",
+        "--cxx-compiler",
+        tool,
+        "--cxx-compiler-version",
+        "Clang 22.1.8",
+        "--scikit-build-core",
+        "1.1.2",
+        *extra,
+    ]
+    return subprocess.run(
+        list(map(str, command)),
+        capture_output=True,
+        text=True,
+        env={"SOURCE_DATE_EPOCH": "1700000000", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_without_a_record_the_sbom_names_the_tools_cmake_ran(built_wheel, tmp_path):
+    first = _write_sbom(tmp_path, built_wheel)
+    assert first.returncode == 0, first.stderr
+    document = json.loads((tmp_path / "sbom.json").read_text())
+    tools = {t["name"]: t for t in document["metadata"]["tools"]["components"]}
+    assert tools["cxx-compiler"]["version"] == "Clang 22.1.8"
+    assert "hashes" not in tools["nanobind"]  # no distribution file to hash without a record
+    assert document["metadata"]["timestamp"] == "2023-11-14T22:13:20+00:00"
+    again = (tmp_path / "sbom.json").read_bytes()
+    assert _write_sbom(tmp_path, built_wheel).returncode == 0
+    assert (tmp_path / "sbom.json").read_bytes() == again  # the same inputs, the same bytes
+
+
+def test_a_record_that_names_other_tools_stops_the_build(built_wheel, tmp_path):
+    record = json.loads((built_wheel.parent.parent / "build.json").read_text())["toolchain"]
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    done = _write_sbom(tmp_path, built_wheel, "--toolchain-record", str(tmp_path / "record.json"))
+    assert done.returncode == 1
+    assert "toolchain record: cmake_sha256: expected what this build ran" in done.stderr
+    assert not (tmp_path / "sbom.json").exists()
