@@ -12,8 +12,10 @@ its functions are re-exported here.
 ``layout`` is any object with ``num_layers``, ``block_size``, ``num_kv_heads``, ``head_dim`` and
 ``dtype`` ("fp16", "bf16", "fp32", or an enum whose ``.name`` is one of those).
 
-``FAULTS`` is for the parity gate's negative control only (never set it otherwise):
-``"lru_mru_first"`` evicts the most recently used unpinned block instead of the least.
+``FAULTS`` is for the parity gate's negative controls only (never set it otherwise):
+``"lru_mru_first"`` evicts the most recently used unpinned block instead of the least;
+``"extent_split_smallest"`` splits a step that no free run holds over the smallest free runs
+first instead of the largest, which no event shows but ``extent_stats`` does.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ __all__ = ["Engine", "decode_layer", "encode_layer", "stored_block_bytes", "stor
 # ("bfloat16" where ml_dtypes provides it; numpy itself has none).
 _OWN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
-KNOWN_FAULTS = frozenset({"lru_mru_first"})
+KNOWN_FAULTS = frozenset({"lru_mru_first", "extent_split_smallest"})
 FAULTS: set[str] = set()
 
 # Region states (SPEC.md §4).
@@ -668,6 +670,8 @@ class Engine:
                 length, start = min(holding)
             else:
                 longest = max(length for _, length in runs)
+                if "extent_split_smallest" in FAULTS:
+                    longest = min(length for _, length in runs)
                 length, start = min((n, s) for s, n in runs if n == longest)
             used = min(length, count)
             taken.append((start, used))
