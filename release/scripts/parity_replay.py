@@ -6,8 +6,9 @@ interpreter of that wheel's Python version (release/gates/parity.py runs it, one
 operation through both implementations with the same driver and reports, per trace, the first
 difference (operation, layer, byte offset, event, or the allocator's counts, `extent_stats`,
 after a step) or none. Standard library and numpy only, plus `reference` (this repository's, on
-PYTHONPATH) and the wheel under test (`--site`): nothing of the pipeline. On the CUDA route the device KV is memory the wheel allocates itself
-(`activekv._engine.DeviceKvCache`), so a GPU runner needs no torch.
+PYTHONPATH) and the wheel under test (`--site`): nothing of the pipeline. On the CUDA route the
+device KV is memory the wheel allocates itself (`activekv._engine.DeviceKvCache`), so a GPU
+runner needs no torch.
 """
 
 from __future__ import annotations
