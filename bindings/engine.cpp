@@ -404,6 +404,41 @@ NB_MODULE(_engine, m) {
                      Release release;
                      return self.engine.quarantined_regions();
                    })
+      .def_prop_ro(
+          "extent_stats",
+          [](const BoundEngine& self) {
+            activekv::offload::ExtentCounts counts;
+            activekv::offload::StepRuns runs;
+            std::size_t free_slots = 0;
+            std::size_t free_runs = 0;
+            {
+              Release release;  // waits for a hook running on another thread
+              counts = self.engine.extent_counts();
+              runs = self.engine.last_step_runs();
+              free_slots = self.engine.store().free_slots();
+              free_runs = self.engine.store().free_run_count();
+            }
+            nb::dict stats;
+            stats["free_slots"] = free_slots;
+            stats["free_runs"] = free_runs;
+            stats["store_steps"] = counts.store_steps;
+            stats["extents"] = counts.extents;
+            stats["split_steps"] = counts.split_steps;
+            stats["split_blocks"] = counts.split_blocks;
+            stats["single_slot_blocks"] = counts.single_slot_blocks;
+            stats["last_load_blocks"] = runs.load_blocks;
+            stats["last_load_runs"] = runs.load_runs;
+            stats["last_load_direct_runs"] = runs.load_direct_runs;
+            stats["last_store_blocks"] = runs.store_blocks;
+            stats["last_store_runs"] = runs.store_runs;
+            stats["last_store_direct_runs"] = runs.store_direct_runs;
+            return stats;
+          },
+          nb::sig("def extent_stats(self) -> dict[str, int]"),
+          "The host pool's free slots and free runs now, the allocator's counts since "
+          "construction (steps that placed stores, the runs they took, steps split over several "
+          "runs, their blocks and those in runs of one slot) and the runs of consecutive host "
+          "slots of the last step's loads and stores (engine/offload/SPEC.md §2, §7).")
       .def("register_kv_caches", &BoundEngine::register_kv_caches, nb::arg("layers"),
            "One array per layer, [2, num_device_blocks, block_size, num_kv_heads, head_dim] of "
            "raw words (uint16 for fp16/bf16, uint32 for fp32) or of the layout's dtype itself, "

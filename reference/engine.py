@@ -12,8 +12,10 @@ its functions are re-exported here.
 ``layout`` is any object with ``num_layers``, ``block_size``, ``num_kv_heads``, ``head_dim`` and
 ``dtype`` ("fp16", "bf16", "fp32", or an enum whose ``.name`` is one of those).
 
-``FAULTS`` is for the parity gate's negative control only (never set it otherwise):
-``"lru_mru_first"`` evicts the most recently used unpinned block instead of the least.
+``FAULTS`` is for the parity gate's negative controls only (never set it otherwise):
+``"lru_mru_first"`` evicts the most recently used unpinned block instead of the least;
+``"extent_split_smallest"`` splits a step that no free run holds over the smallest free runs
+first instead of the largest, which no event shows but ``extent_stats`` does.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ __all__ = ["Engine", "decode_layer", "encode_layer", "stored_block_bytes", "stor
 # ("bfloat16" where ml_dtypes provides it; numpy itself has none).
 _OWN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
-KNOWN_FAULTS = frozenset({"lru_mru_first"})
+KNOWN_FAULTS = frozenset({"lru_mru_first", "extent_split_smallest"})
 FAULTS: set[str] = set()
 
 # Region states (SPEC.md §4).
@@ -181,6 +183,38 @@ def _positive(value: int, name: str) -> int:
     return value
 
 
+_COUNT_KEYS = ("store_steps", "extents", "split_steps", "split_blocks", "single_slot_blocks")
+_RUN_KEYS = tuple(f"last_{direction}_{what}" for direction in ("load", "store")
+                  for what in ("blocks", "runs", "direct_runs"))  # fmt: skip
+
+
+def _runs_of(free: list[int]) -> list[tuple[int, int]]:
+    """Sorted free slots as maximal (start, length) runs of consecutive slots."""
+    runs: list[tuple[int, int]] = []
+    for slot in free:
+        if runs and runs[-1][0] + runs[-1][1] == slot:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((slot, 1))
+    return runs
+
+
+def transfer_runs(transfers: list[tuple[int, int]]) -> list[tuple[int, int, int, int, bool]]:
+    """A layer's (slot, device_block) transfers as runs of consecutive host slots, in list order
+    (SPEC.md §4, "Runs"): (first index, count, first slot, first device block, whether the device
+    blocks are consecutive too). Adjacent entries only: nothing is sorted."""
+    runs: list[tuple[int, int, int, int, bool]] = []
+    for index, (slot, device) in enumerate(transfers):
+        if runs:
+            first, count, start, first_device, direct = runs[-1]
+            if slot == start + count:
+                runs[-1] = (first, count + 1, start, first_device,
+                            direct and device == first_device + count)  # fmt: skip
+                continue
+        runs.append((index, 1, slot, device, True))
+    return runs
+
+
 class Engine:
     """Same methods, arguments, events and errors as activekv._engine.Engine (SPEC.md §7)."""
 
@@ -224,9 +258,12 @@ class Engine:
         self._num_slots = num_slots
         self._region_blocks = region_blocks
         self._num_device_blocks = num_device_blocks
-        # Host pool: slot -> its bytes; free slots kept sorted, lowest taken first.
+        # Host pool: slot -> its bytes; free slots kept sorted, read as runs of consecutive slots.
         self._slots = [bytearray(slot_bytes) for _ in range(self._num_slots)]
         self._free = list(range(self._num_slots))
+        # The allocator's counts since construction and the last step's runs (SPEC.md §2, §7).
+        self._counts = dict.fromkeys(_COUNT_KEYS, 0)
+        self._last_runs = dict.fromkeys(_RUN_KEYS, 0)
         # hash -> {"slot", "state": "storing" | "committed", "pins", "last_use"}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._clock = 0
@@ -265,6 +302,12 @@ class Engine:
     @property
     def quarantined_regions(self) -> int:
         return self._staging.quarantined()
+
+    @property
+    def extent_stats(self) -> dict[str, int]:
+        """Free slots and free runs now, the allocator's counts, the last step's runs."""
+        free = {"free_slots": len(self._free), "free_runs": len(_runs_of(self._free))}
+        return {**free, **self._counts, **self._last_runs}
 
     # ---- device KV ----
 
@@ -387,6 +430,8 @@ class Engine:
                 self._events.append(("hit", block_hash))
             else:
                 self._events.append(("miss", block_hash))
+        self._last_runs = dict.fromkeys(_RUN_KEYS, 0)
+        self._count_runs("load", [(entry["slot"], entry["device"]) for entry in self._loads])
         for block_hash, device in self._planned_stores:
             self._stores.append(
                 {
@@ -449,8 +494,7 @@ class Engine:
         ):
             self._out_of_order(f"save_kv_layer({layer})")
         if layer == 0:
-            for entry in self._stores:
-                self._allocate(entry)
+            self._allocate_step(self._stores)
         # Layer n is issued before layer n - 1 is completed; with no region free, layer n - 1 is
         # completed first (which frees one) and layer n is tried once more.
         issued = self._issue_store(layer, final_attempt=False)
@@ -568,31 +612,78 @@ class Engine:
         self._clock += 1
         block["last_use"] = self._clock
 
-    def _allocate(self, entry: dict[str, Any]) -> None:
-        """A slot for one planned store (SPEC.md §3), in plan order."""
-        block_hash = entry["hash"]
-        if block_hash in self._blocks:
-            return  # committed or being stored already: nothing to do, no event
-        if self._free:
-            slot = self._free.pop(0)  # the list is sorted: the lowest free slot
-        else:
-            candidates = [
-                (block["last_use"], victim)
-                for victim, block in self._blocks.items()
-                if block["state"] == "committed" and block["pins"] == 0
-            ]
-            if not candidates:
-                self._events.append(("refuse", block_hash))
-                return
-            if "lru_mru_first" in FAULTS:
-                _, victim = max(candidates)
+    def _allocate_step(self, entries: list[dict[str, Any]]) -> None:
+        """Slots for the step's planned stores (SPEC.md §2, §3): decided one by one in plan
+        order (skip, a free slot, evict, refuse), then placed in runs over the free slots."""
+        uncounted = len(self._free)
+        placed = []
+        for entry in entries:
+            block_hash = entry["hash"]
+            if block_hash in self._blocks:
+                continue  # committed or being stored already: nothing to do, no event
+            if uncounted:
+                uncounted -= 1
             else:
-                _, victim = min(candidates)
-            slot = self._blocks.pop(victim)["slot"]
-            self._events.append(("evict", victim))
-        self._blocks[block_hash] = {"slot": slot, "state": "storing", "pins": 1, "last_use": 0}
-        entry["allocated"] = True
-        entry["slot"] = slot
+                candidates = [
+                    (block["last_use"], victim)
+                    for victim, block in self._blocks.items()
+                    if block["state"] == "committed" and block["pins"] == 0
+                ]
+                if not candidates:
+                    self._events.append(("refuse", block_hash))
+                    continue
+                if "lru_mru_first" in FAULTS:
+                    _, victim = max(candidates)
+                else:
+                    _, victim = min(candidates)
+                # Its slot joins the free runs before the step's blocks are placed.
+                self._free.append(self._blocks.pop(victim)["slot"])
+                self._free.sort()
+                self._events.append(("evict", victim))
+            self._blocks[block_hash] = {"slot": None, "state": "storing", "pins": 1, "last_use": 0}
+            placed.append(entry)
+        if not placed:
+            return
+        runs = self._take(len(placed))
+        slots = [start + offset for start, length in runs for offset in range(length)]
+        for entry, slot in zip(placed, slots, strict=True):
+            self._blocks[entry["hash"]]["slot"] = slot
+            entry["allocated"] = True
+            entry["slot"] = slot
+        self._counts["store_steps"] += 1
+        self._counts["extents"] += len(runs)
+        if len(runs) > 1:
+            self._counts["split_steps"] += 1
+            self._counts["split_blocks"] += len(placed)
+            self._counts["single_slot_blocks"] += sum(1 for _, length in runs if length == 1)
+        self._count_runs("store", [(entry["slot"], entry["device"]) for entry in placed])
+
+    def _take(self, count: int) -> list[tuple[int, int]]:
+        """count free slots as (start, length) runs, in the order blocks fill them (SPEC.md §2):
+        the smallest free run that holds every remaining block (lowest start among equals) gives
+        its first slots; when none does, the largest (lowest start among equals) is taken whole."""
+        taken = []
+        while count:
+            runs = _runs_of(self._free)
+            holding = [(length, start) for start, length in runs if length >= count]
+            if holding:
+                length, start = min(holding)
+            else:
+                longest = max(length for _, length in runs)
+                if "extent_split_smallest" in FAULTS:
+                    longest = min(length for _, length in runs)
+                length, start = min((n, s) for s, n in runs if n == longest)
+            used = min(length, count)
+            taken.append((start, used))
+            self._free = [slot for slot in self._free if not start <= slot < start + used]
+            count -= used
+        return taken
+
+    def _count_runs(self, direction: str, transfers: list[tuple[int, int]]) -> None:
+        runs = transfer_runs(transfers)
+        self._last_runs[f"last_{direction}_blocks"] = len(transfers)
+        self._last_runs[f"last_{direction}_runs"] = len(runs)
+        self._last_runs[f"last_{direction}_direct_runs"] = sum(1 for run in runs if run[4])
 
     # ---- transfers ----
 

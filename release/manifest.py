@@ -454,6 +454,10 @@ class ParityCell(_Model):
     # Fence faults the trace injects (each quarantines a region for good).
     fence_faults: Annotated[StrictInt, Field(ge=0, le=1024)]
     seed: Annotated[StrictInt, Field(ge=0, lt=1 << 63)]
+    # How the trace's steps are made (release/gates/trace.py): "random", one request per step;
+    # "requests", several requests per step with chains of blocks and shared prefixes, after a
+    # warm-up that fills and fragments the pool (the extent allocator's splitting and eviction).
+    trace: Literal["random", "requests"] = "random"
 
     @model_validator(mode="after")
     def _fits_in_memory(self) -> ParityCell:

@@ -102,12 +102,13 @@ class Driver:
     def kv_bytes(self) -> bytes:
         return b"".join(layer.tobytes() for layer in self.kv)
 
-    def state(self) -> tuple[int, int, bool, int]:
+    def state(self) -> tuple[int, int, bool, int, dict[str, int]]:
         return (
             self.engine.slot_bytes,
             self.engine.num_slots,
             self.engine.fatal,
             self.engine.quarantined_regions,
+            dict(self.engine.extent_stats),
         )
 
 
@@ -207,6 +208,26 @@ def scenario_no_forward(module: Any) -> Transcript:
     return t
 
 
+def scenario_extents(module: Any) -> Transcript:
+    """A step's stores in one extent, a prefix loaded back as one run, evictions that coalesce
+    before placement, a failed store's holes and a step split over them (SPEC.md §2)."""
+    t = Transcript(Driver(module, slots=10, num_regions=6, region_blocks=8,
+                          num_device_blocks=16))  # fmt: skip
+    t.step(seed=1, stores=[(1, 0), (2, 1), (3, 2), (4, 3)])  # slots 0..3: one extent
+    t.step(seed=2, stores=[(5, 4), (6, 9), (7, 5)])  # slots 4..6
+    # A run of 3 loaded (into consecutive device blocks); the pool is full after it.
+    t.step(seed=3, loads=[(1, 8), (2, 9), (3, 10)], stores=[(8, 0), (9, 1), (14, 2)])
+    # 4, 5, 6, 7 are the least recently used; their slots coalesce into one extent.
+    t.step(seed=4, loads=[(1, 12)], stores=[(10, 2), (11, 3), (12, 4), (13, 5)])
+    # Evicting 2, 3 and 8 frees slots 1, 2 and 7: split; the store fails and leaves them free,
+    # and the next step's stores are split over them again.
+    t.step(seed=5, stores=[(20, 6), (21, 7), (22, 0)], faults=[("store", 1)])
+    t.step(seed=6, stores=[(23, 1), (24, 2), (25, 3)])
+    t.step(seed=7, loads=[(10, 6), (11, 7), (12, 8), (13, 9)])
+    t.lookup([10, 11, 12, 13, 23])
+    return t
+
+
 def scenario_random(
     module: Any, seed: int = 7, dtype: str = "bf16", mode: str = "exact",
     kv_layout: str | None = None,
@@ -261,6 +282,7 @@ SCENARIOS: dict[str, Callable[[Any], Transcript]] = {
     "all_quarantined": scenario_all_quarantined,
     "one_region": scenario_one_region,
     "no_forward": scenario_no_forward,
+    "extents": scenario_extents,
     "random_bf16": lambda module: scenario_random(module, 7, "bf16"),
     "random_fp32": lambda module: scenario_random(module, 8, "fp32"),
     "random_fp16": lambda module: scenario_random(module, 9, "fp16"),
@@ -427,6 +449,71 @@ def test_lru_evicts_the_least_recently_used_and_loads_refresh():
     # Block 3 pinned: block 1 goes; then every unpinned block is gone and 5 is refused.
     assert steps[5] == [("hit", 3), ("evict", 1), ("refuse", 5), ("loaded", 3), ("commit", 4)]
     assert transcript.records[-1] == ("lookup", 2, [("lookup", 2)])
+
+
+def _extents(transcript: Transcript) -> list[dict[str, int]]:
+    return [record[1][4] for record in transcript.records if record[0] == "state"]
+
+
+def test_a_step_takes_one_extent_and_a_prefix_loads_back_as_one_run():
+    stats = _extents(scenario_extents(reference))
+    assert stats[0]["last_store_runs"] == 1 and stats[0]["last_store_direct_runs"] == 1
+    assert stats[1]["last_store_runs"] == 1 and stats[1]["last_store_direct_runs"] == 0
+    assert (stats[2]["last_load_blocks"], stats[2]["last_load_runs"]) == (3, 1)
+    assert stats[2]["last_load_direct_runs"] == 1  # device blocks 8, 9, 10
+    assert (stats[2]["free_slots"], stats[2]["free_runs"]) == (0, 0)
+    assert (stats[2]["store_steps"], stats[2]["extents"], stats[2]["split_steps"]) == (3, 3, 0)
+
+
+def test_evicted_slots_coalesce_before_the_step_is_placed():
+    transcript = scenario_extents(reference)
+    steps = [record[2] for record in transcript.records if record[0] == "step"]
+    assert [event for event in steps[3] if event[0] == "evict"] == [
+        ("evict", 4), ("evict", 5), ("evict", 6), ("evict", 7)
+    ]  # fmt: skip
+    stats = _extents(transcript)[3]
+    assert (stats["last_store_blocks"], stats["last_store_runs"]) == (4, 1)  # slots 3..6
+    assert stats["split_steps"] == 0
+
+
+def test_a_fragmented_pool_splits_a_step_and_counts_it():
+    transcript = scenario_extents(reference)
+    steps = [record[2] for record in transcript.records if record[0] == "step"]
+    assert [event for event in steps[4] if event[0] in ("evict", "drop")] == [
+        ("evict", 2), ("evict", 3), ("evict", 8), ("drop", 20), ("drop", 21), ("drop", 22)
+    ]  # fmt: skip
+    stats = _extents(transcript)
+    # Slots 1, 2 and 7: the run of 2 whole, then slot 7; twice (the drop gives them back).
+    for index in (4, 5):
+        assert (stats[index]["last_store_blocks"], stats[index]["last_store_runs"]) == (3, 2)
+    assert stats[4]["free_runs"] == 2 and stats[4]["free_slots"] == 3
+    assert stats[5]["free_slots"] == 0
+    final = stats[-1]
+    assert (final["store_steps"], final["extents"], final["split_steps"]) == (6, 8, 2)
+    assert (final["split_blocks"], final["single_slot_blocks"]) == (6, 2)
+    assert (final["last_load_blocks"], final["last_load_runs"]) == (4, 1)
+    assert final["last_store_blocks"] == 0
+
+
+def test_placement_follows_the_rule_of_the_spec():
+    """The reference's _take on hand-made free lists: best fit, else largest runs whole."""
+    engine = make(slots=16).engine
+    engine._free = [0, 2, 3, 6, 7, 8, 10, 13, 14, 15]  # runs: 0, 2-3, 6-8, 10, 13-15
+    assert engine._take(7) == [(6, 3), (13, 3), (0, 1)]
+    assert engine._free == [2, 3, 10]
+    engine._free = [0, 1, 2, 5, 6, 7, 8, 12, 13, 14]  # runs of 3, 4, 3
+    assert engine._take(3) == [(0, 3)]
+    assert engine._take(2) == [(12, 2)]  # the run of 3 before the run of 4
+    engine._free = [0, 1, 2, 3, 5, 6, 8, 9]  # runs of 4, 2 and 2
+    assert engine._take(7) == [(0, 4), (5, 2), (8, 1)]
+
+
+def test_negative_control_splits_over_the_smallest_runs(monkeypatch):
+    assert {"extent_split_smallest"} <= reference.KNOWN_FAULTS
+    monkeypatch.setattr(reference, "FAULTS", {"extent_split_smallest"})
+    engine = make(slots=16).engine
+    engine._free = [0, 1, 2, 3, 5, 6, 8, 9]  # runs of 4, 2 and 2
+    assert engine._take(7) == [(5, 2), (8, 2), (0, 3)]  # the rule: [(0, 4), (5, 2), (8, 1)]
 
 
 def test_negative_control_evicts_the_most_recent(monkeypatch):

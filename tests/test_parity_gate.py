@@ -39,6 +39,9 @@ FAULTS = "exact-bf16-t16-h8d64-l4-faults"
 ALL_QUARANTINED = "exact-bf16-t16-h2d64-l2-all-quarantined"
 FP8 = "fp8-fp16-t8-h2d32-l6-pressure"
 INT8 = "int8-bf16-t8-h2d32-l6-pressure"
+REQUESTS = "requests-exact-bf16-t16-h2d64-l2-fragmented"
+REQUESTS_FAULTS = "requests-int8-fp16-t8-h2d32-l3-faults"
+REQUESTS_TIGHT = "requests-exact-fp32-t4-h2d16-l2-tight"
 # The checkout's cache (as for the built wheel): numpy sites for interpreters without numpy.
 CACHE = REPO / ".activekv" / "cache"
 
@@ -60,7 +63,7 @@ def _kinds(cell_name: str, implementation) -> set[str]:
 
 
 def test_gate_passes_and_binds_evidence_to_the_wheel(built_wheel, tmp_path):
-    subset = [PRESSURE, REFUSALS, FAULTS, ALL_QUARANTINED, FP8, INT8]
+    subset = [PRESSURE, REFUSALS, FAULTS, ALL_QUARANTINED, FP8, INT8, REQUESTS, REQUESTS_TIGHT]
     evidence = run_parity_gate(MANIFEST, wheel_set(built_wheel), tmp_path, cells=subset)
     assert evidence.verdict == "pass", evidence.reason
     assert evidence.artefacts == {built_wheel.name: sha256_file(built_wheel)}
@@ -102,6 +105,25 @@ def test_cells_exercise_what_they_promise(reference):
     assert "fatal" in _kinds(ALL_QUARANTINED, reference)
 
 
+@pytest.mark.parametrize("name", [c.name for c in CELLS.values() if c.trace == "requests"])
+def test_request_cells_fragment_the_pool_and_split_steps(reference, name):
+    outcomes = replay(generate(CELLS[name]), reference)
+    kinds = {kind for outcome in outcomes for kind, _ in outcome.events}
+    assert {"evict", "hit", "loaded", "commit"} <= kinds
+    final = [o.extents for o in outcomes if o.extents is not None][-1]
+    assert final["split_steps"] > 0 and final["single_slot_blocks"] > 0
+    assert final["extents"] > final["store_steps"]  # some steps took more than one run
+    # Some steps still took one extent, and some loads came back as runs of several blocks.
+    runs = [(o.extents["last_load_blocks"], o.extents["last_load_runs"]) for o in outcomes
+            if o.extents is not None]  # fmt: skip
+    assert any(blocks > runs_ for blocks, runs_ in runs)
+    assert final["store_steps"] > final["split_steps"]
+    if name == REQUESTS_TIGHT:
+        assert "refuse" in kinds
+    if name == REQUESTS_FAULTS:
+        assert {"drop", "quarantine"} <= kinds
+
+
 def test_a_one_ulp_rounding_change_is_caught_and_located(engine_site, reference):
     from reference import compression
 
@@ -119,6 +141,16 @@ def test_a_changed_eviction_order_is_caught(engine_site, reference):
         generate(CELLS[PRESSURE]), reference, engine_implementation(engine_site)
     )
     assert difference is not None and "event" in difference
+
+
+def test_a_changed_placement_is_caught_by_the_allocator_counts(engine_site, reference):
+    """Splitting over the smallest runs first changes no event and no byte: only extent_stats
+    show it."""
+    reference.module.FAULTS.add("extent_split_smallest")
+    difference, _ = compare_cell(
+        generate(CELLS[REQUESTS]), reference, engine_implementation(engine_site)
+    )
+    assert difference is not None and "extent_stats" in difference
 
 
 def test_unknown_cell_is_refused(built_wheel, tmp_path):

@@ -49,6 +49,49 @@ def test_shared_prefixes_occur():
     assert any(a[0] == b[0] for i, a in enumerate(lookups) for b in lookups[i + 1 :])
 
 
+REQUEST_CELLS = [cell for cell in CELLS if cell.trace == "requests"]
+
+
+def test_the_manifest_declares_request_shaped_cells():
+    assert 3 <= len(REQUEST_CELLS) <= 5
+    assert {cell.mode for cell in REQUEST_CELLS} >= {"exact", "int8"}
+    assert any(cell.fence_faults for cell in REQUEST_CELLS)
+
+
+@pytest.mark.parametrize("cell", REQUEST_CELLS, ids=lambda cell: cell.name)
+def test_request_shaped_traces_share_prefixes_and_load_them_while_storing(cell):
+    trace = generate(cell)
+    steps = [op for op in trace.ops if isinstance(op, Step)]
+    stored_before: set[int] = set()
+    several_requests = loads_beside_stores = 0
+    lookups = 0
+    for op in trace.ops:
+        if isinstance(op, Lookup):
+            lookups += 1
+            continue
+        several_requests += lookups > 1
+        lookups = 0
+        loaded = {h for h, _ in op.loads}
+        stored = [h for h, _ in op.stores]
+        assert loaded <= stored_before  # loads name blocks earlier steps stored
+        assert not loaded & set(stored)
+        loads_beside_stores += bool(loaded and stored)
+        stored_before |= set(stored)
+    assert several_requests >= len(steps) // 3
+    assert loads_beside_stores >= len(steps) // 3
+    # The warm-up's short chains outnumber the pool before the longer requests begin.
+    warmup = steps[: cell.steps // 3]
+    assert sum(len(step.stores) for step in warmup) > cell.pool_blocks // 2
+
+
+def test_request_shaped_generation_is_deterministic_and_leaves_random_cells_alone():
+    assert generate(REQUEST_CELLS[0]).to_lines() == generate(REQUEST_CELLS[0]).to_lines()
+    random_cell = CELLS[0]
+    assert random_cell.trace == "random"
+    as_requests = random_cell.model_copy(update={"trace": "requests"})
+    assert generate(as_requests).to_lines() != generate(random_cell).to_lines()
+
+
 HEADER = {
     "format": "activekv-trace",
     "version": 1,

@@ -53,28 +53,80 @@ void BlockStore::finish_load(std::uint64_t hash, bool loaded) {
   remember(block);
 }
 
-Allocation BlockStore::allocate_for_store(std::uint64_t hash) {
+StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashes) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  // The map insertion is the only step that allocates: done first, a bad_alloc changes nothing.
-  // Pinned from allocation until commit or drop; not evictable meanwhile (it is not committed).
-  const auto [entry, inserted] = blocks_.try_emplace(hash, Block{hash, 0, BlockState::storing, 1, 0});
-  if (!inserted) return {Allocation::Outcome::already_present, 0, std::nullopt};
-  Allocation allocation{Allocation::Outcome::allocated, 0, std::nullopt};
-  if (const auto slot = pool_.acquire()) {
-    allocation.slot = *slot;
-  } else if (least_recent_ != nullptr) {
-    Block& victim = *least_recent_;
-    forget(victim);
-    allocation.slot = victim.slot;  // handed straight to the new block, never freed
-    const std::uint64_t evicted = victim.hash;  // a copy: the key must outlive the erase
-    allocation.evicted = evicted;
-    blocks_.erase(evicted);  // another key: `entry` stays valid
-  } else {
-    blocks_.erase(entry);
-    return {Allocation::Outcome::refused, 0, std::nullopt};
+  StepAllocation result;
+  // Sized first: what allocates is done before the store changes, so placement cannot throw.
+  result.blocks.reserve(hashes.size());
+  result.runs.reserve(hashes.size());
+  std::vector<Block*> placed;  // the allocated blocks, in order, and their index in `blocks`
+  std::vector<std::size_t> placed_at;
+  placed.reserve(hashes.size());
+  placed_at.reserve(hashes.size());
+  // Free slots not yet counted for a block of this step: the first blocks take those, the later
+  // ones evict (their slots join the free runs) so that placement sees the coalesced space.
+  std::size_t uncounted = pool_.free_slots();
+  std::optional<std::uint64_t> inserted_now;
+  try {
+    for (const std::uint64_t hash : hashes) {
+      // Pinned from allocation until commit or drop; not evictable meanwhile (not committed).
+      const auto [entry, inserted] =
+          blocks_.try_emplace(hash, Block{hash, 0, BlockState::storing, 1, 0});
+      if (!inserted) {
+        result.blocks.push_back({Allocation::Outcome::already_present, 0, std::nullopt});
+        continue;
+      }
+      inserted_now = hash;
+      Allocation allocation{Allocation::Outcome::allocated, 0, std::nullopt};
+      if (uncounted > 0) {
+        --uncounted;
+      } else if (least_recent_ != nullptr) {
+        Block& victim = *least_recent_;
+        pool_.release(victim.slot);  // first: a bad_alloc here leaves the victim as it was
+        forget(victim);
+        const std::uint64_t evicted = victim.hash;  // a copy: the key must outlive the erase
+        allocation.evicted = evicted;
+        blocks_.erase(evicted);  // another key: `entry` stays valid
+      } else {
+        blocks_.erase(entry);
+        inserted_now.reset();
+        result.blocks.push_back({Allocation::Outcome::refused, 0, std::nullopt});
+        continue;
+      }
+      placed.push_back(&entry->second);
+      placed_at.push_back(result.blocks.size());
+      result.blocks.push_back(allocation);
+      inserted_now.reset();
+    }
+  } catch (...) {
+    if (inserted_now) blocks_.erase(*inserted_now);
+    for (const Block* block : placed) {
+      const std::uint64_t hash = block->hash;  // a copy: the key must outlive the erase
+      blocks_.erase(hash);
+    }
+    throw;
   }
-  entry->second.slot = allocation.slot;
-  return allocation;
+  if (placed.empty()) return result;
+  pool_.take(placed.size(), result.runs);
+  std::size_t next = 0;
+  for (const SlotRun& run : result.runs) {
+    for (std::size_t offset = 0; offset < run.length; ++offset, ++next) {
+      placed[next]->slot = run.start + offset;
+      result.blocks[placed_at[next]].slot = run.start + offset;
+    }
+  }
+  ++counts_.store_steps;
+  counts_.extents += result.runs.size();
+  if (result.runs.size() > 1) {
+    ++counts_.split_steps;
+    counts_.split_blocks += placed.size();
+    for (const SlotRun& run : result.runs) counts_.single_slot_blocks += run.length == 1 ? 1 : 0;
+  }
+  return result;
+}
+
+Allocation BlockStore::allocate_for_store(std::uint64_t hash) {
+  return allocate_step({hash}).blocks.front();
 }
 
 void BlockStore::commit(std::uint64_t hash) {
@@ -118,6 +170,21 @@ std::size_t BlockStore::free_slots() const {
   return pool_.free_slots();
 }
 
+std::vector<SlotRun> BlockStore::free_runs() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return pool_.free_runs().runs();
+}
+
+std::size_t BlockStore::free_run_count() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return pool_.free_runs().run_count();
+}
+
+ExtentCounts BlockStore::extent_counts() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return counts_;
+}
+
 std::size_t BlockStore::committed_blocks() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   std::size_t count = 0;
@@ -146,6 +213,7 @@ std::uint64_t BlockStore::clock() const {
 
 std::string BlockStore::check_invariants() const {
   const std::lock_guard<std::mutex> lock(mutex_);
+  if (std::string runs = pool_.free_runs().check(); !runs.empty()) return runs;
   if (blocks_.size() + pool_.free_slots() != pool_.num_slots()) {
     return "blocks (" + std::to_string(blocks_.size()) + ") + free slots (" +
            std::to_string(pool_.free_slots()) + ") != slots (" +

@@ -1,6 +1,7 @@
 // Identity of offloaded blocks (SPEC.md §3): vLLM block hash -> host pool slot, committed or being
-// stored, pin counts, LRU stamps from one counter, and allocation that evicts the least recently
-// used unpinned committed block or refuses. Every public call takes one mutex, so a call sees and
+// stored, pin counts, LRU stamps from one counter, and allocation of a step's stores in extents of
+// consecutive slots (SPEC.md §2) that evicts the least recently used unpinned committed blocks or
+// refuses. Every public call takes one mutex, so a call sees and
 // leaves a consistent store and concurrent lookups of the same prefix agree.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "offload/free_runs.h"
 #include "offload/host_pool.h"
 
 namespace activekv::offload {
@@ -46,6 +48,23 @@ struct Allocation {
   std::optional<std::uint64_t> evicted;
 };
 
+// One step's allocation: each block's outcome, in the order asked, and the runs of consecutive
+// slots the allocated blocks took (in that order too: the first run's slots go to the first
+// allocated blocks).
+struct StepAllocation {
+  std::vector<Allocation> blocks;
+  std::vector<SlotRun> runs;
+};
+
+// What the allocator did since the store was made (SPEC.md §2, "Extents").
+struct ExtentCounts {
+  std::uint64_t store_steps = 0;         // allocations that placed at least one block
+  std::uint64_t extents = 0;             // runs of consecutive slots those took
+  std::uint64_t split_steps = 0;         // allocations whose blocks took more than one run
+  std::uint64_t split_blocks = 0;        // the blocks of those allocations
+  std::uint64_t single_slot_blocks = 0;  // of those, blocks that took a run of one slot
+};
+
 class BlockStore {
  public:
   // The pool: capacity_bytes / slot_bytes slots (HostPoolError when none fit).
@@ -63,8 +82,14 @@ class BlockStore {
   // Ends one load pin; a block that loaded fully is stamped first.
   void finish_load(std::uint64_t hash, bool loaded);
 
-  // Store side: a free slot (lowest first), else the slot of the LRU unpinned committed block,
-  // which is evicted, else a refusal. Never blocks.
+  // Store side, one step's stores at once (SPEC.md §2, §3), in order: a hash committed or being
+  // stored (earlier in `hashes` included) is skipped; the others take free slots while any are
+  // left uncounted, then each evicts the LRU unpinned committed block, then the rest are refused.
+  // The allocated blocks are then placed in runs of consecutive slots by FreeRuns::take, over the
+  // free runs the evictions left. Never blocks. A bad_alloc leaves this step's blocks unallocated
+  // (blocks evicted before it stay evicted) and every invariant holding.
+  StepAllocation allocate_step(const std::vector<std::uint64_t>& hashes);
+  // A step of one block.
   Allocation allocate_for_store(std::uint64_t hash);
   // A fully stored block becomes committed: stamped, its store pin released.
   void commit(std::uint64_t hash);
@@ -78,6 +103,9 @@ class BlockStore {
   // Introspection (tests and diagnostics).
   std::optional<BlockInfo> info(std::uint64_t hash) const;
   std::size_t free_slots() const;
+  std::vector<SlotRun> free_runs() const;
+  std::size_t free_run_count() const;
+  ExtentCounts extent_counts() const;
   std::size_t committed_blocks() const;
   std::size_t storing_blocks() const;
   std::size_t pinned_blocks() const;  // blocks with a load in flight
@@ -118,6 +146,7 @@ class BlockStore {
   Block* most_recent_ = nullptr;
   std::size_t evictable_count_ = 0;
   std::uint64_t clock_ = 0;
+  ExtentCounts counts_;
 };
 
 }  // namespace activekv::offload

@@ -148,6 +148,16 @@ std::size_t Engine::quarantined_regions() const {
   return staging_.quarantined_regions();
 }
 
+ExtentCounts Engine::extent_counts() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return store_.extent_counts();
+}
+
+StepRuns Engine::last_step_runs() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return last_runs_;
+}
+
 void Engine::register_kv_caches(const std::vector<DeviceKvLayer>& layers) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (layers.size() != layout_.num_layers()) {
@@ -206,6 +216,10 @@ std::vector<std::size_t> Engine::build_step() {
   for (const PlannedBlock& planned : planned_stores_) {
     stores_.push_back({planned.hash, planned.device_block, 0, false, false});
   }
+  last_runs_ = StepRuns{};
+  run_transfers_.clear();
+  for (const LoadEntry& entry : loads_) run_transfers_.push_back({entry.slot, entry.device_block});
+  count_step_runs(last_runs_.load_blocks, last_runs_.load_runs, last_runs_.load_direct_runs);
   planned_loads_.clear();
   planned_stores_.clear();
   layers_loaded_ = 0;
@@ -552,13 +566,21 @@ void Engine::finish_loads() {
 }
 
 void Engine::allocate_stores() {
-  for (StoreEntry& entry : stores_) {
-    const Allocation allocation = store_.allocate_for_store(entry.hash);
+  // The whole step at once, so that its blocks can take one extent (SPEC.md §2).
+  std::vector<std::uint64_t> hashes;
+  hashes.reserve(stores_.size());
+  for (const StoreEntry& entry : stores_) hashes.push_back(entry.hash);
+  const StepAllocation step = store_.allocate_step(hashes);
+  run_transfers_.clear();
+  for (std::size_t index = 0; index < stores_.size(); ++index) {
+    StoreEntry& entry = stores_[index];
+    const Allocation& allocation = step.blocks[index];
     switch (allocation.outcome) {
       case Allocation::Outcome::allocated:
         if (allocation.evicted) log(EventKind::evict, *allocation.evicted);
         entry.allocated = true;
         entry.slot = allocation.slot;
+        run_transfers_.push_back({entry.slot, entry.device_block});
         break;
       case Allocation::Outcome::refused:
         log(EventKind::refuse, entry.hash);
@@ -567,7 +589,16 @@ void Engine::allocate_stores() {
         break;
     }
   }
+  count_step_runs(last_runs_.store_blocks, last_runs_.store_runs, last_runs_.store_direct_runs);
   carried_stores_.reset();
+}
+
+void Engine::count_step_runs(std::size_t& blocks, std::size_t& runs, std::size_t& direct) {
+  transfer_runs(run_transfers_, run_scratch_);
+  const RunCounts counts = count_runs(run_scratch_);
+  blocks = run_transfers_.size();
+  runs = counts.runs;
+  direct = counts.device_consecutive;
 }
 
 bool Engine::issue_store(std::uint32_t layer, bool final_attempt, void* compute_stream,

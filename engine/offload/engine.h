@@ -24,6 +24,7 @@
 #include "offload/cuda_route.h"
 #include "offload/kv_layout.h"
 #include "offload/staging.h"
+#include "offload/transfer_runs.h"
 
 namespace activekv::offload {
 
@@ -82,6 +83,18 @@ std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode
                                std::size_t capacity_bytes, std::size_t num_regions,
                                std::size_t region_blocks, std::size_t num_device_blocks);
 
+// The runs of consecutive host slots of the last step's transfer lists (transfer_runs.h): its
+// loads that hit, counted at build_step, and its allocated stores, counted when their slots are
+// allocated at save_kv_layer(0); 0 until then. `direct` runs have consecutive device blocks too.
+struct StepRuns {
+  std::size_t load_blocks = 0;
+  std::size_t load_runs = 0;
+  std::size_t load_direct_runs = 0;
+  std::size_t store_blocks = 0;
+  std::size_t store_runs = 0;
+  std::size_t store_direct_runs = 0;
+};
+
 class Engine {
  public:
   // EngineInputError naming the argument: no whole slot fits in capacity_bytes, or num_regions,
@@ -104,6 +117,9 @@ class Engine {
   std::size_t num_device_blocks() const { return num_device_blocks_; }
   bool fatal() const;
   std::size_t quarantined_regions() const;
+  // The allocator's counts since construction and the last step's runs (SPEC.md §2, §7).
+  ExtentCounts extent_counts() const;
+  StepRuns last_step_runs() const;
 
   // One view per layer (exactly num_layers, each of num_device_blocks blocks). Only between
   // steps; the views replace any registered before.
@@ -209,6 +225,8 @@ class Engine {
   void complete_load(std::uint32_t layer);
   void finish_loads();
   void allocate_stores();
+  // Runs of run_transfers_: (blocks, runs, direct runs).
+  void count_step_runs(std::size_t& blocks, std::size_t& runs, std::size_t& direct);
   // The lease in flight, if one was made, goes to `issued`.
   bool issue_store(std::uint32_t layer, bool final_attempt, void* compute_stream,
                    std::optional<InFlight>& issued);
@@ -247,6 +265,10 @@ class Engine {
   std::shared_ptr<const Carried> carried_loads_;   // null: rebuilt at the next lease
   std::shared_ptr<const Carried> carried_stores_;  // null: rebuilt at the next lease
   std::size_t lost_loads_ = 0;                     // entries of loads_ marked lost
+  StepRuns last_runs_;
+  // Reused by count_step_runs, so a steady step allocates nothing for its statistics.
+  std::vector<BlockTransfer> run_transfers_;
+  std::vector<TransferRun> run_scratch_;
   std::uint32_t layers_loaded_ = 0;  // wait_for_layer_load calls of this step
   std::uint32_t layers_saved_ = 0;   // save_kv_layer calls of this step
 };

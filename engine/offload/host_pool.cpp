@@ -30,7 +30,8 @@ PageAlignedBuffer::PageAlignedBuffer(std::size_t bytes, const char* what) : byte
 HostPool::HostPool(std::size_t capacity_bytes, std::size_t slot_bytes)
     : slot_bytes_(slot_bytes),
       num_slots_(slot_bytes == 0 ? 0 : capacity_bytes / slot_bytes),
-      memory_(num_slots_ * slot_bytes_, "capacity_bytes") {
+      memory_(num_slots_ * slot_bytes_, "capacity_bytes"),
+      free_(num_slots_) {
   if (slot_bytes_ == 0) {
     throw HostPoolError("slot_bytes: expected a positive slot size; got 0");
   }
@@ -39,22 +40,18 @@ HostPool::HostPool(std::size_t capacity_bytes, std::size_t slot_bytes)
                         std::to_string(slot_bytes_) + " bytes; got " +
                         std::to_string(capacity_bytes));
   }
-  for (std::size_t slot = 0; slot < num_slots_; ++slot) free_.insert(free_.end(), slot);
 }
 
 std::optional<std::size_t> HostPool::acquire() {
-  if (free_.empty()) return std::nullopt;
-  const std::size_t slot = *free_.begin();
-  free_.erase(free_.begin());
-  return slot;
+  if (free_.free_slots() == 0) return std::nullopt;
+  std::vector<SlotRun> taken;
+  free_.take(1, taken);
+  return taken.front().start;
 }
 
 void HostPool::release(std::size_t slot) {
   check_slot(slot, "slot");
-  if (!free_.insert(slot).second) {
-    throw HostPoolError("slot: expected a taken slot; slot " + std::to_string(slot) +
-                        " is already free");
-  }
+  free_.release(slot);
 }
 
 std::uint8_t* HostPool::slot_data(std::size_t slot) {

@@ -1,5 +1,5 @@
 // The host pool of the CPU route (SPEC.md §2): one page-aligned allocation made at construction and
-// never grown, cut into fixed-size slots handed out lowest free index first.
+// never grown, cut into fixed-size slots handed out in runs of consecutive slots (FreeRuns).
 #pragma once
 
 #include <cstddef>
@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
-#include <set>
 #include <stdexcept>
+#include <vector>
+
+#include "offload/free_runs.h"
 
 namespace activekv::offload {
 
@@ -54,12 +56,17 @@ class HostPool {
 
   std::size_t num_slots() const { return num_slots_; }
   std::size_t slot_bytes() const { return slot_bytes_; }
-  std::size_t free_slots() const { return free_.size(); }
-  bool is_free(std::size_t slot) const { return free_.count(slot) != 0; }
+  std::size_t free_slots() const { return free_.free_slots(); }
+  bool is_free(std::size_t slot) const { return free_.is_free(slot); }
+  const FreeRuns& free_runs() const { return free_; }
 
-  // The lowest free slot, now taken; nullopt when every slot is taken.
+  // One free slot, now taken (the placement rule for one block: the start of the smallest free
+  // run, lowest start among equals); nullopt when every slot is taken.
   std::optional<std::size_t> acquire();
-  // Gives a taken slot back; HostPoolError for a slot out of range or already free.
+  // `count` free slots, now taken, as runs (FreeRuns::take); HostPoolError when fewer are free.
+  void take(std::size_t count, std::vector<SlotRun>& taken) { free_.take(count, taken); }
+  // Gives a taken slot back, coalesced with its free neighbours; HostPoolError for a slot out of
+  // range or already free.
   void release(std::size_t slot);
 
   // Start of a slot's bytes; stable for the pool's life. HostPoolError for a slot out of range.
@@ -72,8 +79,8 @@ class HostPool {
   std::size_t slot_bytes_;
   std::size_t num_slots_;
   PageAlignedBuffer memory_;
-  // Sorted, so the lowest free index is begin() and slot numbers are deterministic.
-  std::set<std::size_t> free_;
+  // Coalesced runs of free slots: deterministic placement in O(log n) per run.
+  FreeRuns free_;
 };
 
 }  // namespace activekv::offload

@@ -19,7 +19,8 @@ PYTHONPATH = the checkout (and the numpy site) and reads R: the child's Python a
 versions and, per cell, its first difference or null. One evidence record names every wheel's
 digest, with each wheel's figures under `figures.wheels`; the verdict is "fail" if any wheel
 differs, else "not-run" if some wheel had no interpreter, else "pass". A difference is reported
-at its first position: operation index, layer and byte offset, or the first differing event.
+at its first position: operation index, layer and byte offset, the first differing event, or the
+first differing count of the allocator (`extent_stats`) after a step.
 With device "cuda" (the gpu-parity gate) the engines run their CUDA route on this machine's GPU,
 on the cells and the GPU cells.
 """

@@ -169,8 +169,11 @@ def read_trace(path: Path) -> Trace:
 
 
 def generate(cell: ParityCell) -> Trace:
-    """A seeded trace for one cell: requests that share prefixes, loads of their cached prefix,
-    stores of their new blocks, and the cell's fence faults spread over the steps."""
+    """A seeded trace for one cell, of the cell's kind (`trace`): "random", one request per step
+    that may share a prefix of an earlier one, loads of that prefix and stores of its new blocks;
+    or "requests" (`_requests`). The cell's fence faults are spread over the steps."""
+    if cell.trace == "requests":
+        return _requests(cell)
     rng = random.Random(cell.seed)
     num_device_blocks = 2 * cell.region_blocks + 2
     prompts: list[list[int]] = []
@@ -200,6 +203,10 @@ def generate(cell: ParityCell) -> Trace:
             faults=faults,
             kv_seed=rng.getrandbits(32),
         ))  # fmt: skip
+    return _trace(cell, num_device_blocks, ops)
+
+
+def _trace(cell: ParityCell, num_device_blocks: int, ops: list[Lookup | Step]) -> Trace:
     layout = {
         "num_layers": cell.num_layers,
         "block_size": cell.block_size,
@@ -215,3 +222,84 @@ def generate(cell: ParityCell) -> Trace:
         "num_device_blocks": num_device_blocks,
     }
     return Trace(cell.seed, layout, engine, tuple(ops))
+
+
+# Request-shaped traces: how long the warm-up's chains are and how many requests a step carries.
+_WARMUP_CHAIN = (1, 3)
+_WARMUP_REQUESTS = (2, 4)
+_REQUESTS_PER_STEP = (1, 3)
+
+
+def _requests(cell: ParityCell) -> Trace:
+    """Steps shaped like vLLM's: each carries a few requests, whose chains of block hashes go
+    into one plan_store in request order, and loads of the prefixes they share with earlier
+    requests (in the same step, as vLLM loads a matched prefix while it stores the new blocks).
+    The first third of the steps is a warm-up of short chains that fills the pool while loads
+    refresh scattered blocks of earlier chains, so that the LRU order no longer follows the slots
+    and later evictions free scattered slots: the longer chains after it are split over several
+    runs (SPEC.md §2, "Extents"). Device blocks are consecutive in half of the steps (direct runs)
+    and scattered in the others. Each step moves at most region_blocks blocks each way."""
+    rng = random.Random(cell.seed)
+    limit = cell.region_blocks
+    num_device_blocks = 2 * limit + 2
+    warmup = max(1, cell.steps // 3)
+    chains: list[list[int]] = []
+    fault_steps = sorted(rng.sample(range(cell.steps), min(cell.fence_faults, cell.steps)))
+    ops: list[Lookup | Step] = []
+    for step_index in range(cell.steps):
+        loads: list[int] = []
+        stores: list[int] = []
+        earlier = chains[:]  # requests of earlier steps: what this step may share or load
+        if step_index < warmup:
+            for _ in range(rng.randint(*_WARMUP_REQUESTS)):
+                fresh = [rng.getrandbits(64) for _ in range(rng.randint(*_WARMUP_CHAIN))]
+                if len(stores) + len(fresh) > limit:
+                    break
+                chains.append(fresh)
+                ops.append(Lookup(tuple(fresh)))
+                stores += fresh
+            # Refresh a block or two from anywhere in earlier chains: scattered LRU stamps.
+            for _ in range(rng.randint(0, 2)):
+                if earlier and len(loads) < limit:
+                    chain = rng.choice(earlier)
+                    loads.append(chain[rng.randrange(len(chain))])
+        else:
+            for _ in range(rng.randint(*_REQUESTS_PER_STEP)):
+                shared: list[int] = []
+                if earlier and rng.random() < 0.75:
+                    # Half of the time one of the latest requests: still cached, loaded back.
+                    base = rng.choice(earlier[-4:] if rng.random() < 0.5 else earlier)
+                    shared = base[: rng.randint(1, len(base))]
+                fresh = [rng.getrandbits(64) for _ in range(rng.randint(2, max(2, limit // 2)))]
+                shared = shared[: limit - len(loads)]
+                fresh = fresh[: limit - len(stores)]
+                if not shared and not fresh:
+                    break
+                chain = shared + fresh
+                chains.append(chain)
+                ops.append(Lookup(tuple(chain)))
+                loads += shared
+                stores += fresh
+        devices = _device_blocks(rng, num_device_blocks, len(loads) + len(stores))
+        faults: tuple[Fault, ...] = ()
+        if step_index in fault_steps:
+            # In the warm-up a failed store: its slots come back as holes of the step's size
+            # while the pool still has room, so placement has runs of several sizes to choose
+            # from (best fit, not the first run that holds the step).
+            load = loads and step_index >= warmup and rng.random() < 0.5
+            faults = (Fault("load" if load else "store", rng.randrange(cell.num_layers)),)
+        ops.append(Step(
+            loads=tuple(zip(loads, devices, strict=False)),
+            stores=tuple(zip(stores, devices[len(loads) :], strict=False)),
+            faults=faults,
+            kv_seed=rng.getrandbits(32),
+        ))  # fmt: skip
+    return _trace(cell, num_device_blocks, ops)
+
+
+def _device_blocks(rng: random.Random, num_device_blocks: int, count: int) -> list[int]:
+    """`count` distinct device blocks: consecutive from a random start, or scattered."""
+    if rng.random() < 0.5:
+        start = rng.randrange(num_device_blocks - count + 1)
+        return list(range(start, start + count))
+    return rng.sample(range(num_device_blocks), count)

@@ -4,10 +4,11 @@ interpreter of that wheel's Python version (release/gates/parity.py runs it, one
 `python -m release.scripts.parity_replay --site DIR --trace T.jsonl ... --device cpu|cuda
 --report R.json`: for each trace (the activekv-trace format the gate wrote), replays every
 operation through both implementations with the same driver and reports, per trace, the first
-difference (operation, layer, byte offset or event) or none. Standard library and numpy only, plus
-`reference` (this repository's, on PYTHONPATH) and the wheel under test (`--site`): nothing of
-the pipeline. On the CUDA route the device KV is memory the wheel allocates itself
-(`activekv._engine.DeviceKvCache`), so a GPU runner needs no torch.
+difference (operation, layer, byte offset, event, or the allocator's counts, `extent_stats`,
+after a step) or none. Standard library and numpy only, plus `reference` (this repository's, on
+PYTHONPATH) and the wheel under test (`--site`): nothing of the pipeline. On the CUDA route the
+device KV is memory the wheel allocates itself (`activekv._engine.DeviceKvCache`), so a GPU
+runner needs no torch.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class OpOutcome:
     lookup: int | None = None
     lost: list[list[int]] | None = None  # per layer
     loaded: dict[int, list[bytes]] | None = None  # device block -> bytes per layer
+    # Engine.extent_stats after a step: the allocator's decisions, which no event shows.
+    extents: dict[str, int] | None = None
 
 
 def reference_implementation() -> Implementation:
@@ -156,7 +159,7 @@ def _replay_step(engine: Any, step: dict[str, Any], kv: HostKv) -> OpOutcome:
         for block_hash, device in step["loads"]
         if block_hash in loaded_hashes
     }
-    return OpOutcome(events, lost=lost, loaded=loaded)
+    return OpOutcome(events, lost=lost, loaded=loaded, extents=dict(engine.extent_stats))
 
 
 def first_difference(expected: list[OpOutcome], actual: list[OpOutcome]) -> str | None:
@@ -183,6 +186,12 @@ def first_difference(expected: list[OpOutcome], actual: list[OpOutcome]) -> str 
                     offset = next(i for i in range(len(a)) if a[i] != b[i])
                     return (f"operation {index}: layer {layer}: device block {device}: "
                             f"byte offset {offset}")  # fmt: skip
+        if want.extents != got.extents:
+            keys = sorted(set(want.extents or {}) | set(got.extents or {}))
+            key = next(k for k in keys if (want.extents or {}).get(k) != (got.extents or {}).get(k))
+            return (f"operation {index}: extent_stats[{key!r}] is "
+                    f"{(got.extents or {}).get(key)}, reference "
+                    f"{(want.extents or {}).get(key)}")  # fmt: skip
     return None
 
 

@@ -1,28 +1,39 @@
-// HostPool and BlockStore: slots lowest first, lookup purity, LRU with pins, refusal, counted pins,
-// misuse errors that change nothing, and invariants under concurrent producers and consumers.
+// HostPool and BlockStore: slots by best fit, lookup purity, LRU with pins, refusal, counted pins,
+// misuse errors that change nothing, and invariants under concurrent producers and consumers; the
+// extent allocator (FreeRuns, BlockStore::allocate_step): best fit, splitting, coalescing, eviction
+// before placement, pins and refusal, counts, a model check and a pool of 262,144 slots.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "test_support.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "offload/block_store.h"
+#include "offload/free_runs.h"
 #include "offload/host_pool.h"
 
 using activekv::offload::Allocation;
 using activekv::offload::BlockState;
 using activekv::offload::BlockStore;
 using activekv::offload::BlockStoreError;
+using activekv::offload::ExtentCounts;
+using activekv::offload::FreeRuns;
 using activekv::offload::HostPool;
 using activekv::offload::HostPoolError;
 using activekv::offload::kPageBytes;
+using activekv::offload::SlotRun;
+using activekv::offload::StepAllocation;
 
 using activekv::testing::contains;
 using activekv::testing::error_message;
@@ -43,7 +54,7 @@ std::size_t store_block(BlockStore& store, std::uint64_t hash) {
 
 }  // namespace
 
-TEST_CASE("a host pool takes the lowest free slot and is page aligned") {
+TEST_CASE("a host pool hands out one slot by best fit and is page aligned") {
   HostPool pool(5 * kSlotBytes + kSlotBytes / 2, kSlotBytes);  // half a slot left over
   CHECK(pool.num_slots() == 5);
   CHECK(pool.slot_bytes() == kSlotBytes);
@@ -54,7 +65,7 @@ TEST_CASE("a host pool takes the lowest free slot and is page aligned") {
   pool.release(3);
   pool.release(1);
   CHECK(pool.free_slots() == 2);
-  CHECK(pool.acquire() == 1);  // lowest first, whatever the release order
+  CHECK(pool.acquire() == 1);  // two runs of one: the lowest start, whatever the release order
   CHECK(pool.acquire() == 3);
 
   CHECK(contains(error_message<HostPoolError>([&] { pool.release(5); }), "slot"));
@@ -284,4 +295,314 @@ TEST_CASE("concurrent producers and a consumer keep every invariant") {
   // Every slot holds a committed block: the pool is full of the most recently committed ones.
   CHECK(store.committed_blocks() + store.free_slots() == kSlots);
   CHECK(refused.load() == 0);  // 12 unpinned slots: a producer always finds a victim
+}
+
+// ---- the extent allocator ----
+
+namespace {
+
+using Runs = std::vector<SlotRun>;
+
+// A FreeRuns of `num_slots` slots whose free slots are exactly `free` (every other one taken).
+FreeRuns runs_with_free(std::size_t num_slots, const std::set<std::size_t>& free) {
+  FreeRuns runs(num_slots);
+  Runs all;
+  runs.take(num_slots, all);
+  for (const std::size_t slot : free) runs.release(slot);
+  REQUIRE(runs.check() == "");
+  return runs;
+}
+
+Runs take(FreeRuns& runs, std::size_t count) {
+  Runs taken;
+  runs.take(count, taken);
+  CHECK(runs.check() == "");
+  return taken;
+}
+
+std::set<std::size_t> slot_range(std::size_t first, std::size_t end) {
+  std::set<std::size_t> slots;
+  for (std::size_t slot = first; slot < end; ++slot) slots.insert(slot);
+  return slots;
+}
+
+std::set<std::size_t> joined(std::initializer_list<std::set<std::size_t>> parts) {
+  std::set<std::size_t> all;
+  for (const auto& part : parts) all.insert(part.begin(), part.end());
+  return all;
+}
+
+// Allocates and commits `hashes` as one step; the runs it took.
+Runs store_step(BlockStore& store, const std::vector<std::uint64_t>& hashes) {
+  const StepAllocation step = store.allocate_step(hashes);
+  for (std::size_t index = 0; index < hashes.size(); ++index) {
+    if (step.blocks[index].outcome == Allocation::Outcome::allocated) store.commit(hashes[index]);
+  }
+  CHECK(store.check_invariants() == "");
+  return step.runs;
+}
+
+// The placement rule written as plainly as SPEC.md §2 says it, over a set of free slots.
+Runs model_take(std::set<std::size_t>& free, std::size_t count) {
+  Runs taken;
+  while (count > 0) {
+    Runs runs;
+    for (const std::size_t slot : free) {
+      if (!runs.empty() && runs.back().start + runs.back().length == slot) {
+        ++runs.back().length;
+      } else {
+        runs.push_back({slot, 1});
+      }
+    }
+    const SlotRun* best = nullptr;
+    for (const SlotRun& run : runs) {
+      if (run.length >= count && (best == nullptr || run.length < best->length)) best = &run;
+    }
+    if (best == nullptr) {
+      for (const SlotRun& run : runs) {
+        if (best == nullptr || run.length > best->length) best = &run;
+      }
+    }
+    const std::size_t used = std::min(best->length, count);
+    taken.push_back({best->start, used});
+    for (std::size_t slot = best->start; slot < best->start + used; ++slot) free.erase(slot);
+    count -= used;
+  }
+  return taken;
+}
+
+}  // namespace
+
+TEST_CASE("free runs: best fit takes the smallest run that holds the step, lowest start on ties") {
+  // Free: [0,3) [5,9) [12,15) [20,24): lengths 3, 4, 3, 4.
+  FreeRuns runs = runs_with_free(
+      24, joined({slot_range(0, 3), slot_range(5, 9), slot_range(12, 15), slot_range(20, 24)}));
+  CHECK(runs.run_count() == 4);
+  CHECK(runs.longest_run() == 4);
+  CHECK(take(runs, 3) == Runs{{0, 3}});   // two runs of 3 hold it: the lower one
+  CHECK(take(runs, 4) == Runs{{5, 4}});   // the runs of 4: the lower one
+  CHECK(take(runs, 2) == Runs{{12, 2}});  // the run of 3 before the run of 4; its tail stays free
+  CHECK(runs.runs() == Runs{{14, 1}, {20, 4}});
+  CHECK(take(runs, 1) == Runs{{14, 1}});
+  CHECK(runs.free_slots() == 4);
+}
+
+TEST_CASE("free runs: a step no run holds is split, largest runs first, single slots last") {
+  // Free: [0,1) [2,4) [6,9) [10,11) [13,16): lengths 1, 2, 3, 1, 3.
+  FreeRuns runs = runs_with_free(
+      16, joined({{0}, slot_range(2, 4), slot_range(6, 9), {10}, slot_range(13, 16)}));
+  // 7 blocks: the two runs of 3 whole (lower first), then best fit for the last one: a run of 1.
+  CHECK(take(runs, 7) == Runs{{6, 3}, {13, 3}, {0, 1}});
+  CHECK(runs.runs() == Runs{{2, 2}, {10, 1}});
+  // 3 blocks: the run of 2 whole, then the last single slot.
+  CHECK(take(runs, 3) == Runs{{2, 2}, {10, 1}});
+  CHECK(runs.free_slots() == 0);
+  CHECK(runs.run_count() == 0);
+  CHECK(runs.longest_run() == 0);
+  CHECK(contains(error_message<HostPoolError>([&] { take(runs, 1); }), "free slots"));
+}
+
+TEST_CASE("free runs coalesce when slots are given back in any order") {
+  FreeRuns runs = runs_with_free(10, {});
+  runs.release(4);  // alone
+  CHECK(runs.runs() == Runs{{4, 1}});
+  runs.release(5);  // joins the run before it
+  runs.release(2);  // alone
+  CHECK(runs.runs() == Runs{{2, 1}, {4, 2}});
+  runs.release(3);  // joins both sides
+  CHECK(runs.runs() == Runs{{2, 4}});
+  runs.release(1);  // joins the run after it
+  runs.release(9);
+  runs.release(0);
+  CHECK(runs.runs() == Runs{{0, 6}, {9, 1}});
+  CHECK(runs.free_slots() == 7);
+  CHECK(runs.is_free(0));
+  CHECK(runs.is_free(5));
+  CHECK_FALSE(runs.is_free(6));
+  CHECK(runs.is_free(9));
+  CHECK(runs.check() == "");
+  CHECK(contains(error_message<HostPoolError>([&] { runs.release(3); }), "already free"));
+  CHECK(contains(error_message<HostPoolError>([&] { runs.release(10); }), "slot"));
+  CHECK(runs.runs() == Runs{{0, 6}, {9, 1}});  // errors change nothing
+}
+
+TEST_CASE("free runs make the decisions of the plain model of the rule") {
+  std::mt19937_64 random(19);
+  for (int round = 0; round < 20; ++round) {
+    const std::size_t num_slots = 1 + random() % 64;
+    FreeRuns runs(num_slots);
+    std::set<std::size_t> free = slot_range(0, num_slots);
+    std::vector<std::size_t> taken_slots;
+    for (int op = 0; op < 200; ++op) {
+      if (!free.empty() && (taken_slots.empty() || random() % 2 == 0)) {
+        const std::size_t count = 1 + random() % free.size();
+        const Runs expected = model_take(free, count);
+        const Runs taken = take(runs, count);
+        REQUIRE(taken == expected);
+        for (const SlotRun& run : taken) {
+          for (std::size_t slot = run.start; slot < run.start + run.length; ++slot) {
+            taken_slots.push_back(slot);
+          }
+        }
+      } else {
+        const std::size_t at = random() % taken_slots.size();
+        const std::size_t slot = taken_slots[at];
+        taken_slots.erase(taken_slots.begin() + static_cast<std::ptrdiff_t>(at));
+        runs.release(slot);
+        free.insert(slot);
+      }
+      REQUIRE(runs.check() == "");
+      REQUIRE(runs.free_slots() == free.size());
+    }
+  }
+}
+
+TEST_CASE("a pool of 262144 slots takes and frees runs without walking the slots") {
+  // A 4 GiB pool of 16 KiB slots; fragmented to the worst case, every other slot free.
+  constexpr std::size_t kSlots = 262144;
+  FreeRuns runs(kSlots);
+  Runs all;
+  runs.take(kSlots, all);
+  for (std::size_t slot = 0; slot < kSlots; slot += 2) runs.release(slot);
+  CHECK(runs.run_count() == kSlots / 2);
+  const auto started = std::chrono::steady_clock::now();
+  // 20,000 steps of 8 blocks, each split over 8 single slots, then given back (coalescing none).
+  Runs taken;
+  for (int step = 0; step < 20000; ++step) {
+    taken.clear();
+    runs.take(8, taken);
+    REQUIRE(taken.size() == 8);
+    for (const SlotRun& run : taken) runs.release(run.start);
+  }
+  const auto seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  // A scan of the slots per step would take 20,000 x 262,144 steps: minutes, not seconds (a
+  // bound loose enough for sanitizer builds).
+  CHECK(seconds < 20.0);
+  for (std::size_t slot = 1; slot < kSlots; slot += 2) runs.release(slot);
+  CHECK(runs.runs() == Runs{{0, kSlots}});
+  CHECK(runs.check() == "");
+}
+
+TEST_CASE("a step's stores take one extent, in plan order") {
+  BlockStore store = store_of(16);
+  CHECK(store_step(store, {1, 2, 3}) == Runs{{0, 3}});
+  CHECK(store_step(store, {4, 5, 6, 7}) == Runs{{3, 4}});
+  for (std::uint64_t hash = 4; hash <= 7; ++hash) CHECK(store.info(hash)->slot == hash - 1);
+  // Dropped stores give their slots back, coalesced: [7, 16) is one run again.
+  const StepAllocation dropped = store.allocate_step({8, 9});
+  CHECK(dropped.runs == Runs{{7, 2}});
+  store.drop(9);
+  store.drop(8);
+  CHECK(store.free_runs() == Runs{{7, 9}});
+  CHECK(store.free_run_count() == 1);
+  const ExtentCounts counts = store.extent_counts();
+  CHECK(counts.store_steps == 3);
+  CHECK(counts.extents == 3);
+  CHECK(counts.split_steps == 0);
+  CHECK(store.check_invariants() == "");
+}
+
+TEST_CASE("a fragmented pool splits a step and counts it") {
+  BlockStore store = store_of(10);
+  // Slots 0..9 taken by one step; the stores of slots 1, 2, 5, 6, 7 and 9 fail (dropped).
+  const StepAllocation first = store.allocate_step({1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  CHECK(first.runs == Runs{{0, 10}});
+  for (std::uint64_t hash = 1; hash <= 10; ++hash) {
+    const bool fails = hash == 2 || hash == 3 || hash == 6 || hash == 7 || hash == 8 || hash == 10;
+    if (fails) {
+      store.drop(hash);
+    } else {
+      store.commit(hash);
+    }
+  }
+  CHECK(store.free_runs() == Runs{{1, 2}, {5, 3}, {9, 1}});
+  const ExtentCounts before = store.extent_counts();
+  // Six blocks: the run of 3 whole, then the run of 2 whole, then best fit for the last: slot 9.
+  const StepAllocation split = store.allocate_step({20, 21, 22, 23, 24, 25});
+  CHECK(split.runs == Runs{{5, 3}, {1, 2}, {9, 1}});
+  std::vector<std::size_t> slots;
+  for (const Allocation& block : split.blocks) slots.push_back(block.slot);
+  CHECK(slots == std::vector<std::size_t>{5, 6, 7, 1, 2, 9});
+  const ExtentCounts after = store.extent_counts();
+  CHECK(after.store_steps == before.store_steps + 1);
+  CHECK(after.extents == before.extents + 3);
+  CHECK(after.split_steps == before.split_steps + 1);
+  CHECK(after.split_blocks == before.split_blocks + 6);
+  CHECK(after.single_slot_blocks == before.single_slot_blocks + 1);
+  CHECK(store.free_slots() == 0);
+  CHECK(store.check_invariants() == "");
+}
+
+TEST_CASE("evicted slots join the free runs before the step is placed") {
+  BlockStore store = store_of(8);
+  store_step(store, {1, 2, 3, 4});  // slots 0..3, stamps 1..4
+  store_step(store, {5, 6, 7, 8});  // slots 4..7, stamps 5..8
+  // A later request loads the prefix 1, 2 back: 3, 4, 5, 6 are now the least recently used.
+  for (const std::uint64_t hash : {1, 2}) {
+    REQUIRE(store.pin_for_load(hash).has_value());
+    store.finish_load(hash, true);
+  }
+  const StepAllocation step = store.allocate_step({10, 11, 12, 13});
+  std::vector<std::uint64_t> evicted;
+  for (const Allocation& block : step.blocks) {
+    REQUIRE(block.outcome == Allocation::Outcome::allocated);
+    evicted.push_back(*block.evicted);
+  }
+  CHECK(evicted == std::vector<std::uint64_t>{3, 4, 5, 6});  // LRU order, one per store
+  CHECK(step.runs == Runs{{2, 4}});  // slots 2..5 coalesced: one extent
+  CHECK(store.check_invariants() == "");
+}
+
+TEST_CASE("a step with some free slots takes them first, then evicts, and places all at once") {
+  BlockStore store = store_of(6);
+  store_step(store, {1, 2, 3, 4});  // slots 0..3; 4 and 5 free
+  const StepAllocation step = store.allocate_step({10, 11, 12});
+  CHECK(step.blocks[0].evicted == std::nullopt);
+  CHECK(step.blocks[1].evicted == std::nullopt);
+  CHECK(step.blocks[2].evicted == std::uint64_t{1});  // the third needs room: block 1 goes
+  // Free before placement: [0,1) and [4,6): no run holds 3, so the run of 2 first, then slot 0.
+  CHECK(step.runs == Runs{{4, 2}, {0, 1}});
+  CHECK(step.blocks[0].slot == 4);
+  CHECK(step.blocks[1].slot == 5);
+  CHECK(step.blocks[2].slot == 0);
+  CHECK(store.check_invariants() == "");
+}
+
+TEST_CASE("pinned blocks are never evicted for a step and the rest of it is refused") {
+  BlockStore store = store_of(4);
+  store_step(store, {1, 2, 3, 4});
+  for (const std::uint64_t hash : {1, 3, 4}) REQUIRE(store.pin_for_load(hash).has_value());
+  // Skipped (committed, duplicate), evicting the one unpinned block, then refused.
+  const StepAllocation step = store.allocate_step({1, 10, 10, 11, 12});
+  CHECK(step.blocks[0].outcome == Allocation::Outcome::already_present);
+  CHECK(step.blocks[1].outcome == Allocation::Outcome::allocated);
+  CHECK(step.blocks[1].evicted == std::uint64_t{2});
+  CHECK(step.blocks[1].slot == 1);
+  CHECK(step.blocks[2].outcome == Allocation::Outcome::already_present);
+  CHECK(step.blocks[3].outcome == Allocation::Outcome::refused);
+  CHECK(step.blocks[4].outcome == Allocation::Outcome::refused);
+  CHECK(step.runs == Runs{{1, 1}});
+  CHECK_FALSE(store.info(11).has_value());
+  for (const std::uint64_t hash : {1, 3, 4}) CHECK(store.info(hash)->pins == 1);
+  CHECK(store.check_invariants() == "");
+  // Everything refused: nothing placed, nothing counted.
+  const ExtentCounts before = store.extent_counts();
+  const StepAllocation refused = store.allocate_step({20, 21});
+  CHECK(refused.runs.empty());
+  CHECK(store.extent_counts().store_steps == before.store_steps);
+  CHECK(store.check_invariants() == "");
+}
+
+TEST_CASE("a hash evicted earlier in the same step is stored again") {
+  BlockStore store = store_of(2);
+  store_step(store, {1, 2});
+  // 3 evicts 1 (the LRU block); 1 is then a new store and evicts 2.
+  const StepAllocation step = store.allocate_step({3, 1});
+  CHECK(step.blocks[0].evicted == std::uint64_t{1});
+  CHECK(step.blocks[1].outcome == Allocation::Outcome::allocated);
+  CHECK(step.blocks[1].evicted == std::uint64_t{2});
+  CHECK(step.runs == Runs{{0, 2}});
+  CHECK(store.info(1)->state == BlockState::storing);
+  CHECK(store.check_invariants() == "");
 }

@@ -596,3 +596,40 @@ TEST_CASE("a lookup thread beside the worker sees a consistent store") {
   CHECK(engine.store().check_invariants() == "");
   CHECK(engine.lookup({1, 2}) == 2);
 }
+
+TEST_CASE("a step's stores take one extent and a prefix loaded back in order is one run") {
+  Engine engine = make_engine(8);
+  DeviceKv kv;
+  for (std::size_t block = 0; block < 4; ++block) kv.fill(block, static_cast<std::uint16_t>(block));
+  engine.register_kv_caches(kv.views());
+  run_step(engine, {}, {{1, 0}, {2, 1}, {3, 2}, {4, 5}});
+  auto runs = engine.last_step_runs();
+  CHECK(runs.store_blocks == 4);
+  CHECK(runs.store_runs == 1);
+  CHECK(runs.store_direct_runs == 0);  // device blocks 0, 1, 2, 5: not consecutive
+  CHECK(runs.load_blocks == 0);
+  CHECK(engine.store().info(4)->slot == 3);
+
+  // A later request shares the prefix 1, 2, 3 and loads it into consecutive device blocks.
+  kv.clear();
+  run_step(engine, {{1, 4}, {2, 5}, {3, 6}}, {{9, 7}});
+  runs = engine.last_step_runs();
+  CHECK(runs.load_blocks == 3);
+  CHECK(runs.load_runs == 1);
+  CHECK(runs.load_direct_runs == 1);
+  CHECK(runs.store_runs == 1);
+  CHECK(kv.holds(4, 0));
+  CHECK(kv.holds(6, 2));
+  const auto counts = engine.extent_counts();
+  CHECK(counts.store_steps == 2);
+  CHECK(counts.extents == 2);
+  CHECK(counts.split_steps == 0);
+
+  // A step without stores resets the store side.
+  run_step(engine, {{2, 0}}, {});
+  runs = engine.last_step_runs();
+  CHECK(runs.load_runs == 1);
+  CHECK(runs.store_blocks == 0);
+  CHECK(runs.store_runs == 0);
+  CHECK(engine.store().check_invariants() == "");
+}
