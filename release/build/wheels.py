@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,11 +165,16 @@ def _cmake_settings(manifest: Manifest, toolchain: Toolchain) -> dict[str, str]:
     return defines
 
 
-def _run_logged(command: list[str], env: dict[str, str], log: Path, what: str) -> None:
+def run_logged(
+    command: list[str], env: Mapping[str, str], log: Path, what: str, cwd: Path | None = None
+) -> None:
+    """Runs `command` with its output appended to `log`; BuildError with the log's tail if it
+    fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as stream:
         stream.write(f"$ {' '.join(command)}\n")
         stream.flush()
-        result = subprocess.run(command, env=env, stdout=stream, stderr=subprocess.STDOUT)
+        result = subprocess.run(command, env=env, cwd=cwd, stdout=stream, stderr=subprocess.STDOUT)
     if result.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
         raise BuildError(f"{what} failed (exit {result.returncode}); log: {log}\n{tail}")
@@ -278,7 +283,7 @@ class WheelBuilder:
         command += [
             f"--config-settings=cmake.define.{key}={value}" for key, value in self.defines.items()
         ]
-        _run_logged(command, self.env, log, f"building the python{target.python} wheel")
+        run_logged(command, self.env, log, f"building the python{target.python} wheel")
         raw = _single_wheel(raw_dir)
 
         problems = check_wheel_objects(raw)
@@ -286,11 +291,11 @@ class WheelBuilder:
             raise BuildError("post-link check: the C++ runtime must be zig's static libc++\n  "
                              + "\n  ".join(problems))  # fmt: skip
         if target.stable_abi:
-            _run_logged(
+            run_logged(
                 [sys.executable, "-m", "abi3audit", "--strict", "--verbose", str(raw)],
                 self.env, log, f"abi3audit of {raw.name}",
             )  # fmt: skip
-        _run_logged(
+        run_logged(
             [sys.executable, "-m", "auditwheel", "repair", "--plat", self.manifest.build.platform,
              "-w", str(repaired_dir), str(raw)],
             self.env, log, f"auditwheel repair of {raw.name}",

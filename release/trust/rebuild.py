@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,14 +27,14 @@ from typing import Any
 from packaging.utils import parse_wheel_filename
 
 from release.build.reproduce import wheel_differences
-from release.errors import VerifyError
+from release.build.wheels import run_logged
+from release.errors import BuildError, VerifyError
 from release.trust.tuf_client import TrustedIndex
 from release.trust.verify import parse_requirement, tuf_url_for, verified_statement
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.private_site import clean_pip_env
 
-_BUILD_TIMEOUT_S = 3600
 # Toolchain record keys that do not decide a wheel's bytes: where a tool lies, and ccache.
 _NOT_COMPARED = ("_path", "ccache")
 
@@ -120,15 +119,10 @@ def toolchain_differences(recorded: Mapping[str, str], used: Mapping[str, str]) 
 
 
 def _run(command: list[str], what: str, cwd: Path, env: Mapping[str, str], log: Path) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as stream:
-        stream.write(f"$ {' '.join(command)}\n")
-        stream.flush()
-        result = subprocess.run(command, cwd=cwd, env=env, stdout=stream, stderr=subprocess.STDOUT,
-                                timeout=_BUILD_TIMEOUT_S)  # fmt: skip
-    if result.returncode != 0:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
-        raise VerifyError(f"{what} failed (exit {result.returncode}); log: {log}\n{tail}")
+    try:
+        run_logged(command, env, log, what, cwd=cwd)
+    except BuildError as error:
+        raise VerifyError(str(error)) from None
 
 
 def _download(index_url: str, requirement: str, python: str, folder: Path) -> Path:
