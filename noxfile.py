@@ -147,4 +147,4 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "release", "cpp-tests")
     session.run("ruff", "check", "release", "tests", "reference", "cmake", "noxfile.py")
     session.run("ruff", "format", "--check", "release", "tests", "reference", "cmake", "noxfile.py")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "--durations=25", *session.posargs)

@@ -39,9 +39,9 @@ FAULTS = "exact-bf16-t16-h8d64-l4-faults"
 ALL_QUARANTINED = "exact-bf16-t16-h2d64-l2-all-quarantined"
 FP8 = "fp8-fp16-t8-h2d32-l6-pressure"
 INT8 = "int8-bf16-t8-h2d32-l6-pressure"
-REQUESTS = "requests-exact-bf16-t16-h2d64-l2-fragmented"
-REQUESTS_FAULTS = "requests-int8-fp16-t8-h2d32-l3-faults"
-REQUESTS_TIGHT = "requests-exact-fp32-t4-h2d16-l2-tight"
+REQUESTS = "exact-bf16-t16-h2d64-l2-requests-fragmented"
+REQUESTS_FAULTS = "int8-fp16-t8-h2d32-l3-requests-faults"
+REQUESTS_TIGHT = "exact-fp32-t4-h2d16-l2-requests-tight"
 # The checkout's cache (as for the built wheel): numpy sites for interpreters without numpy.
 CACHE = REPO / ".activekv" / "cache"
 

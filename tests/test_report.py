@@ -243,7 +243,7 @@ def test_parity_matrix_is_a_grid_of_modes_by_dtypes(
     assert cells[("exact", "bf16")] == (
         "pass",
         "✓ t16-h8d64-l4\n✓ t1-h1d8-l1\n✓ t32-h2d128-l2\n✓ t16-h8d64-l4-pressure\n"
-        "✓ t16-h8d64-l4-faults\n✓ t16-h2d64-l2-all-quarantined",
+        "✓ t16-h8d64-l4-faults\n✓ t16-h2d64-l2-all-quarantined\n✓ t16-h2d64-l2-requests-fragmented",
     )
     assert cells[("int8", "bf16")][0] == "fail"
     assert "✗ t8-h2d32-l6-pressure" in cells[("int8", "bf16")][1]
