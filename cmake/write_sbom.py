@@ -36,6 +36,12 @@ from elftools.elf.elffile import ELFFile
 from packageurl import PackageURL
 
 FACT_SECTION = ".activekv_sbom"
+# What the SBOM takes from a toolchain record (release/build/toolchain.py: toolchain_record).
+RECORDED = tuple(
+    f"{tool}{suffix}"
+    for tool in ("zig", "nvcc", "cuda_host_compiler", "cmake", "nanobind", "scikit-build-core")
+    for suffix in ("", "_sha256")
+)
 LLVM_LICENSE = "Apache-2.0 WITH LLVM-exception"
 
 
@@ -195,6 +201,9 @@ def recorded_tools(
     record: dict[str, str], ran: argparse.Namespace, facts: dict[str, str]
 ) -> list[Component]:
     """The pipeline's toolchain record, after checking it names the tools CMake ran."""
+    missing = [key for key in RECORDED if key not in record]
+    if missing:
+        raise SbomError(f"toolchain record: expected the keys {missing}; the record lacks them")
     checks = [
         ("cmake", record.get("cmake"), ran.cmake_version),
         ("cmake_sha256", record.get("cmake_sha256"), _sha256(ran.cmake)),

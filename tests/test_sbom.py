@@ -243,3 +243,12 @@ def test_a_record_that_names_other_tools_stops_the_build(built_wheel, tmp_path):
     assert done.returncode == 1
     assert "toolchain record: cmake_sha256: expected what this build ran" in done.stderr
     assert not (tmp_path / "sbom.json").exists()
+
+
+def test_a_record_without_a_tool_stops_the_build(built_wheel, tmp_path):
+    record = json.loads((built_wheel.parent.parent / "build.json").read_text())["toolchain"]
+    del record["zig_sha256"]
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    done = _write_sbom(tmp_path, built_wheel, "--toolchain-record", str(tmp_path / "record.json"))
+    assert done.returncode == 1
+    assert "toolchain record: expected the keys ['zig_sha256']" in done.stderr
