@@ -90,6 +90,7 @@ def _rebuild(out: Path, state: Path, source: Path, consumer: Path):
         )
 
 
+@pytest.mark.integration  # builds the real wheel, publishes, rebuilds it
 def test_a_published_wheel_is_bit_identical_to_its_cold_rebuild(source_repo, tmp_path):
     out, state, wheel = _publish_from(source_repo, tmp_path / "publisher")
     consumer = tmp_path / "consumer"
@@ -106,6 +107,7 @@ def test_a_published_wheel_is_bit_identical_to_its_cold_rebuild(source_repo, tmp
     assert "build --fresh --python" in log and "built in" in log and "cached" not in log
 
 
+@pytest.mark.integration  # builds the real wheel, publishes, rebuilds it
 def test_a_wheel_built_from_a_changed_tree_is_refused_naming_the_member(source_repo, tmp_path):
     changed = tmp_path / "changed"
     _git("clone", "--quiet", source_repo, changed)
@@ -143,3 +145,21 @@ def test_toolchain_differences_ignore_paths_and_ccache():
     assert toolchain_differences(recorded, used) == [
         "nvcc_sha256: recorded 'aa', rebuilt with 'bb'"
     ]
+
+
+@pytest.mark.parametrize("python", ["3", "3.12.1", "python3.12", ""])
+def test_a_python_that_is_not_a_version_is_refused_before_anything_is_fetched(python, tmp_path):
+    done = _release(
+        REPO, "rebuild", "--index", "http://127.0.0.1:9/simple/", "activekv==0.1.0",
+        "--root", tmp_path / "root.json", "--provenance-key", tmp_path / "key.json",
+        "--source", tmp_path, "--python", python, "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--python: expected a Python version X.Y, e.g. 3.12" in " ".join(done.stderr.split())
+
+
+def test_missing_trust_inputs_are_named(tmp_path):
+    done = _release(REPO, "rebuild", "activekv==0.1.0", "--out", tmp_path / "out")
+    assert done.returncode == 2
+    message = " ".join(done.stderr.split())
+    assert "rebuild: also give --index, --root, --provenance-key, --source" in message

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -69,12 +70,13 @@ def rebuild_release(
     """Verifies, downloads, checks out, rebuilds and compares; the result either way.
     `build_cache` holds the toolchain (ACTIVEKV_CACHE_DIR); nothing compiled is taken from it."""
     project, version = parse_requirement(requirement)
+    interpreter = _interpreter(python)
     trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, tuf_cache)
     shutil.rmtree(workdir, ignore_errors=True)
     statement = verified_statement(trusted, project, version, provenance_key, workdir)
     commit, epoch, recorded = _build_inputs(statement)
 
-    published = _download(index_url, requirement, python, workdir / "published")
+    published = _download(index_url, requirement, interpreter, workdir / "published")
     trusted.check_file(published)
     signed = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
     if signed.get(published.name) != sha256_file(published):
@@ -125,11 +127,18 @@ def _run(command: list[str], what: str, cwd: Path, env: Mapping[str, str], log: 
         raise VerifyError(str(error)) from None
 
 
-def _download(index_url: str, requirement: str, python: str, folder: Path) -> Path:
-    """The wheel pip picks for `python` from the index alone (no configured source)."""
+def _interpreter(python: str) -> Path:
+    """The interpreter whose wheel to rebuild, found before anything is fetched."""
+    if re.fullmatch(r"3\.\d{1,2}", python) is None:
+        raise VerifyError(f"--python: expected a Python version X.Y, e.g. 3.12; got {python!r}")
     interpreter = find_interpreter(python)
     if interpreter is None:
         raise VerifyError(f"--python {python}: no python{python} on PATH or under pyenv")
+    return interpreter
+
+
+def _download(index_url: str, requirement: str, interpreter: Path, folder: Path) -> Path:
+    """The wheel pip picks for `interpreter` from the index alone (no configured source)."""
     command = [str(interpreter), "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--index-url", index_url, "-d", str(folder), requirement]  # fmt: skip
     folder.mkdir(parents=True)
