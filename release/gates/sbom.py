@@ -133,7 +133,7 @@ def _module_problems(
     depends: dict[Any, list[Any]],
     checked: set[str],
 ) -> list[str]:
-    """One module's entry against its facts; the refs of what it rightly lists go to `checked`."""
+    """One module's entry against its facts; the refs of what it lists go to `checked`."""
     problems: list[str] = []
     architectures = _properties(module).get("activekv:cuda_architectures")
     if architectures != facts.get("cuda_architectures", ""):
@@ -150,8 +150,8 @@ def _module_problems(
         ref, said = listed.get(part, (None, None))
         if ref is None:
             problems.append(f"{import_name}: expected the component {part} {truth}; missing")
-        elif said != truth:
+            continue
+        if said != truth:
             problems.append(f"{part}: the SBOM says {said}; {path} was built with {truth}")
-        else:
-            checked.add(ref)
+        checked.add(ref)
     return problems
