@@ -139,6 +139,22 @@ def test_a_statement_without_a_commit_has_nothing_to_rebuild_from():
         _build_inputs(statement)
 
 
+@pytest.mark.parametrize(
+    ("commit", "epoch", "named"),
+    [
+        ("--upload-pack=touch /tmp/x", 1, "gitCommit: expected a commit id"),
+        ("a" * 40, None, "source_date_epoch: expected seconds"),
+        ("a" * 40, "1700000000", "source_date_epoch: expected seconds"),
+    ],
+)
+def test_a_statement_with_malformed_build_inputs_is_refused(commit, epoch, named):
+    statement = {"predicate": {"buildDefinition": {
+        "resolvedDependencies": [{"uri": "git+file:///x", "digest": {"gitCommit": commit}}],
+        "internalParameters": {"source_date_epoch": epoch}}}}  # fmt: skip
+    with pytest.raises(VerifyError, match=named):
+        _build_inputs(statement)
+
+
 def test_toolchain_differences_ignore_paths_and_ccache():
     recorded = {"zig": "0.17.1", "zig_path": "/a/zig", "ccache": "4.8", "nvcc_sha256": "aa"}
     used = {"zig": "0.17.1", "zig_path": "/b/zig", "ccache": "not used", "nvcc_sha256": "bb"}

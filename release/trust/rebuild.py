@@ -109,8 +109,18 @@ def _build_inputs(statement: Mapping[str, Any]) -> tuple[str, int, dict[str, str
             "the signed statement names no source commit (resolvedDependencies: gitCommit); it "
             "was signed outside a git checkout, so there is nothing to rebuild from"
         )
+    if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commits[0]) is None:
+        raise VerifyError(
+            f"the signed statement's gitCommit: expected a commit id; got {commits[0]!r}"
+        )
     internal = definition.get("internalParameters", {})
-    return commits[0], int(internal["source_date_epoch"]), dict(internal.get("toolchain", {}))
+    epoch = internal.get("source_date_epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        raise VerifyError(
+            f"the signed statement's internalParameters.source_date_epoch: expected seconds; "
+            f"got {epoch!r}"
+        )
+    return commits[0], epoch, dict(internal.get("toolchain", {}))
 
 
 def toolchain_differences(recorded: Mapping[str, str], used: Mapping[str, str]) -> list[str]:
@@ -153,7 +163,7 @@ def _download(index_url: str, requirement: str, interpreter: Path, folder: Path)
 def _checkout(source: str, commit: str, folder: Path) -> Path:
     log = folder.parent / "checkout.log"
     env = dict(clean_pip_env(), GIT_TERMINAL_PROMPT="0")
-    _run(["git", "clone", "--quiet", "--no-checkout", source, str(folder)],
+    _run(["git", "clone", "--quiet", "--no-checkout", "--", source, str(folder)],
          f"git clone of --source {source}", folder.parent, env, log)  # fmt: skip
     try:
         _run(["git", "-C", str(folder), "checkout", "--quiet", "--detach", commit],
