@@ -197,13 +197,25 @@ def generate(cell: ParityCell) -> Trace:
             # A fault in a step with no transfer of that direction would test nothing.
             direction = "load" if loads and rng.random() < 0.5 else "store"
             faults = (Fault(direction, rng.randrange(cell.num_layers)),)
-        ops.append(Step(
-            loads=tuple(zip(loads, devices, strict=False)),
-            stores=tuple(zip(stores, devices[len(loads) :], strict=False)),
-            faults=faults,
-            kv_seed=rng.getrandbits(32),
-        ))  # fmt: skip
+        ops.append(_step(rng, loads, stores, devices, faults))
     return _trace(cell, num_device_blocks, ops)
+
+
+def _step(
+    rng: random.Random,
+    loads: list[int],
+    stores: list[int],
+    devices: list[int],
+    faults: tuple[Fault, ...],
+) -> Step:
+    """A step whose loads take the first device blocks and stores the next; its KV seed is drawn
+    last, so the trace's random sequence is the same whichever generator made the step."""
+    return Step(
+        loads=tuple(zip(loads, devices, strict=False)),
+        stores=tuple(zip(stores, devices[len(loads) :], strict=False)),
+        faults=faults,
+        kv_seed=rng.getrandbits(32),
+    )
 
 
 def _trace(cell: ParityCell, num_device_blocks: int, ops: list[Lookup | Step]) -> Trace:
@@ -288,12 +300,7 @@ def _requests(cell: ParityCell) -> Trace:
             # from (best fit, not the first run that holds the step).
             load = loads and step_index >= warmup and rng.random() < 0.5
             faults = (Fault("load" if load else "store", rng.randrange(cell.num_layers)),)
-        ops.append(Step(
-            loads=tuple(zip(loads, devices, strict=False)),
-            stores=tuple(zip(stores, devices[len(loads) :], strict=False)),
-            faults=faults,
-            kv_seed=rng.getrandbits(32),
-        ))  # fmt: skip
+        ops.append(_step(rng, loads, stores, devices, faults))
     return _trace(cell, num_device_blocks, ops)
 
 

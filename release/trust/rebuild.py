@@ -79,7 +79,8 @@ def rebuild_release(
     published = _download(index_url, requirement, interpreter, workdir / "published")
     trusted.check_file(published)
     signed = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    if signed.get(published.name) != sha256_file(published):
+    published_sha256 = sha256_file(published)
+    if signed.get(published.name) != published_sha256:
         raise VerifyError(
             f"{published.name} from {index_url} is not the signed statement's subject of that "
             "name (digest differs or not named)"
@@ -87,7 +88,7 @@ def rebuild_release(
 
     checkout = _checkout(source, commit, workdir / "source")
     rebuilt, used = _build(checkout, published.name, epoch, workdir, build_cache)
-    published_sha256, rebuilt_sha256 = sha256_file(published), sha256_file(rebuilt)
+    rebuilt_sha256 = sha256_file(rebuilt)
     same = published_sha256 == rebuilt_sha256
     return RebuildResult(
         wheel=published.name,
