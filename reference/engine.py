@@ -13,7 +13,8 @@ its functions are re-exported here.
 ``dtype`` ("fp16", "bf16", "fp32", or an enum whose ``.name`` is one of those).
 
 ``FAULTS`` is for the parity gate's negative controls only (never set it otherwise):
-``"lru_mru_first"`` evicts the most recently used unpinned block instead of the least;
+``"lru_mru_first"`` evicts the most recently used unpinned block alone instead of the least
+recently used extent;
 ``"extent_split_smallest"`` splits a step that no free run holds over the smallest free runs
 first instead of the largest, which no event shows but ``extent_stats`` does.
 """
@@ -46,6 +47,17 @@ _OWN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 KNOWN_FAULTS = frozenset({"lru_mru_first", "extent_split_smallest"})
 FAULTS: set[str] = set()
+
+# The eviction rule (an experiment, engine/offload/EVICTION_EXPERIMENT.md): "lru" evicts the least
+# recently used unpinned committed block, one per store that finds no free slot (SPEC.md §3).
+# "extent_old" evicts that block and, with it, every other evictable block of the same extent
+# (the run of slots one allocation placed) whose stamp is old: at most
+# oldest + EXTENT_OLD_FRACTION * (clock - oldest). "extent_lru" evicts the evictable blocks of
+# whole extents, least recently used first by the extent's stamp (the newest any of its blocks
+# was given).
+EVICTION_RULES = ("lru", "extent_old", "extent_lru")
+EVICTION = "extent_lru"
+EXTENT_OLD_FRACTION = 0.25
 
 # Region states (SPEC.md §4).
 FREE = "free"
@@ -267,6 +279,8 @@ class Engine:
         # hash -> {"slot", "state": "storing" | "committed", "pins", "last_use"}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._clock = 0
+        self._extents = 0  # extents placed so far: a block's "extent" is the index of its run
+        self._extent_stamps: dict[int, int] = {}
         self._staging = Staging(num_regions, region_blocks)
         self._fatal = False
         # (direction, layer) -> faults injected and not yet taken by a lease
@@ -611,6 +625,8 @@ class Engine:
     def _stamp(self, block: dict[str, Any]) -> None:
         self._clock += 1
         block["last_use"] = self._clock
+        # An extent's stamp: the newest its blocks were given (SPEC.md §3).
+        self._extent_stamps[block["extent"]] = self._clock
 
     def _allocate_step(self, entries: list[dict[str, Any]]) -> None:
         """Slots for the step's planned stores (SPEC.md §2, §3): decided one by one in plan
@@ -624,30 +640,32 @@ class Engine:
             if uncounted:
                 uncounted -= 1
             else:
-                candidates = [
-                    (block["last_use"], victim)
-                    for victim, block in self._blocks.items()
-                    if block["state"] == "committed" and block["pins"] == 0
-                ]
-                if not candidates:
+                victims = self._victims()
+                if not victims:
                     self._events.append(("refuse", block_hash))
                     continue
-                if "lru_mru_first" in FAULTS:
-                    _, victim = max(candidates)
-                else:
-                    _, victim = min(candidates)
-                # Its slot joins the free runs before the step's blocks are placed.
-                self._free.append(self._blocks.pop(victim)["slot"])
+                for victim in victims:
+                    # Its slot joins the free runs before the step's blocks are placed.
+                    self._free.append(self._blocks.pop(victim)["slot"])
+                    self._events.append(("evict", victim))
                 self._free.sort()
-                self._events.append(("evict", victim))
-            self._blocks[block_hash] = {"slot": None, "state": "storing", "pins": 1, "last_use": 0}
+                # The first victim makes room for this store; the others' slots are counted
+                # free for the stores after it.
+                uncounted += len(victims) - 1
+            self._blocks[block_hash] = {"slot": None, "state": "storing", "pins": 1,
+                                        "last_use": 0, "extent": -1}  # fmt: skip
             placed.append(entry)
         if not placed:
             return
         runs = self._take(len(placed))
-        slots = [start + offset for start, length in runs for offset in range(length)]
-        for entry, slot in zip(placed, slots, strict=True):
+        slots = []
+        for start, length in runs:
+            for offset in range(length):
+                slots.append((start + offset, self._extents))
+            self._extents += 1
+        for entry, (slot, extent) in zip(placed, slots, strict=True):
             self._blocks[entry["hash"]]["slot"] = slot
+            self._blocks[entry["hash"]]["extent"] = extent
             entry["allocated"] = True
             entry["slot"] = slot
         self._counts["store_steps"] += 1
@@ -657,6 +675,44 @@ class Engine:
             self._counts["split_blocks"] += len(placed)
             self._counts["single_slot_blocks"] += sum(1 for _, length in runs if length == 1)
         self._count_runs("store", [(entry["slot"], entry["device"]) for entry in placed])
+
+    def _victims(self) -> list[int]:
+        """The blocks one eviction frees, in the order they are evicted (EVICTION); empty when
+        every committed block is pinned."""
+        candidates = [
+            (block["last_use"], victim)
+            for victim, block in self._blocks.items()
+            if block["state"] == "committed" and block["pins"] == 0
+        ]
+        if not candidates:
+            return []
+        if "lru_mru_first" in FAULTS:
+            return [max(candidates)[1]]
+        oldest, victim = min(candidates)
+        if EVICTION == "lru":
+            return [victim]
+        if EVICTION == "extent_old":
+            # The LRU block first, then the old evictable blocks of its extent by slot.
+            extent = self._blocks[victim]["extent"]
+            horizon = oldest + int(EXTENT_OLD_FRACTION * (self._clock - oldest))
+            companions = sorted(
+                (self._blocks[other]["slot"], other)
+                for stamp, other in candidates
+                if other != victim and self._blocks[other]["extent"] == extent
+                and stamp <= horizon
+            )  # fmt: skip
+            return [victim] + [other for _, other in companions]
+        # extent_lru: of the extents holding an evictable block, the one whose stamp is oldest
+        # gives every evictable block it holds, by slot.
+        _, extent = min(
+            (self._extent_stamps[self._blocks[other]["extent"]], self._blocks[other]["extent"])
+            for _, other in candidates
+        )
+        return [other for _, other in sorted(
+            (self._blocks[other]["slot"], other)
+            for _, other in candidates
+            if self._blocks[other]["extent"] == extent
+        )]  # fmt: skip
 
     def _take(self, count: int) -> list[tuple[int, int]]:
         """count free slots as (start, length) runs, in the order blocks fill them (SPEC.md §2):
