@@ -13,7 +13,8 @@ its functions are re-exported here.
 ``dtype`` ("fp16", "bf16", "fp32", or an enum whose ``.name`` is one of those).
 
 ``FAULTS`` is for the parity gate's negative controls only (never set it otherwise):
-``"lru_mru_first"`` evicts the most recently used unpinned block instead of the least;
+``"lru_mru_first"`` evicts the most recently used unpinned block alone instead of the least
+recently used extent;
 ``"extent_split_smallest"`` splits a step that no free run holds over the smallest free runs
 first instead of the largest, which no event shows but ``extent_stats`` does.
 """
@@ -267,6 +268,8 @@ class Engine:
         # hash -> {"slot", "state": "storing" | "committed", "pins", "last_use"}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._clock = 0
+        self._extents = 0  # extents placed so far: a block's "extent" is the index of its run
+        self._extent_stamps: dict[int, int] = {}
         self._staging = Staging(num_regions, region_blocks)
         self._fatal = False
         # (direction, layer) -> faults injected and not yet taken by a lease
@@ -611,6 +614,8 @@ class Engine:
     def _stamp(self, block: dict[str, Any]) -> None:
         self._clock += 1
         block["last_use"] = self._clock
+        # An extent's stamp: the newest its blocks were given (SPEC.md §3).
+        self._extent_stamps[block["extent"]] = self._clock
 
     def _allocate_step(self, entries: list[dict[str, Any]]) -> None:
         """Slots for the step's planned stores (SPEC.md §2, §3): decided one by one in plan
@@ -624,30 +629,37 @@ class Engine:
             if uncounted:
                 uncounted -= 1
             else:
-                candidates = [
-                    (block["last_use"], victim)
-                    for victim, block in self._blocks.items()
-                    if block["state"] == "committed" and block["pins"] == 0
-                ]
-                if not candidates:
+                victims = self._victims()
+                if not victims:
                     self._events.append(("refuse", block_hash))
                     continue
-                if "lru_mru_first" in FAULTS:
-                    _, victim = max(candidates)
-                else:
-                    _, victim = min(candidates)
-                # Its slot joins the free runs before the step's blocks are placed.
-                self._free.append(self._blocks.pop(victim)["slot"])
+                for victim in victims:
+                    # Its slot joins the free runs before the step's blocks are placed.
+                    self._free.append(self._blocks.pop(victim)["slot"])
+                    self._events.append(("evict", victim))
                 self._free.sort()
-                self._events.append(("evict", victim))
-            self._blocks[block_hash] = {"slot": None, "state": "storing", "pins": 1, "last_use": 0}
+                # The first victim makes room for this store; the others' slots are counted
+                # free for the stores after it.
+                uncounted += len(victims) - 1
+            self._blocks[block_hash] = {
+                "slot": None,
+                "state": "storing",
+                "pins": 1,
+                "last_use": 0,
+                "extent": -1,
+            }
             placed.append(entry)
         if not placed:
             return
         runs = self._take(len(placed))
-        slots = [start + offset for start, length in runs for offset in range(length)]
-        for entry, slot in zip(placed, slots, strict=True):
+        # Each run taken is a new extent, numbered in the order runs are placed.
+        slots = []
+        for start, length in runs:
+            slots += [(slot, self._extents) for slot in range(start, start + length)]
+            self._extents += 1
+        for entry, (slot, extent) in zip(placed, slots, strict=True):
             self._blocks[entry["hash"]]["slot"] = slot
+            self._blocks[entry["hash"]]["extent"] = extent
             entry["allocated"] = True
             entry["slot"] = slot
         self._counts["store_steps"] += 1
@@ -657,6 +669,30 @@ class Engine:
             self._counts["split_blocks"] += len(placed)
             self._counts["single_slot_blocks"] += sum(1 for _, length in runs if length == 1)
         self._count_runs("store", [(entry["slot"], entry["device"]) for entry in placed])
+
+    def _victims(self) -> list[int]:
+        """The blocks one eviction frees, in the order they are evicted (SPEC.md §3): every
+        evictable block of the least recently used extent that has one, by slot; empty when
+        every committed block is pinned."""
+        candidates = [
+            (block["last_use"], victim)
+            for victim, block in self._blocks.items()
+            if block["state"] == "committed" and block["pins"] == 0
+        ]
+        if not candidates:
+            return []
+        if "lru_mru_first" in FAULTS:
+            return [max(candidates)[1]]
+        extents = {self._blocks[victim]["extent"] for _, victim in candidates}
+        extent = min(extents, key=self._extent_stamps.__getitem__)
+        return [
+            victim
+            for _, victim in sorted(
+                (self._blocks[victim]["slot"], victim)
+                for _, victim in candidates
+                if self._blocks[victim]["extent"] == extent
+            )
+        ]
 
     def _take(self, count: int) -> list[tuple[int, int]]:
         """count free slots as (start, length) runs, in the order blocks fill them (SPEC.md §2):

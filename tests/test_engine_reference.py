@@ -217,12 +217,15 @@ def scenario_extents(module: Any) -> Transcript:
     t.step(seed=2, stores=[(5, 4), (6, 9), (7, 5)])  # slots 4..6
     # A run of 3 loaded (into consecutive device blocks); the pool is full after it.
     t.step(seed=3, loads=[(1, 8), (2, 9), (3, 10)], stores=[(8, 0), (9, 1), (14, 2)])
-    # 4, 5, 6, 7 are the least recently used; their slots coalesce into one extent.
+    # The extent of 5, 6, 7 is the least recently used, then that of 1..4, whose block 1 is
+    # pinned by a load and stays: slots 1..6 coalesce, and the step takes four of them.
     t.step(seed=4, loads=[(1, 12)], stores=[(10, 2), (11, 3), (12, 4), (13, 5)])
-    # Evicting 2, 3 and 8 frees slots 1, 2 and 7: split; the store fails and leaves them free,
-    # and the next step's stores are split over them again.
-    t.step(seed=5, stores=[(20, 6), (21, 7), (22, 0)], faults=[("store", 1)])
-    t.step(seed=6, stores=[(23, 1), (24, 2), (25, 3)])
+    # Block 9 pinned by a load, its extent's others (8, 14) evicted: slots 5..7 and 9 free, so
+    # four stores are split; the store fails and leaves them free, and the next step's stores
+    # are split over them again.
+    t.step(seed=5, loads=[(9, 10)], stores=[(20, 6), (21, 7), (22, 0), (26, 1)],
+           faults=[("store", 1)])  # fmt: skip
+    t.step(seed=6, stores=[(23, 1), (24, 2), (25, 3), (27, 4)])
     t.step(seed=7, loads=[(10, 6), (11, 7), (12, 8), (13, 9)])
     t.lookup([10, 11, 12, 13, 23])
     return t
@@ -468,11 +471,13 @@ def test_a_step_takes_one_extent_and_a_prefix_loads_back_as_one_run():
 def test_evicted_slots_coalesce_before_the_step_is_placed():
     transcript = scenario_extents(reference)
     steps = [record[2] for record in transcript.records if record[0] == "step"]
+    # Whole extents (by slot), least recently used first: more slots than the step needs.
     assert [event for event in steps[3] if event[0] == "evict"] == [
-        ("evict", 4), ("evict", 5), ("evict", 6), ("evict", 7)
+        ("evict", 5), ("evict", 6), ("evict", 7), ("evict", 2), ("evict", 3), ("evict", 4)
     ]  # fmt: skip
     stats = _extents(transcript)[3]
-    assert (stats["last_store_blocks"], stats["last_store_runs"]) == (4, 1)  # slots 3..6
+    assert (stats["last_store_blocks"], stats["last_store_runs"]) == (4, 1)  # slots 1..4
+    assert (stats["free_slots"], stats["free_runs"]) == (2, 1)  # slots 5, 6
     assert stats["split_steps"] == 0
 
 
@@ -480,17 +485,17 @@ def test_a_fragmented_pool_splits_a_step_and_counts_it():
     transcript = scenario_extents(reference)
     steps = [record[2] for record in transcript.records if record[0] == "step"]
     assert [event for event in steps[4] if event[0] in ("evict", "drop")] == [
-        ("evict", 2), ("evict", 3), ("evict", 8), ("drop", 20), ("drop", 21), ("drop", 22)
+        ("evict", 8), ("evict", 14), ("drop", 20), ("drop", 21), ("drop", 22), ("drop", 26)
     ]  # fmt: skip
     stats = _extents(transcript)
-    # Slots 1, 2 and 7: the run of 2 whole, then slot 7; twice (the drop gives them back).
+    # Slots 5..7 and 9: the run of 3 whole, then slot 9; twice (the drop gives them back).
     for index in (4, 5):
-        assert (stats[index]["last_store_blocks"], stats[index]["last_store_runs"]) == (3, 2)
-    assert stats[4]["free_runs"] == 2 and stats[4]["free_slots"] == 3
+        assert (stats[index]["last_store_blocks"], stats[index]["last_store_runs"]) == (4, 2)
+    assert stats[4]["free_runs"] == 2 and stats[4]["free_slots"] == 4
     assert stats[5]["free_slots"] == 0
     final = stats[-1]
     assert (final["store_steps"], final["extents"], final["split_steps"]) == (6, 8, 2)
-    assert (final["split_blocks"], final["single_slot_blocks"]) == (6, 2)
+    assert (final["split_blocks"], final["single_slot_blocks"]) == (8, 2)
     assert (final["last_load_blocks"], final["last_load_runs"]) == (4, 1)
     assert final["last_store_blocks"] == 0
 

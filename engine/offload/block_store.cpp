@@ -12,9 +12,16 @@ std::string hash_text(std::uint64_t hash) { return "block " + std::to_string(has
 }  // namespace
 
 BlockStore::BlockStore(std::size_t capacity_bytes, std::size_t slot_bytes)
-    : pool_(capacity_bytes, slot_bytes) {
+    : pool_(capacity_bytes, slot_bytes),
+      by_slot_(pool_.num_slots(), nullptr),
+      extents_(pool_.num_slots()) {
   // At most one block per slot: buckets sized once, so steady steps never rehash.
   blocks_.reserve(pool_.num_slots());
+  // Every extent entry free, the lowest index taken first.
+  free_extents_.reserve(pool_.num_slots());
+  for (std::size_t index = pool_.num_slots(); index > 0; --index) {
+    free_extents_.push_back(index - 1);
+  }
 }
 
 std::size_t BlockStore::lookup(const std::vector<std::uint64_t>& hashes) const {
@@ -48,7 +55,7 @@ void BlockStore::finish_load(std::uint64_t hash, bool loaded) {
     throw BlockStoreError("finish_load: " + hash_text(hash) + " is not pinned by a load");
   }
   forget(block);
-  if (loaded) block.last_use = ++clock_;
+  if (loaded) stamp(block);
   --block.pins;
   remember(block);
 }
@@ -64,7 +71,9 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
   placed.reserve(hashes.size());
   placed_at.reserve(hashes.size());
   // Free slots not yet counted for a block of this step: the first blocks take those, the later
-  // ones evict (their slots join the free runs) so that placement sees the coalesced space.
+  // ones evict (their slots join the free runs) so that placement sees the coalesced space. An
+  // eviction frees a whole extent's evictable blocks: the slots beyond the first are counted
+  // free for the blocks after it.
   std::size_t uncounted = pool_.free_slots();
   std::optional<std::uint64_t> inserted_now;
   try {
@@ -73,29 +82,41 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
       const auto [entry, inserted] =
           blocks_.try_emplace(hash, Block{hash, 0, BlockState::storing, 1, 0});
       if (!inserted) {
-        result.blocks.push_back({Allocation::Outcome::already_present, 0, std::nullopt});
+        result.blocks.push_back({Allocation::Outcome::already_present, 0, {}});
         continue;
       }
       inserted_now = hash;
-      Allocation allocation{Allocation::Outcome::allocated, 0, std::nullopt};
+      Allocation allocation{Allocation::Outcome::allocated, 0, {}};
       if (uncounted > 0) {
         --uncounted;
-      } else if (least_recent_ != nullptr) {
-        Block& victim = *least_recent_;
-        pool_.release(victim.slot);  // first: a bad_alloc here leaves the victim as it was
-        forget(victim);
-        const std::uint64_t evicted = victim.hash;  // a copy: the key must outlive the erase
-        allocation.evicted = evicted;
-        blocks_.erase(evicted);  // another key: `entry` stays valid
+      } else if (evictable_count_ > 0) {
+        // The least recently used extent with an evictable block: every stamped extent is
+        // listed, and an evictable block is committed, so stamped.
+        std::size_t victim = least_recent_;
+        while (extents_[victim].evictable == 0) victim = extents_[victim].newer;
+        const SlotRun run = extents_[victim].run;
+        allocation.evicted.reserve(extents_[victim].evictable);  // before anything changes
+        for (std::size_t slot = run.start; slot < run.start + run.length; ++slot) {
+          const Block* block = by_slot_[slot];
+          if (block != nullptr && block->extent == victim && evictable(*block)) {
+            allocation.evicted.push_back(block->hash);
+          }
+        }
+        for (const std::uint64_t evicted : allocation.evicted) {
+          Block& block = blocks_.at(evicted);
+          release_block(block);  // first: a bad_alloc here leaves this block as it was
+          blocks_.erase(evicted);  // another key: `entry` stays valid
+        }
+        uncounted += allocation.evicted.size() - 1;
       } else {
         blocks_.erase(entry);
         inserted_now.reset();
-        result.blocks.push_back({Allocation::Outcome::refused, 0, std::nullopt});
+        result.blocks.push_back({Allocation::Outcome::refused, 0, {}});
         continue;
       }
       placed.push_back(&entry->second);
       placed_at.push_back(result.blocks.size());
-      result.blocks.push_back(allocation);
+      result.blocks.push_back(std::move(allocation));
       inserted_now.reset();
     }
   } catch (...) {
@@ -110,8 +131,14 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
   pool_.take(placed.size(), result.runs);
   std::size_t next = 0;
   for (const SlotRun& run : result.runs) {
+    // A run holds at least one block, so fewer runs than slots are ever live: an entry is free.
+    const std::size_t extent = free_extents_.back();
+    free_extents_.pop_back();
+    extents_[extent] = Extent{run, run.length};
     for (std::size_t offset = 0; offset < run.length; ++offset, ++next) {
       placed[next]->slot = run.start + offset;
+      placed[next]->extent = extent;
+      by_slot_[run.start + offset] = placed[next];
       result.blocks[placed_at[next]].slot = run.start + offset;
     }
   }
@@ -136,18 +163,18 @@ void BlockStore::commit(std::uint64_t hash) {
     throw BlockStoreError("commit: " + hash_text(hash) + " is not being stored");
   }
   block.state = BlockState::committed;
-  block.last_use = ++clock_;
+  stamp(block);
   --block.pins;
   remember(block);
 }
 
 void BlockStore::drop(std::uint64_t hash) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  const Block& block = block_or_throw(hash, "drop");
+  Block& block = block_or_throw(hash, "drop");
   if (block.state != BlockState::storing) {
     throw BlockStoreError("drop: " + hash_text(hash) + " is not being stored");
   }
-  pool_.release(block.slot);
+  release_block(block);
   blocks_.erase(hash);
 }
 
@@ -244,48 +271,117 @@ std::string BlockStore::check_invariants() const {
       }
     }
     if (evictable(block)) ++expected_evictable;
-    if (block.listed != evictable(block)) {
-      return hash_text(hash) + (block.listed ? " is in the eviction order but pinned or storing"
-                                             : " is committed and unpinned but not evictable");
+    if (block.counted != evictable(block)) {
+      return hash_text(hash) + (block.counted ? " is counted evictable but pinned or storing"
+                                              : " is committed and unpinned but not counted");
     }
+    if (block.extent >= extents_.size() || by_slot_[block.slot] != &block) {
+      return hash_text(hash) + " is not found at its slot or has no extent";
+    }
+    const Extent& extent = extents_[block.extent];
+    if (block.slot < extent.run.start || block.slot >= extent.run.start + extent.run.length) {
+      return hash_text(hash) + " lies outside its extent";
+    }
+    if (block.state == BlockState::committed && (!extent.listed || extent.stamp < block.last_use)) {
+      return hash_text(hash) + " is committed but its extent is unstamped or older than it";
+    }
+  }
+  // Each live extent's counts, from its blocks; free entries are exactly the others.
+  std::vector<std::size_t> blocks(extents_.size(), 0);
+  std::vector<std::size_t> evictable_in(extents_.size(), 0);
+  for (const auto& [hash, block] : blocks_) {
+    ++blocks[block.extent];
+    evictable_in[block.extent] += evictable(block) ? 1 : 0;
+  }
+  std::size_t live = 0;
+  for (std::size_t index = 0; index < extents_.size(); ++index) {
+    const Extent& extent = extents_[index];
+    if (blocks[index] == 0) continue;
+    ++live;
+    if (extent.blocks != blocks[index] || extent.evictable != evictable_in[index]) {
+      return "extent " + std::to_string(index) + " counts " + std::to_string(extent.blocks) +
+             " blocks, " + std::to_string(extent.evictable) + " evictable; expected " +
+             std::to_string(blocks[index]) + ", " + std::to_string(evictable_in[index]);
+    }
+  }
+  if (live + free_extents_.size() != extents_.size()) {
+    return std::to_string(live) + " live extents and " + std::to_string(free_extents_.size()) +
+           " free entries; expected " + std::to_string(extents_.size()) + " in all";
   }
   std::size_t listed = 0;
-  const Block* previous = nullptr;
-  for (const Block* block = least_recent_; block != nullptr; block = block->newer) {
-    if (block->older != previous || (previous && previous->last_use >= block->last_use)) {
-      return "the eviction order is broken at " + hash_text(block->hash);
+  std::size_t previous = kNone;
+  for (std::size_t index = least_recent_; index != kNone; index = extents_[index].newer) {
+    const Extent& extent = extents_[index];
+    if (extent.older != previous || !extent.listed || blocks[index] == 0 ||
+        (previous != kNone && extents_[previous].stamp >= extent.stamp)) {
+      return "the eviction order is broken at extent " + std::to_string(index);
     }
-    previous = block;
+    previous = index;
     ++listed;
   }
-  if (previous != most_recent_ || listed != evictable_count_ || listed != expected_evictable) {
-    return "the eviction order holds " + std::to_string(listed) + " blocks; expected " +
-           std::to_string(expected_evictable);
+  std::size_t stamped = 0;
+  for (std::size_t index = 0; index < extents_.size(); ++index) {
+    stamped += blocks[index] > 0 && extents_[index].listed ? 1 : 0;
+  }
+  if (previous != most_recent_ || listed != stamped || evictable_count_ != expected_evictable) {
+    return "the eviction order holds " + std::to_string(listed) + " extents (" +
+           std::to_string(stamped) + " stamped) and counts " + std::to_string(evictable_count_) +
+           " evictable blocks; expected " + std::to_string(expected_evictable);
   }
   return "";
 }
 
 void BlockStore::forget(Block& block) {
-  if (!block.listed) return;
-  (block.older ? block.older->newer : least_recent_) = block.newer;
-  (block.newer ? block.newer->older : most_recent_) = block.older;
-  block.older = block.newer = nullptr;
-  block.listed = false;
+  if (!block.counted) return;
+  --extents_[block.extent].evictable;
   --evictable_count_;
+  block.counted = false;
 }
 
 void BlockStore::remember(Block& block) {
-  if (block.listed || !evictable(block)) return;
-  // From the newest end: a block stamped now belongs there at once.
-  Block* older = most_recent_;
-  while (older != nullptr && older->last_use > block.last_use) older = older->older;
-  Block* newer = older ? older->newer : least_recent_;
-  block.older = older;
-  block.newer = newer;
-  (older ? older->newer : least_recent_) = &block;
-  (newer ? newer->older : most_recent_) = &block;
-  block.listed = true;
+  if (block.counted || !evictable(block)) return;
+  ++extents_[block.extent].evictable;
   ++evictable_count_;
+  block.counted = true;
+}
+
+void BlockStore::stamp(Block& block) {
+  block.last_use = ++clock_;
+  // The newest stamp of all: the extent goes to the newest end.
+  const std::size_t index = block.extent;
+  Extent& extent = extents_[index];
+  unlink(index);
+  extent.stamp = clock_;
+  extent.older = most_recent_;
+  extent.newer = kNone;
+  (most_recent_ != kNone ? extents_[most_recent_].newer : least_recent_) = index;
+  most_recent_ = index;
+  extent.listed = true;
+}
+
+void BlockStore::release_block(const Block& block) {
+  pool_.release(block.slot);  // first: it is the one step that may throw (bad_alloc)
+  const std::size_t index = block.extent;
+  Extent& extent = extents_[index];
+  if (block.counted) {
+    --extent.evictable;
+    --evictable_count_;
+  }
+  by_slot_[block.slot] = nullptr;
+  if (--extent.blocks == 0) {
+    unlink(index);
+    extent = Extent{};
+    free_extents_.push_back(index);  // reserved for every entry: never allocates
+  }
+}
+
+void BlockStore::unlink(std::size_t index) {
+  Extent& extent = extents_[index];
+  if (!extent.listed) return;
+  (extent.older != kNone ? extents_[extent.older].newer : least_recent_) = extent.newer;
+  (extent.newer != kNone ? extents_[extent.newer].older : most_recent_) = extent.older;
+  extent.older = extent.newer = kNone;
+  extent.listed = false;
 }
 
 BlockStore::Block& BlockStore::block_or_throw(std::uint64_t hash, const char* what) {

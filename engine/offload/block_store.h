@@ -1,6 +1,6 @@
 // Identity of offloaded blocks (SPEC.md §3): vLLM block hash -> host pool slot, committed or being
 // stored, pin counts, LRU stamps from one counter, and allocation of a step's stores in extents of
-// consecutive slots (SPEC.md §2) that evicts the least recently used unpinned committed blocks or
+// consecutive slots (SPEC.md §2) that evicts whole extents, least recently used first, or
 // refuses. Every public call takes one mutex, so a call sees and
 // leaves a consistent store and concurrent lookups of the same prefix agree.
 #pragma once
@@ -44,8 +44,10 @@ struct Allocation {
   };
   Outcome outcome;
   std::size_t slot = 0;
-  // The block evicted to make room, when there was no free slot.
-  std::optional<std::uint64_t> evicted;
+  // The blocks evicted to make room, when there was no free slot: every evictable block of the
+  // least recently used extent, by slot (SPEC.md §3). The slots beyond the first are counted
+  // free for the stores after this one.
+  std::vector<std::uint64_t> evicted;
 };
 
 // One step's allocation: each block's outcome, in the order asked, and the runs of consecutive
@@ -84,7 +86,8 @@ class BlockStore {
 
   // Store side, one step's stores at once (SPEC.md §2, §3), in order: a hash committed or being
   // stored (earlier in `hashes` included) is skipped; the others take free slots while any are
-  // left uncounted, then each evicts the LRU unpinned committed block, then the rest are refused.
+  // left uncounted (the slots evictions free included), else evict the evictable blocks of the
+  // least recently used extent that has any, else are refused.
   // The allocated blocks are then placed in runs of consecutive slots by FreeRuns::take, over the
   // free runs the evictions left. Never blocks. A bad_alloc leaves this step's blocks unallocated
   // (blocks evicted before it stay evicted) and every invariant holding.
@@ -114,36 +117,59 @@ class BlockStore {
   std::string check_invariants() const;
 
  private:
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+
   struct Block {
     std::uint64_t hash;
     std::size_t slot;
     BlockState state;
     std::uint32_t pins;
     std::uint64_t last_use;
-    // Links of the eviction order (committed, unpinned blocks only).
-    Block* older = nullptr;
-    Block* newer = nullptr;
+    std::size_t extent = kNone;  // index in extents_, from placement on
+    bool counted = false;        // counted evictable in its extent
+  };
+
+  // The run of slots one allocation placed (SPEC.md §2): the unit of eviction. It lives while any
+  // of its blocks does, so at most num_slots live at once; they sit in a table of that size,
+  // recycled through a free list, so that placing a step allocates nothing.
+  struct Extent {
+    SlotRun run{0, 0};
+    std::size_t blocks = 0;     // its blocks still in the store
+    std::size_t evictable = 0;  // of those, committed and unpinned
+    std::uint64_t stamp = 0;    // the newest stamp any of its blocks was given; 0 before any
+    // Links of the eviction order (stamped extents only), by index.
+    std::size_t older = kNone;
+    std::size_t newer = kNone;
     bool listed = false;
   };
 
   bool evictable(const Block& block) const {
     return block.state == BlockState::committed && block.pins == 0;
   }
-  // Keep the eviction order in step with one block: call `forget` before changing its state,
-  // pins or stamp, and `remember` after.
+  // Keep the evictable counts in step with one block: call `forget` before changing its state
+  // or pins, and `remember` after.
   void forget(Block& block);
   void remember(Block& block);
+  // A new stamp for the block; its extent becomes the most recently used.
+  void stamp(Block& block);
+  // The block leaves the store (evicted, dropped): its slot, its extent's count.
+  void release_block(const Block& block);
+  void unlink(std::size_t extent);
   Block& block_or_throw(std::uint64_t hash, const char* what);
 
   mutable std::mutex mutex_;
   HostPool pool_;
-  // Node-based: a Block's address is stable until it is erased, so the order can link blocks.
+  // Node-based: a Block's address is stable until it is erased, so by_slot_ can point at blocks.
   std::unordered_map<std::uint64_t, Block> blocks_;
-  // Committed, unpinned blocks from least to most recently used, linked through the blocks
-  // (stamps are unique, from one counter). A block stamped now goes to the newest end and a pin
-  // unlinks it, both O(1); only a load that fails (no new stamp) walks back to its place.
-  Block* least_recent_ = nullptr;
-  Block* most_recent_ = nullptr;
+  // slot -> the block placed in it (nullptr while free): eviction walks an extent's slots.
+  std::vector<Block*> by_slot_;
+  std::vector<Extent> extents_;            // num_slots entries
+  std::vector<std::size_t> free_extents_;  // indexes of unused entries, taken from the back
+  // Stamped extents from least to most recently used (stamps are unique, from one counter): a
+  // stamp always moves its extent to the newest end, O(1); eviction takes the oldest extent that
+  // has an evictable block, skipping those whose blocks are all pinned.
+  std::size_t least_recent_ = kNone;
+  std::size_t most_recent_ = kNone;
   std::size_t evictable_count_ = 0;
   std::uint64_t clock_ = 0;
   ExtentCounts counts_;

@@ -577,7 +577,7 @@ void Engine::allocate_stores() {
     const Allocation& allocation = step.blocks[index];
     switch (allocation.outcome) {
       case Allocation::Outcome::allocated:
-        if (allocation.evicted) log(EventKind::evict, *allocation.evicted);
+        for (const std::uint64_t evicted : allocation.evicted) log(EventKind::evict, evicted);
         entry.allocated = true;
         entry.slot = allocation.slot;
         run_transfers_.push_back({entry.slot, entry.device_block});

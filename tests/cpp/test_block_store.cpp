@@ -1,7 +1,8 @@
-// HostPool and BlockStore: slots by best fit, lookup purity, LRU with pins, refusal, counted pins,
-// misuse errors that change nothing, and invariants under concurrent producers and consumers; the
-// extent allocator (FreeRuns, BlockStore::allocate_step): best fit, splitting, coalescing, eviction
-// before placement, pins and refusal, counts, a model check and a pool of 262,144 slots.
+// HostPool and BlockStore: slots by best fit, lookup purity, LRU by extent with pins, refusal,
+// counted pins, misuse errors that change nothing, and invariants under concurrent producers and
+// consumers; the extent allocator (FreeRuns, BlockStore::allocate_step): best fit, splitting,
+// coalescing, eviction of whole extents before placement, pins and refusal, counts, a model check
+// and a pool of 262,144 slots.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -41,6 +42,8 @@ using activekv::testing::error_message;
 namespace {
 
 constexpr std::size_t kSlotBytes = 48;
+
+using Hashes = std::vector<std::uint64_t>;
 
 BlockStore store_of(std::size_t slots) { return BlockStore(slots * kSlotBytes, kSlotBytes); }
 
@@ -123,17 +126,17 @@ TEST_CASE("allocation takes free slots first, then evicts the least recently use
 
   const Allocation first = store.allocate_for_store(4);
   CHECK(first.outcome == Allocation::Outcome::allocated);
-  CHECK(first.evicted == std::uint64_t{2});
+  CHECK(first.evicted == Hashes{2});
   CHECK(first.slot == 1);  // block 2's slot, handed over
   CHECK_FALSE(store.info(2).has_value());
   store.commit(4);
 
   const Allocation second = store.allocate_for_store(5);
-  CHECK(second.evicted == std::uint64_t{3});
+  CHECK(second.evicted == Hashes{3});
   CHECK(second.slot == 2);
   store.drop(5);  // a failed store frees the slot it took
   CHECK(store.free_slots() == 1);
-  CHECK(store.allocate_for_store(6).evicted == std::nullopt);  // the free slot comes first
+  CHECK(store.allocate_for_store(6).evicted.empty());  // the free slot comes first
   CHECK(store.check_invariants() == "");
 }
 
@@ -144,7 +147,7 @@ TEST_CASE("a lost load does not refresh the block") {
   REQUIRE(store.pin_for_load(1).has_value());
   store.finish_load(1, false);
   CHECK(store.info(1)->last_use == 1);
-  CHECK(store.allocate_for_store(3).evicted == std::uint64_t{1});
+  CHECK(store.allocate_for_store(3).evicted == Hashes{1});
 }
 
 TEST_CASE("pinned blocks are never evicted and allocation is refused when all are pinned") {
@@ -155,7 +158,7 @@ TEST_CASE("pinned blocks are never evicted and allocation is refused when all ar
   REQUIRE(store.pin_for_load(1).has_value());
 
   // Block 1 is the LRU but pinned, block 3 is being stored: block 2 goes.
-  CHECK(store.allocate_for_store(4).evicted == std::uint64_t{2});
+  CHECK(store.allocate_for_store(4).evicted == Hashes{2});
   // Now 1 is pinned and 3, 4 are being stored: nothing to evict.
   const Allocation refused = store.allocate_for_store(5);
   CHECK(refused.outcome == Allocation::Outcome::refused);
@@ -164,7 +167,7 @@ TEST_CASE("pinned blocks are never evicted and allocation is refused when all ar
   CHECK(store.check_invariants() == "");
 
   store.finish_load(1, true);  // unpinned: evictable again
-  CHECK(store.allocate_for_store(5).evicted == std::uint64_t{1});
+  CHECK(store.allocate_for_store(5).evicted == Hashes{1});
 }
 
 TEST_CASE("pins are counted") {
@@ -177,7 +180,7 @@ TEST_CASE("pins are counted") {
   CHECK(store.allocate_for_store(8).outcome == Allocation::Outcome::refused);  // one pin left
   store.finish_load(7, true);
   CHECK(store.info(7)->pins == 0);
-  CHECK(store.allocate_for_store(8).evicted == std::uint64_t{7});
+  CHECK(store.allocate_for_store(8).evicted == Hashes{7});
 }
 
 TEST_CASE("storing a hash that is committed or being stored does nothing") {
@@ -534,23 +537,50 @@ TEST_CASE("a fragmented pool splits a step and counts it") {
   CHECK(store.check_invariants() == "");
 }
 
-TEST_CASE("evicted slots join the free runs before the step is placed") {
+TEST_CASE("a step evicts the least recently used extent whole, before it is placed") {
   BlockStore store = store_of(8);
-  store_step(store, {1, 2, 3, 4});  // slots 0..3, stamps 1..4
-  store_step(store, {5, 6, 7, 8});  // slots 4..7, stamps 5..8
-  // A later request loads the prefix 1, 2 back: 3, 4, 5, 6 are now the least recently used.
+  store_step(store, {1, 2, 3, 4});  // slots 0..3, stamps 1..4: one extent, its stamp 4
+  store_step(store, {5, 6, 7, 8});  // slots 4..7, stamps 5..8: its stamp 8
+  // A later request loads the prefix 1, 2 back: blocks 3 and 4 are the least recently used, but
+  // their extent is now the most recent (stamp 10), so the other one goes, all of it.
   for (const std::uint64_t hash : {1, 2}) {
     REQUIRE(store.pin_for_load(hash).has_value());
     store.finish_load(hash, true);
   }
   const StepAllocation step = store.allocate_step({10, 11, 12, 13});
-  std::vector<std::uint64_t> evicted;
   for (const Allocation& block : step.blocks) {
     REQUIRE(block.outcome == Allocation::Outcome::allocated);
-    evicted.push_back(*block.evicted);
   }
-  CHECK(evicted == std::vector<std::uint64_t>{3, 4, 5, 6});  // LRU order, one per store
-  CHECK(step.runs == Runs{{2, 4}});  // slots 2..5 coalesced: one extent
+  // The first store evicts the extent (by slot); its other slots are counted for the others.
+  CHECK(step.blocks[0].evicted == Hashes{5, 6, 7, 8});
+  for (std::size_t index = 1; index < 4; ++index) CHECK(step.blocks[index].evicted.empty());
+  CHECK(step.runs == Runs{{4, 4}});  // slots 4..7: one extent
+  CHECK(store.info(3).has_value());  // kept with the prefix it follows
+  CHECK(store.check_invariants() == "");
+}
+
+TEST_CASE("an extent's pinned blocks stay and the extent is evicted again once they are free") {
+  BlockStore store = store_of(6);
+  store_step(store, {1, 2, 3});  // slots 0..2, the oldest extent
+  store_step(store, {4, 5, 6});  // slots 3..5
+  REQUIRE(store.pin_for_load(2).has_value());  // a load in flight: not evictable
+  // Extent {1, 2, 3} is the oldest: its unpinned blocks go; 2 stays, pinned, in its extent.
+  const StepAllocation first = store.allocate_step({10});
+  CHECK(first.blocks[0].evicted == Hashes{1, 3});
+  CHECK(first.runs == Runs{{0, 1}});  // best fit: slot 0; slot 2 stays free
+  CHECK(store.info(2)->pins == 1);
+  CHECK(store.check_invariants() == "");
+  store.commit(10);
+  // A lost load leaves block 2's stamp (and its extent's, 3) as they were: the oldest again.
+  store.finish_load(2, false);
+  // One free slot (2) first, then the oldest extent with an evictable block: {2} alone.
+  const StepAllocation second = store.allocate_step({20, 21});
+  CHECK(second.blocks[0].evicted.empty());
+  CHECK(second.blocks[1].evicted == Hashes{2});
+  CHECK(second.runs == Runs{{1, 2}});
+  // All pinned or being stored but {4, 5, 6}: the next step evicts it whole.
+  const StepAllocation third = store.allocate_step({30});
+  CHECK(third.blocks[0].evicted == Hashes{4, 5, 6});
   CHECK(store.check_invariants() == "");
 }
 
@@ -558,14 +588,15 @@ TEST_CASE("a step with some free slots takes them first, then evicts, and places
   BlockStore store = store_of(6);
   store_step(store, {1, 2, 3, 4});  // slots 0..3; 4 and 5 free
   const StepAllocation step = store.allocate_step({10, 11, 12});
-  CHECK(step.blocks[0].evicted == std::nullopt);
-  CHECK(step.blocks[1].evicted == std::nullopt);
-  CHECK(step.blocks[2].evicted == std::uint64_t{1});  // the third needs room: block 1 goes
-  // Free before placement: [0,1) and [4,6): no run holds 3, so the run of 2 first, then slot 0.
-  CHECK(step.runs == Runs{{4, 2}, {0, 1}});
-  CHECK(step.blocks[0].slot == 4);
-  CHECK(step.blocks[1].slot == 5);
-  CHECK(step.blocks[2].slot == 0);
+  CHECK(step.blocks[0].evicted.empty());
+  CHECK(step.blocks[1].evicted.empty());
+  // The third needs room: the extent of 1..4 goes, whole.
+  CHECK(step.blocks[2].evicted == Hashes{1, 2, 3, 4});
+  // Free before placement: [0,6), one run: best fit gives its first three slots.
+  CHECK(step.runs == Runs{{0, 3}});
+  CHECK(step.blocks[0].slot == 0);
+  CHECK(step.blocks[1].slot == 1);
+  CHECK(step.blocks[2].slot == 2);
   CHECK(store.check_invariants() == "");
 }
 
@@ -577,7 +608,7 @@ TEST_CASE("pinned blocks are never evicted for a step and the rest of it is refu
   const StepAllocation step = store.allocate_step({1, 10, 10, 11, 12});
   CHECK(step.blocks[0].outcome == Allocation::Outcome::already_present);
   CHECK(step.blocks[1].outcome == Allocation::Outcome::allocated);
-  CHECK(step.blocks[1].evicted == std::uint64_t{2});
+  CHECK(step.blocks[1].evicted == Hashes{2});
   CHECK(step.blocks[1].slot == 1);
   CHECK(step.blocks[2].outcome == Allocation::Outcome::already_present);
   CHECK(step.blocks[3].outcome == Allocation::Outcome::refused);
@@ -597,11 +628,11 @@ TEST_CASE("pinned blocks are never evicted for a step and the rest of it is refu
 TEST_CASE("a hash evicted earlier in the same step is stored again") {
   BlockStore store = store_of(2);
   store_step(store, {1, 2});
-  // 3 evicts 1 (the LRU block); 1 is then a new store and evicts 2.
+  // 3 evicts the extent of 1 and 2; 1 is then a new store and takes the slot counted free.
   const StepAllocation step = store.allocate_step({3, 1});
-  CHECK(step.blocks[0].evicted == std::uint64_t{1});
+  CHECK(step.blocks[0].evicted == Hashes{1, 2});
   CHECK(step.blocks[1].outcome == Allocation::Outcome::allocated);
-  CHECK(step.blocks[1].evicted == std::uint64_t{2});
+  CHECK(step.blocks[1].evicted.empty());
   CHECK(step.runs == Runs{{0, 2}});
   CHECK(store.info(1)->state == BlockState::storing);
   CHECK(store.check_invariants() == "");
