@@ -2,7 +2,8 @@
 Python reference's CPU route with a full pool, once per eviction rule, reporting the runs loads and
 stores take and the prefix hit rate. The reference's own rule (SPEC.md §3) is "extent_lru"; the
 others are the alternatives it was measured against, defined here as subclasses that replace only
-the choice of victims.
+the choice of victims: lru, extent_old:X, and the rules that also evict young-enough extents to
+make one free run for the step (issue 19, longer runs): grow:F, sweep:F and window:F.
 
     python -m reference.eviction_experiment [--slots 4096] [--steps 1000] [--seeds 1 2] [--rules ..]
 
@@ -71,20 +72,255 @@ class ExtentOld(BlockLru):
         return [victim] + [other for _, other in companions]
 
 
+class ExtentGrow(ref.Engine):
+    """ "grow:F": extent_lru's eviction (the oldest extent's evictable blocks, by slot), then, while
+    the free run it leaves (the longest run of free slots that holds one of the freed slots) is
+    shorter than the step's stores, the extent that borders that run on either side, the older of
+    the two, if it holds an evictable block and is among the oldest F of the extents that do, its
+    evictable blocks by slot; it stops when neither side qualifies.
+
+    Variants: "grow_rest:F" stops once the run holds the step's stores not yet decided;
+    "grow_age:F" counts an extent old when its stamp is at most oldest + F * (clock - oldest);
+    "grow_seed:F:K" grows from each of the oldest K extents (older first, while they qualify)
+    and takes the first run that holds the step's stores, else the longest (the older first)."""
+
+    fraction = 0.1
+    rest = False  # the run must hold the step's stores not yet decided only
+    by_age = False  # old: stamp <= oldest + F * (clock - oldest), instead of the oldest F by rank
+    seeds = 1
+
+    def _allocate_step(self, entries: list[dict[str, Any]]) -> None:
+        # The step's stores: its distinct hashes neither committed nor being stored.
+        hashes = {entry["hash"] for entry in entries}
+        self._step_stores = sum(1 for block_hash in hashes if block_hash not in self._blocks)
+        super()._allocate_step(entries)
+
+    def _need(self) -> int:
+        if not self.rest:
+            return self._step_stores
+        decided = sum(1 for block in self._blocks.values() if block["slot"] is None)
+        return self._step_stores - decided
+
+    def _old_extents(self) -> tuple[dict[int, list[tuple[int, int]]], list[int], int]:
+        """The extents that hold an evictable block -> those blocks as (slot, hash), the extents
+        oldest first, and the newest stamp an old extent may have."""
+        members: dict[int, list[tuple[int, int]]] = {}
+        for block_hash, block in self._blocks.items():
+            if block["state"] == "committed" and block["pins"] == 0:
+                members.setdefault(block["extent"], []).append((block["slot"], block_hash))
+        order = sorted(members, key=self._extent_stamps.__getitem__)
+        if not order:
+            return members, order, 0
+        oldest = self._extent_stamps[order[0]]
+        if self.by_age:
+            return members, order, oldest + int(self.fraction * (self._clock - oldest))
+        return (
+            members,
+            order,
+            self._extent_stamps[order[max(1, int(self.fraction * len(order))) - 1]],
+        )
+
+    def _owners(self) -> dict[int, int]:
+        return {block["slot"]: h for h, block in self._blocks.items() if block["slot"] is not None}
+
+    def _victims(self) -> list[int]:
+        members, order, horizon = self._old_extents()
+        if not order:
+            return []
+        owner = self._owners()
+        need = self._need()
+        free = set(self._free)
+        best: tuple[int, list[int]] = (0, [])
+        for index, seed in enumerate(order[: self.seeds]):
+            if index and self._extent_stamps[seed] > horizon:
+                break
+            length, victims = self._grow(seed, need, members, horizon, owner, free)
+            if length > best[0]:
+                best = (length, victims)
+            if length >= need:
+                break
+        return best[1]
+
+    def _grow(
+        self,
+        seed: int,
+        need: int,
+        members: dict[int, list[tuple[int, int]]],
+        horizon: int,
+        owner: dict[int, int],
+        free: set[int],
+    ) -> tuple[int, list[int]]:
+        """The blocks evicted growing a free run from extent seed, and the run's length."""
+        first = sorted(members[seed])
+        victims = [h for _, h in first]
+        open_slots = free | {slot for slot, _ in first}
+
+        def run_around(slot: int) -> tuple[int, int]:
+            start = end = slot
+            while start - 1 in open_slots:
+                start -= 1
+            while end + 1 in open_slots:
+                end += 1
+            return start, end + 1
+
+        start, end = max(
+            (run_around(slot) for slot, _ in first), key=lambda run: (run[1] - run[0], -run[0])
+        )
+        taken = {seed}
+        while end - start < need:
+            sides = []
+            for slot in (start - 1, end):
+                block = self._blocks[owner[slot]] if slot in owner else None
+                if block is None or block["state"] != "committed" or block["pins"]:
+                    continue  # a pool edge or a block that is not evictable
+                extent = block["extent"]
+                if extent not in taken and self._extent_stamps[extent] <= horizon:
+                    sides.append((self._extent_stamps[extent], extent))
+            if not sides:
+                break
+            _, extent = min(sides)
+            taken.add(extent)
+            more = sorted(members[extent])
+            victims += [h for _, h in more]
+            open_slots |= {slot for slot, _ in more}
+            start, end = run_around(start)
+        return end - start, victims
+
+
+class ExtentSweep(ExtentGrow):
+    """ "sweep:F[:S]": a cursor walks the slots upwards from where the last eviction's run began
+    (a run does not wrap: at slot 0 a new one begins). A free slot extends the current run; a slot
+    whose block is evictable and whose extent is old (the oldest F, as for grow) evicts that
+    extent's evictable blocks, by slot, and extends the run; any other slot ends the run, the next
+    beginning after it. The walk stops once the run holds the step's stores or the blocks evicted
+    number S times those (S = 1 by default); what it evicted before a run ended stays free."""
+
+    slack = 1.0
+    _cursor = 0
+
+    def _victims(self) -> list[int]:
+        members, order, horizon = self._old_extents()
+        if not order:
+            return []
+        owner = self._owners()
+        free = set(self._free)
+        need = self._need()
+        victims: list[int] = []
+        gone: set[int] = set()
+        run_start, run = self._cursor, 0
+        slot = self._cursor
+        for _ in range(self._num_slots):
+            if slot == 0:
+                run_start, run = 0, 0
+            block = self._blocks[owner[slot]] if slot in owner else None
+            extent = None if block is None or block["pins"] else block["extent"]
+            if extent in members and self._extent_stamps[extent] <= horizon:
+                more = sorted(members.pop(extent))
+                victims += [h for _, h in more]
+                gone |= {s for s, _ in more}
+            if slot in free or slot in gone:
+                run += 1
+            else:
+                run_start, run = (slot + 1) % self._num_slots, 0
+            if run >= need or len(victims) >= self.slack * need:
+                break
+            slot = (slot + 1) % self._num_slots
+        self._cursor = run_start
+        return victims
+
+
+class ExtentWindow(ExtentGrow):
+    """ "window:F": a cursor (where the last eviction's window began) and, from it upwards, the
+    first window of consecutive slots, each free or holding an evictable block of an old extent
+    (the oldest F, as for grow), that holds at least one such block and the step's stores: its
+    extents' evictable blocks are evicted (extent by extent in window order, each by slot) and
+    the cursor moves to its first slot. Shorter windows are passed over, not evicted; a window
+    does not wrap (at slot 0 a new one begins). After a whole turn without one, the longest window
+    seen, the first among equals. "window_age:F": old as for grow_age."""
+
+    _cursor = 0
+
+    def _victims(self) -> list[int]:
+        members, order, horizon = self._old_extents()
+        if not order:
+            return []
+        owner = self._owners()
+        free = set(self._free)
+        need = self._need()
+        best: tuple[int, int, list[int]] = (0, 0, [])  # length, first slot, extents
+        start, extents = self._cursor, []
+        slot = self._cursor
+        for _ in range(self._num_slots + 1):
+            if slot == 0:
+                start, extents = 0, []
+            extent = self._blocks[owner[slot]]["extent"] if slot in owner else None
+            if slot in free:
+                pass
+            elif (
+                self._blocks[owner[slot]]["state"] == "committed"
+                and self._blocks[owner[slot]]["pins"] == 0
+                and self._extent_stamps[extent] <= horizon
+            ):
+                if not extents or extents[-1] != extent:
+                    extents.append(extent)
+            else:
+                start, extents = slot + 1, []
+            length = slot + 1 - start
+            if extents and length > best[0]:
+                best = (length, start, list(extents))
+            if extents and length >= need:
+                break
+            slot = (slot + 1) % self._num_slots
+        _, self._cursor, extents = best
+        victims = []
+        for extent in dict.fromkeys(extents):
+            victims += [h for _, h in sorted(members[extent])]
+        return victims
+
+
+# --rules names of the rules that take "name:F[:P]" (P: grow_seed's K, sweep's S).
+_FRACTION_RULES: dict[str, tuple[type[ExtentGrow], dict[str, Any]]] = {
+    "grow": (ExtentGrow, {}),
+    "grow_rest": (ExtentGrow, {"rest": True}),
+    "grow_age": (ExtentGrow, {"by_age": True}),
+    "grow_seed": (ExtentGrow, {"seeds": 16}),
+    "sweep": (ExtentSweep, {}),
+    "sweep_age": (ExtentSweep, {"by_age": True}),
+    "window": (ExtentWindow, {}),
+    "window_age": (ExtentWindow, {"by_age": True}),
+}
+
+
 def engine_class(rule: str) -> type[ref.Engine]:
-    """The engine for a --rules entry: "lru", "extent_old:X" or "extent_lru" (the reference)."""
-    name, _, fraction = rule.partition(":")
-    if name == "extent_lru" and not fraction:
+    """The engine for a --rules entry: "lru", "extent_old:X", "extent_lru" (the reference), or
+    one of the rules of _FRACTION_RULES, "name:F" (grow_seed:F:K, sweep:F:S)."""
+    name, _, rest = rule.partition(":")
+    if name == "extent_lru" and not rest:
         return ref.Engine
-    if name == "lru" and not fraction:
+    if name == "lru" and not rest:
         return BlockLru
     if name == "extent_old":
         try:
-            horizon = float(fraction or ExtentOld.fraction)
+            horizon = float(rest or ExtentOld.fraction)
         except ValueError:
             raise SystemExit(f"--rules: {rule!r}: expected extent_old:X with X a number") from None
         return type(f"ExtentOld{horizon}", (ExtentOld,), {"fraction": horizon})
-    raise SystemExit(f"--rules: expected lru, extent_old[:X] or extent_lru; got {rule!r}")
+    if name in _FRACTION_RULES:
+        base, attrs = _FRACTION_RULES[name]
+        fraction, _, extra = rest.partition(":")
+        try:
+            attrs = {**attrs, "fraction": float(fraction or base.fraction)}
+            if extra and name == "grow_seed":
+                attrs["seeds"] = int(extra)
+            elif extra and base is ExtentSweep:
+                attrs["slack"] = float(extra)
+            elif extra:
+                raise ValueError(extra)
+        except ValueError:
+            raise SystemExit(f"--rules: {rule!r}: expected {name}:F with F a number") from None
+        return type(f"{base.__name__}_{rule}", (base,), attrs)
+    known = ", ".join(f"{name}:F" for name in _FRACTION_RULES)
+    raise SystemExit(f"--rules: expected lru, extent_old[:X], extent_lru, {known}; got {rule!r}")
 
 
 @dataclass
@@ -203,7 +439,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=250)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     rules = ["lru", "extent_old:0.1", "extent_old:0.25", "extent_old:0.5", "extent_lru"]
-    parser.add_argument("--rules", nargs="+", default=rules, help="lru, extent_old:X, extent_lru")
+    known = "lru, extent_old:X, extent_lru, " + ", ".join(f"{name}:F" for name in _FRACTION_RULES)
+    parser.add_argument("--rules", nargs="+", default=rules, help=known)
     args = parser.parse_args(argv)
     for rule in args.rules:
         engine_class(rule)  # a bad rule is refused before anything runs
