@@ -593,7 +593,20 @@ class Engine:
                 f"hashes: a step moves at most region_blocks = {self._region_blocks} blocks each "
                 f"way; {call} would plan {len(plan) + len(planned)}"
             )
+        if plan is self._planned_loads:
+            self._check_load_targets(planned)
         plan.extend(planned)
+
+    def _check_load_targets(self, planned: list[tuple[int, int]]) -> None:
+        """SPEC.md §6 rule 6: a device block receives one hash's bytes per step."""
+        target = {device: block_hash for block_hash, device in self._planned_loads}
+        for index, (block_hash, device) in enumerate(planned):
+            loaded = target.setdefault(device, block_hash)
+            if loaded != block_hash:
+                raise ValueError(
+                    f"device_blocks[{index}]: expected a device block no other hash of this "
+                    f"step loads into; got {device} (hash {loaded}'s)"
+                )
 
     def _out_of_order(self, call: str) -> None:
         raise RuntimeError(f"{call}: called out of order; expected {self._expected_next()} next")

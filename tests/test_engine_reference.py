@@ -231,6 +231,21 @@ def scenario_extents(module: Any) -> Transcript:
     return t
 
 
+def scenario_load_targets(module: Any) -> Transcript:
+    """A device block loaded twice by one hash in a step, stores that read one device block, and
+    loads of another hash into a block the step loads already, refused whether the first is in
+    an earlier call or earlier in the same one, planning nothing of the call (SPEC.md §6)."""
+    t = Transcript(Driver(module, slots=8))
+    t.step(seed=1, stores=[(1, 0), (2, 0), (3, 1)])  # 1 and 2 hold the same bytes
+    t.step(seed=2, loads=[(1, 4), (1, 4)])  # the same bytes twice into block 4
+    engine = t.driver.engine
+    engine.plan_load([2], [5])
+    t.records.append(("refused", raised(lambda: engine.plan_load([3, 1], [6, 5]))))
+    t.records.append(("refused", raised(lambda: engine.plan_load([3, 2, 1], [6, 7, 6]))))
+    t.step(seed=3, loads=[(3, 6)])  # with the 2 planned before: the refused calls left nothing
+    return t
+
+
 def scenario_random(
     module: Any, seed: int = 7, dtype: str = "bf16", mode: str = "exact",
     kv_layout: str | None = None,
@@ -286,6 +301,7 @@ SCENARIOS: dict[str, Callable[[Any], Transcript]] = {
     "one_region": scenario_one_region,
     "no_forward": scenario_no_forward,
     "extents": scenario_extents,
+    "load_targets": scenario_load_targets,
     "random_bf16": lambda module: scenario_random(module, 7, "bf16"),
     "random_fp32": lambda module: scenario_random(module, 8, "fp32"),
     "random_fp16": lambda module: scenario_random(module, 9, "fp16"),
@@ -781,6 +797,19 @@ def test_construction_errors(arguments, text):
     layout = SimpleNamespace(num_layers=1, block_size=1, num_kv_heads=1, head_dim=1, dtype="fp32")
     with pytest.raises(ValueError, match=text):
         reference.Engine(layout, *arguments)
+
+
+def test_a_device_block_receives_one_hash_per_step():
+    transcript = scenario_load_targets(reference)
+    refused = [record[1] for record in transcript.records if record[0] == "refused"]
+    expected = "expected a device block no other hash of this step loads into; got"
+    assert refused == [
+        (ValueError, f"device_blocks[1]: {expected} 5 (hash 2's)"),
+        (ValueError, f"device_blocks[2]: {expected} 6 (hash 3's)"),
+    ]
+    steps = [record[2] for record in transcript.records if record[0] == "step"]
+    assert steps[1] == [("hit", 1), ("hit", 1), ("loaded", 1), ("loaded", 1)]
+    assert steps[2] == [("hit", 2), ("hit", 3), ("loaded", 2), ("loaded", 3)]
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

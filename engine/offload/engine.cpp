@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <unordered_map>
 
 namespace activekv::offload {
 
@@ -353,6 +354,23 @@ std::vector<Engine::PlannedBlock> Engine::checked_plan(
   return blocks;
 }
 
+void Engine::check_load_targets(const std::vector<PlannedBlock>& blocks) const {
+  std::unordered_map<std::size_t, std::uint64_t> target;  // device block -> the hash loaded
+  for (const PlannedBlock& planned : planned_loads_) {
+    target.emplace(planned.device_block, planned.hash);
+  }
+  for (std::size_t index = 0; index < blocks.size(); ++index) {
+    const auto [at, added] = target.emplace(blocks[index].device_block, blocks[index].hash);
+    if (!added && at->second != blocks[index].hash) {
+      throw EngineInputError("device_blocks[" + std::to_string(index) +
+                             "]: expected a device block no other hash of this step loads "
+                             "into; got " +
+                             std::to_string(blocks[index].device_block) + " (hash " +
+                             std::to_string(at->second) + "'s)");
+    }
+  }
+}
+
 void Engine::add_to_plan(std::vector<PlannedBlock>& plan, std::vector<PlannedBlock> blocks,
                          const char* call) {
   if (phase_ != Phase::planning) out_of_order(call);
@@ -362,6 +380,7 @@ void Engine::add_to_plan(std::vector<PlannedBlock>& plan, std::vector<PlannedBlo
                            std::to_string(staging_.region_blocks()) + " blocks each way; " +
                            call + " would plan " + std::to_string(plan.size() + blocks.size()));
   }
+  if (&plan == &planned_loads_) check_load_targets(blocks);
   plan.insert(plan.end(), blocks.begin(), blocks.end());
 }
 

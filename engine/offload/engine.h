@@ -195,6 +195,9 @@ class Engine {
   std::uint32_t checked_layer(std::int64_t layer) const;
   std::vector<PlannedBlock> checked_plan(const std::vector<std::uint64_t>& hashes,
                                          const std::vector<std::int64_t>& device_blocks) const;
+  // SPEC.md §6 rule 6: a device block receives one hash's bytes per step (checked against the
+  // step's planned loads by add_to_plan, when `plan` is planned_loads_).
+  void check_load_targets(const std::vector<PlannedBlock>& blocks) const;
   void add_to_plan(std::vector<PlannedBlock>& plan, std::vector<PlannedBlock> blocks,
                    const char* call);
   [[noreturn]] void out_of_order(const std::string& call) const;

@@ -524,6 +524,24 @@ TEST_CASE("hooks out of order raise EngineStateError and change nothing") {
   bare.wait_for_save();
 }
 
+TEST_CASE("a device block receives one hash per step, and a call that would load another plans nothing") {
+  Engine engine = make_engine(4, 4, 8);
+  DeviceKv kv;
+  engine.register_kv_caches(kv.views());
+  engine.plan_load({2}, {5});
+  engine.plan_load({2, 4}, {5, 3});  // the same hash again: the same bytes
+  const std::string expected =
+      "expected a device block no other hash of this step loads into; got ";
+  CHECK(error_message<EngineInputError>([&] { engine.plan_load({3}, {5}); }) ==
+        "device_blocks[0]: " + expected + "5 (hash 2's)");
+  CHECK(error_message<EngineInputError>([&] { engine.plan_load({6, 7}, {1, 1}); }) ==
+        "device_blocks[1]: " + expected + "1 (hash 6's)");
+  engine.plan_store({8, 9}, {5, 5});  // stores only read their device blocks
+  engine.plan_load({6}, {1});  // the refused calls planned nothing
+  const std::vector<std::size_t> missed = engine.build_step();
+  CHECK(missed == std::vector<std::size_t>{5, 5, 3, 1});  // nothing committed yet: all missed
+}
+
 TEST_CASE("bad input raises EngineInputError naming the argument and changes nothing") {
   Engine engine = make_engine(4, 4, 2);
   DeviceKv kv;
