@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures_sign import attest_passing_gates
@@ -21,7 +22,16 @@ from fixtures_sign import attest_passing_gates
 from release.build.reproduce import snapshot
 from release.errors import VerifyError
 from release.trust.index import EmbeddedIndex
-from release.trust.rebuild import _build_inputs, toolchain_differences
+from release.trust.rebuild import (
+    LATEST_EPOCH,
+    RebuildResult,
+    _build_inputs,
+    _check_apart,
+    _fresh_workdir,
+    _source,
+    rebuild_release,
+    toolchain_differences,
+)
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 
@@ -179,3 +189,183 @@ def test_missing_trust_inputs_are_named(tmp_path):
     assert done.returncode == 2
     message = " ".join(done.stderr.split())
     assert "rebuild: also give --index, --root, --provenance-key, --source" in message
+
+
+# ----------------------------------------------------------------------------- the work folder
+
+
+def _rebuild_into(workdir: Path, **overrides: object) -> RebuildResult:
+    """rebuild_release with inputs that reach the work-folder checks and stop at the first
+    network or trust step (the root does not exist)."""
+    arguments: dict[str, Any] = {
+        "index_url": "http://127.0.0.1:9/simple/",
+        "requirement": "activekv==0.1.0",
+        "trusted_root": workdir.parent / "absent-root.json",
+        "provenance_key": workdir.parent / "absent-key.json",
+        "source": "https://example.org/x",
+        "python": PYTHON,
+        "workdir": workdir,
+        "build_cache": workdir.parent / "cache",
+    }
+    arguments.update(overrides)
+    return rebuild_release(**arguments)
+
+
+def _git_repo(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    _git("-C", folder, "init", "--quiet")
+    (folder / "file").write_text("the consumer's own work\n")
+    return folder
+
+
+@pytest.mark.parametrize("where", ["rebuild", "rebuild/inner", "."])
+def test_a_source_in_the_work_folder_is_refused_and_left_alone(tmp_path, where):
+    workdir = tmp_path / "out" / "rebuild"
+    source = _git_repo((workdir / where).resolve() if where != "." else workdir)
+    for given in (str(source), f"file://{source}"):
+        with pytest.raises(VerifyError, match=r"--source .*: expected a git repository outside"):
+            _rebuild_into(workdir, source=given)
+    assert (source / "file").read_text() == "the consumer's own work\n"
+    assert (source / ".git").is_dir()
+
+
+def test_a_source_that_holds_the_work_folder_is_given_to_git_as_an_absolute_path(
+    tmp_path, monkeypatch
+):
+    source = _git_repo(tmp_path / "checkout")  # `--source .` with the default --out
+    monkeypatch.chdir(source)
+    workdir = source / "out" / "rebuild"
+    assert _source(".", workdir) == str(source)
+    assert _source("https://example.org/activekv.git", workdir) == (
+        "https://example.org/activekv.git"
+    )
+
+
+@pytest.mark.parametrize("where", ["out/rebuild", "out/rebuild/tuf", "out", "."])
+def test_a_tuf_cache_in_or_around_the_work_folder_is_refused_before_it_is_opened(tmp_path, where):
+    workdir = tmp_path / "out" / "rebuild"
+    cache = tmp_path / where
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "timestamp.json").write_text("{}")
+    with pytest.raises(VerifyError, match=r"--tuf-cache .*: expected a folder apart from"):
+        _rebuild_into(workdir, tuf_cache=cache)
+    assert (cache / "timestamp.json").read_text() == "{}"
+
+
+def test_a_tuf_cache_apart_from_the_work_folder_is_accepted(tmp_path):
+    _check_apart(tmp_path / "tuf-cache", "--tuf-cache", tmp_path / "out" / "rebuild")
+    _check_apart(tmp_path / "out" / "rebuilt", "--tuf-cache", tmp_path / "out" / "rebuild")
+
+
+@pytest.mark.parametrize("file", ["out", "out/rebuild"])
+def test_an_out_or_work_folder_that_is_a_file_is_named(tmp_path, file):
+    if file != "out":
+        (tmp_path / "out").mkdir()
+    (tmp_path / file).write_text("a file\n")
+    with pytest.raises(VerifyError, match=rf"--out: expected {tmp_path / file} to be a folder"):
+        _rebuild_into(tmp_path / "out" / "rebuild")
+    assert (tmp_path / file).read_text() == "a file\n"
+
+
+def test_a_work_folder_someone_else_made_is_not_deleted(tmp_path):
+    workdir = tmp_path / "rebuild"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine\n")
+    with pytest.raises(VerifyError, match=r"is a folder this command did not make"):
+        _fresh_workdir(workdir)
+    assert (workdir / "notes.txt").read_text() == "mine\n"
+
+
+def test_the_work_folder_of_an_earlier_rebuild_is_emptied_and_marked(tmp_path):
+    workdir = tmp_path / "rebuild"
+    _fresh_workdir(workdir)  # none there: made
+    (workdir / "published").mkdir()
+    (workdir / "published" / "old.whl").write_bytes(b"old")
+    _fresh_workdir(workdir)  # its own mark: emptied
+    assert sorted(p.name for p in workdir.iterdir()) == [".activekv-rebuild"]
+    (tmp_path / "empty").mkdir()
+    _fresh_workdir(tmp_path / "empty")  # an empty folder is nobody's work
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(VerifyError, match=r"is a symbolic link"):
+        _fresh_workdir(tmp_path / "link")
+
+
+# ----------------------------------------------------------------------------- the statement
+
+
+def _statement(
+    dependencies: object = None, internal: object = None, **definition: object
+) -> dict[str, Any]:
+    """A statement whose build definition is well formed except where told."""
+    good = {
+        "resolvedDependencies": [{"uri": "git+file:///x", "digest": {"gitCommit": "a" * 40}}],
+        "internalParameters": {"source_date_epoch": 1700000000, "toolchain": {"zig": "0.15.1"}},
+    }
+    if dependencies is not None:
+        good["resolvedDependencies"] = dependencies
+    if internal is not None:
+        good["internalParameters"] = internal
+    good.update(definition)
+    return {"predicate": {"buildDefinition": good}}
+
+
+def test_a_well_formed_statement_gives_its_build_inputs():
+    assert _build_inputs(_statement()) == ("a" * 40, 1700000000, {"zig": "0.15.1"})
+    assert _build_inputs(_statement(internal={"source_date_epoch": LATEST_EPOCH}))[1] == (
+        LATEST_EPOCH
+    )
+
+
+def _commit_entry(commit: object) -> list[dict[str, Any]]:
+    return [{"uri": "git+file:///x", "digest": {"gitCommit": commit}}]
+
+
+@pytest.mark.parametrize(
+    ("statement", "named"),
+    [
+        (_statement(_commit_entry(123)), r"gitCommit: expected a commit id .*; got 123"),
+        (_statement(_commit_entry(None)), r"gitCommit: expected a commit id .*; got None"),
+        (_statement(_commit_entry(["a" * 40])), r"gitCommit: expected a commit id"),
+        (
+            _statement(_commit_entry("a" * 40) + _commit_entry("b" * 40)),
+            r"resolvedDependencies\[\].digest.gitCommit: expected one source commit; got \['a",
+        ),
+        (
+            _statement({"gitCommit": "a" * 40}),
+            r"resolvedDependencies: expected a list of resource descriptors; got \{",
+        ),
+        (_statement(["git+file:///x"]), r"resolvedDependencies\[0\]: expected an object"),
+        (_statement([None]), r"resolvedDependencies\[0\]: expected an object; got None"),
+        (
+            _statement([{"digest": "a" * 40}]),
+            r"resolvedDependencies\[0\].digest: expected an object; got 'aaa",
+        ),
+        (_statement(internal=[1700000000]), r"internalParameters: expected an object; got \["),
+        (
+            _statement(internal={"source_date_epoch": 1, "toolchain": ["zig"]}),
+            r"internalParameters.toolchain: expected an object; got \['zig'\]",
+        ),
+        (
+            _statement(internal={"source_date_epoch": 1, "toolchain": "zig"}),
+            r"internalParameters.toolchain: expected an object; got 'zig'",
+        ),
+        (
+            _statement(internal={"source_date_epoch": 1, "toolchain": {"zig": 15}}),
+            r"internalParameters.toolchain.zig: expected a string; got 15",
+        ),
+        ({"predicate": {}}, r"predicate.buildDefinition: expected an object; got None"),
+        ({"predicate": []}, r"predicate: expected an object; got \[\]"),
+        ({}, r"predicate: expected an object; got None"),
+        ([], r"statement: expected an object; got \[\]"),
+    ],
+)
+def test_a_malformed_statement_field_is_named(statement, named):
+    with pytest.raises(VerifyError, match=rf"the signed statement's .*{named}"):
+        _build_inputs(statement)
+
+
+@pytest.mark.parametrize("epoch", [-1, 0, LATEST_EPOCH + 1, 10**30, 1.5, True, "1700000000"])
+def test_a_source_date_epoch_the_build_cannot_take_is_refused(epoch):
+    with pytest.raises(VerifyError, match=r"source_date_epoch: expected seconds since 1970, 1 to"):
+        _build_inputs(_statement(internal={"source_date_epoch": epoch}))
