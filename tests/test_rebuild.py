@@ -13,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from fixtures_sign import attest_passing_gates
 
 from release.build.reproduce import snapshot
 from release.errors import VerifyError
+from release.trust import steps as trust_steps
 from release.trust.index import EmbeddedIndex
 from release.trust.rebuild import (
     LATEST_EPOCH,
@@ -289,6 +292,66 @@ def test_the_work_folder_of_an_earlier_rebuild_is_emptied_and_marked(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(VerifyError, match=r"is a symbolic link"):
         _fresh_workdir(tmp_path / "link")
+
+
+# ----------------------------------------------------------------------------- rebuild.json
+
+
+def _step(out: Path, run: Callable[..., RebuildResult], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(trust_steps, "rebuild_release", run)
+    context = SimpleNamespace(out_dir=out, cache_dir=out / "cache")
+    args = SimpleNamespace(
+        index="http://127.0.0.1:9/simple/",
+        requirement="activekv==0.1.0",
+        root=out / "root.json",
+        provenance_key=out / "key.json",
+        source="https://example.org/x",
+        python=PYTHON,
+        tuf_url=None,
+        tuf_cache=None,
+    )
+    return trust_steps.step_rebuild(context, args)  # type: ignore[arg-type]
+
+
+IDENTICAL = RebuildResult(
+    wheel="activekv-0.1.0-cp312-abi3-linux_x86_64.whl",
+    commit="a" * 40,
+    published_sha256="b" * 64,
+    rebuilt_sha256="b" * 64,
+    differences=(),
+    toolchain_differences=(),
+)
+
+
+def test_a_failed_rerun_leaves_no_earlier_record_behind(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert _step(out, lambda **_: IDENTICAL, monkeypatch) == 0
+    assert json.loads((out / "rebuild.json").read_text())["rebuilt_sha256"] == "b" * 64
+    assert sorted(p.name for p in out.iterdir()) == ["rebuild.json"]  # no temporary file
+
+    def fails(**_: object) -> RebuildResult:
+        assert not (out / "rebuild.json").exists()  # removed before the work starts
+        raise VerifyError("--source x: has no commit")
+
+    with pytest.raises(VerifyError, match="has no commit"):
+        _step(out, fails, monkeypatch)
+    assert not (out / "rebuild.json").exists()
+
+
+def test_a_folder_at_the_record_path_is_named_before_any_work(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    (out / "rebuild.json").mkdir(parents=True)
+
+    def never(**_: object) -> RebuildResult:
+        raise AssertionError("the rebuild started")
+
+    with pytest.raises(VerifyError, match=r"rebuild.json: expected the rebuild's record"):
+        _step(out, never, monkeypatch)
+    (out / "rebuild.json").rmdir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(VerifyError, match=r"--out .*file: expected a folder"):
+        _step(tmp_path / "file", never, monkeypatch)
 
 
 # ----------------------------------------------------------------------------- the statement
