@@ -35,6 +35,7 @@ from release.trust.rebuild import (
     rebuild_release,
     toolchain_differences,
 )
+from release.trust.verify import parse_requirement
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 
@@ -432,3 +433,47 @@ def test_a_malformed_statement_field_is_named(statement, named):
 def test_a_source_date_epoch_the_build_cannot_take_is_refused(epoch):
     with pytest.raises(VerifyError, match=r"source_date_epoch: expected seconds since 1970, 1 to"):
         _build_inputs(_statement(internal={"source_date_epoch": epoch}))
+
+
+# ----------------------------------------------------------------------------- NAME==VERSION
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "activekv==1.0; python_version<'3'",
+        "activekv==0.1.0,<2",
+        "activekv==0.1.*",
+        "activekv==1.0 --index-url http://evil/",
+        "activekv==0.1.0\n",
+        "activekv==0.1.0\n-e x",
+        "-e==1",
+        "activekv[extra]==0.1.0",
+        "activekv @ https://evil/activekv.whl",
+        "activekv===0.1.0",
+        "activekv>=0.1",
+        "activekv",
+        "activekv==",
+        "==0.1.0",
+    ],
+)
+def test_a_requirement_that_is_not_one_exact_pin_is_refused(text):
+    with pytest.raises(VerifyError) as refused:
+        parse_requirement(text)
+    message = str(refused.value)
+    assert message.startswith(
+        f"NAME==VERSION {text!r}: expected exactly one pinned version, "
+        "NAME==VERSION (e.g. activekv==0.1.0); got "
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("activekv==0.1.0", ("activekv", "0.1.0")),
+        ("Active_KV==0.1.0", ("active-kv", "0.1.0")),
+        ("activekv == 1.0+local", ("activekv", "1.0+local")),
+    ],
+)
+def test_one_exact_pin_is_accepted(text, parsed):
+    assert parse_requirement(text) == parsed
