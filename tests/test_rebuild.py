@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from release.trust.rebuild import (
     rebuild_release,
     toolchain_differences,
 )
+from release.trust.tuf_client import TrustedIndex
 from release.trust.verify import parse_requirement
 from release.util.digests import sha256_file
 from release.util.pins import project_version
@@ -477,3 +479,28 @@ def test_a_requirement_that_is_not_one_exact_pin_is_refused(text):
 )
 def test_one_exact_pin_is_accepted(text, parsed):
     assert parse_requirement(text) == parsed
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+def test_an_index_that_cannot_be_reached_is_named_with_the_reason(tmp_path):
+    from securesystemslib.signer import CryptoSigner
+    from tuf.api.metadata import Metadata, Root
+
+    signer = CryptoSigner.generate_ed25519()
+    root = Metadata(Root())
+    for role in ("root", "timestamp", "snapshot", "targets"):
+        root.signed.add_key(signer.public_key, role)
+    root.sign(signer)
+    root.to_file(str(tmp_path / "root.json"))
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/tuf/"
+    trusted = TrustedIndex(url, tmp_path / "root.json", tmp_path / "cache")
+    with pytest.raises(VerifyError) as refused:
+        trusted.refresh()
+    message = str(refused.value)
+    assert f"cannot be downloaded from {url}metadata/" in message
+    assert "Connection refused" in message and f"port={port}" in message
