@@ -464,7 +464,7 @@ def test_a_requirement_that_is_not_one_exact_pin_is_refused(text):
         parse_requirement(text)
     message = str(refused.value)
     assert message.startswith(
-        f"NAME==VERSION {text!r}: expected exactly one pinned version, "
+        f"requirement {text!r}: expected exactly one pinned version, "
         "NAME==VERSION (e.g. activekv==0.1.0); got "
     )
 

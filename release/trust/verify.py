@@ -134,7 +134,7 @@ def parse_requirement(text: str) -> tuple[str, str]:
 
 def _bad_requirement(text: str, got: str) -> NoReturn:
     raise VerifyError(
-        f"NAME==VERSION {text!r}: expected exactly one pinned version, NAME==VERSION "
+        f"requirement {text!r}: expected exactly one pinned version, NAME==VERSION "
         f"(e.g. activekv==0.1.0); got {got}"
     )
 
