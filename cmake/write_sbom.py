@@ -19,8 +19,11 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
+import tempfile
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -32,6 +35,8 @@ from cyclonedx.model.contact import OrganizationalEntity
 from cyclonedx.model.license import DisjunctiveLicense, LicenseExpression
 from cyclonedx.model.tool import ToolRepository
 from cyclonedx.output.json import JsonV1Dot6
+from elftools.common.exceptions import ELFError
+from elftools.construct.core import ConstructError
 from elftools.elf.elffile import ELFFile
 from packageurl import PackageURL
 
@@ -43,6 +48,9 @@ RECORDED = tuple(
     for suffix in ("", "_sha256")
 )
 LLVM_LICENSE = "Apache-2.0 WITH LLVM-exception"
+# The latest second a timestamp can hold (9999-12-31T23:59:59Z): Python's datetime, and what GCC
+# and Clang accept as SOURCE_DATE_EPOCH.
+LATEST_EPOCH = 253402300799
 
 
 class SbomError(Exception):
@@ -51,37 +59,76 @@ class SbomError(Exception):
 
 def read_module(path: Path) -> tuple[dict[str, str], list[str]]:
     """The facts a module recorded (name -> value) and the libraries it loads (DT_NEEDED)."""
-    with path.open("rb") as stream:
-        elf = ELFFile(stream)
-        section = elf.get_section_by_name(FACT_SECTION)
-        if section is None:
-            raise SbomError(f"{path}: no {FACT_SECTION} section (engine/common/sbom_facts.h)")
-        facts: dict[str, str] = {}
-        for entry in filter(None, section.data().split(b"\0")):
-            name, separator, value = entry.decode().partition("=")
-            if not separator or facts.get(name, value) != value:
-                raise SbomError(f"{path}: {FACT_SECTION}: conflicting or malformed fact {entry!r}")
-            facts[name] = value
-        dynamic = elf.get_section_by_name(".dynamic")
-        needed = [tag.needed for tag in dynamic.iter_tags("DT_NEEDED")] if dynamic else []
+    try:
+        with path.open("rb") as stream:
+            elf = ELFFile(stream)
+            section = elf.get_section_by_name(FACT_SECTION)
+            if section is None:
+                raise SbomError(f"{path}: no {FACT_SECTION} section (engine/common/sbom_facts.h)")
+            facts = _facts(path, section.data())
+            dynamic = elf.get_section_by_name(".dynamic")
+            needed = [tag.needed for tag in dynamic.iter_tags("DT_NEEDED")] if dynamic else []
+    except OSError as error:
+        raise SbomError(
+            f"{path}: expected a built module; cannot read it ({error.strerror})"
+        ) from None
+    except (ELFError, ConstructError) as error:
+        raise SbomError(
+            f"{path}: expected an ELF shared object; got a file pyelftools cannot read ({error})"
+        ) from None
     return facts, needed
+
+
+def _facts(path: Path, data: bytes) -> dict[str, str]:
+    """The `name=value` entries of the fact section, each UTF-8 and each name given once."""
+    facts: dict[str, str] = {}
+    for entry in filter(None, data.split(b"\0")):
+        try:
+            text = entry.decode()
+        except UnicodeDecodeError:
+            raise SbomError(
+                f"{path}: {FACT_SECTION}: expected UTF-8 name=value facts; got {entry!r}"
+            ) from None
+        name, separator, value = text.partition("=")
+        if not separator or facts.get(name, value) != value:
+            raise SbomError(f"{path}: {FACT_SECTION}: conflicting or malformed fact {entry!r}")
+        facts[name] = value
+    return facts
 
 
 def _linkage(needed: list[str], *sonames: str) -> str:
     return "dynamic" if any(n.startswith(sonames) for n in needed) else "static"
 
 
-def _llvm_version(value: str) -> str:
-    number = int(value)  # _LIBCPP_VERSION is MMmmpp since LLVM 16
+def _number(facts: dict[str, str], name: str, expected: str) -> int:
+    """The fact `name` as a decimal number; SbomError naming the fact otherwise."""
+    value = facts[name].partition(" ")[2] if name == "cxx_runtime" else facts[name]
+    if re.fullmatch(r"[0-9]+", value) is None:
+        raise SbomError(f"{FACT_SECTION}: {name}: expected {expected}; got {facts[name]!r}")
+    return int(value)
+
+
+def _llvm_version(facts: dict[str, str]) -> str:
+    number = _number(facts, "cxx_runtime", "'libc++ ' and _LIBCPP_VERSION's MMmmpp digits")
     return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+
+
+def _cuda_version(facts: dict[str, str]) -> str:
+    number = _number(facts, "cuda_runtime", "CUDART_VERSION's MMMmm digits")
+    return f"{number // 1000}.{number % 1000 // 10}"
 
 
 def linked_components(facts: dict[str, str], needed: list[str]) -> list[Component]:
     """The third-party code one module carries, named by its facts."""
     found: list[Component] = []
     runtime, _, runtime_version = facts.get("cxx_runtime", "").partition(" ")
+    if runtime not in ("", "libc++", "libstdc++"):
+        raise SbomError(
+            f"{FACT_SECTION}: cxx_runtime: expected 'libc++ VERSION' or 'libstdc++ "
+            f"VERSION'; got {facts['cxx_runtime']!r}"
+        )
     if runtime == "libc++":
-        version = _llvm_version(runtime_version)
+        version = _llvm_version(facts)
         linkage = _linkage(needed, "libc++.so")
         # zig links libc++, libc++abi and libunwind of one LLVM release.
         for name, subpath in (
@@ -103,6 +150,7 @@ def linked_components(facts: dict[str, str], needed: list[str]) -> list[Componen
                 )
             )
     elif runtime == "libstdc++":
+        _number(facts, "cxx_runtime", "'libstdc++ ' and _GLIBCXX_RELEASE's digits")
         found.append(
             _library(
                 "libstdc++",
@@ -113,8 +161,8 @@ def linked_components(facts: dict[str, str], needed: list[str]) -> list[Componen
                 supplier="GNU Project",
             )
         )
-    if cuda := facts.get("cuda_runtime"):
-        version = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"  # CUDART_VERSION is MMMmm
+    if "cuda_runtime" in facts:
+        version = _cuda_version(facts)
         found.append(
             _library(
                 "cudart",
@@ -166,11 +214,17 @@ def _library(
         if license_expression
         else [DisjunctiveLicense(name=license_name)]
     )
+    # One component per library, version and linkage: a copy linked into a module (static) and
+    # a shared library the module loads at run time (dynamic, DT_NEEDED) are different artifacts,
+    # shipped differently and patched differently. CycloneDX gives each component one set of
+    # properties, so two modules that link the same library differently must not share a
+    # component whose activekv:linkage would be true for only one of them: each linkage has its
+    # own component and bom-ref, and each module depends on the one it really uses.
     return Component(
         name=name,
         version=version,
         type=ComponentType.LIBRARY,
-        bom_ref=f"{name}@{version}",
+        bom_ref=f"{name}@{version}:{linkage}",
         supplier=OrganizationalEntity(name=supplier),
         licenses=licenses,
         purl=purl,
@@ -179,8 +233,13 @@ def _library(
     )
 
 
-def _sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).resolve().read_bytes()).hexdigest()
+def _sha256(flag: str, path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).resolve().read_bytes()).hexdigest()
+    except OSError as error:
+        raise SbomError(
+            f"{flag} {path}: expected the binary CMake ran; cannot read it ({error.strerror})"
+        ) from None
 
 
 def _tool(
@@ -197,18 +256,30 @@ def _tool(
     )
 
 
-def recorded_tools(
-    record: dict[str, str], ran: argparse.Namespace, facts: dict[str, str]
-) -> list[Component]:
-    """The pipeline's toolchain record, after checking it names the tools CMake ran."""
-    missing = [key for key in RECORDED if key not in record]
+def _recorded(given: Mapping[str, object]) -> dict[str, str]:
+    """The record's entries the SBOM takes, each there and each a string."""
+    missing = [key for key in RECORDED if key not in given]
     if missing:
         raise SbomError(f"toolchain record: expected the keys {missing}; the record lacks them")
+    record: dict[str, str] = {}
+    for key in RECORDED:
+        value = given[key]
+        if not isinstance(value, str):
+            raise SbomError(f"toolchain record: {key}: expected a string; got {value!r}")
+        record[key] = value
+    return record
+
+
+def recorded_tools(
+    given: Mapping[str, object], ran: argparse.Namespace, facts: dict[str, str]
+) -> list[Component]:
+    """The pipeline's toolchain record, after checking it names the tools CMake ran."""
+    record = _recorded(given)
     checks = [
         ("cmake", record.get("cmake"), ran.cmake_version),
-        ("cmake_sha256", record.get("cmake_sha256"), _sha256(ran.cmake)),
+        ("cmake_sha256", record.get("cmake_sha256"), _sha256("--cmake", ran.cmake)),
         ("nvcc", record.get("nvcc"), ".".join(ran.nvcc_version.split(".")[:2])),
-        ("nvcc_sha256", record.get("nvcc_sha256"), _sha256(ran.nvcc)),
+        ("nvcc_sha256", record.get("nvcc_sha256"), _sha256("--nvcc", ran.nvcc)),
         ("nanobind", record.get("nanobind"), facts.get("nanobind")),
         ("scikit-build-core", record.get("scikit-build-core"), ran.scikit_build_core),
     ]
@@ -217,7 +288,7 @@ def recorded_tools(
             (
                 "cuda_host_compiler_sha256",
                 record.get("cuda_host_compiler_sha256"),
-                _sha256(ran.cuda_host_compiler),
+                _sha256("--cuda-host-compiler", ran.cuda_host_compiler),
             )
         )
     for key, recorded, actual in checks:
@@ -254,16 +325,93 @@ def recorded_tools(
 
 def observed_tools(ran: argparse.Namespace, facts: dict[str, str]) -> list[Component]:
     """Without a record: the tools CMake ran, hashed where they are binaries it can see."""
+    if "nanobind" not in facts:
+        raise SbomError(
+            f"--module: expected a module that records the nanobind fact in "
+            f"{FACT_SECTION} (bindings/common.h); none does"
+        )
     tools = [
-        _tool("cxx-compiler", ran.cxx_compiler_version, _sha256(ran.cxx_compiler)),
-        _tool("nvcc", ran.nvcc_version, _sha256(ran.nvcc)),
-        _tool("cmake", ran.cmake_version, _sha256(ran.cmake)),
+        _tool(
+            "cxx-compiler", ran.cxx_compiler_version, _sha256("--cxx-compiler", ran.cxx_compiler)
+        ),
+        _tool("nvcc", ran.nvcc_version, _sha256("--nvcc", ran.nvcc)),
+        _tool("cmake", ran.cmake_version, _sha256("--cmake", ran.cmake)),
         _tool("nanobind", facts["nanobind"], None),
         _tool("scikit-build-core", ran.scikit_build_core, None),
     ]
     if ran.cuda_host_compiler:
-        tools.insert(2, _tool("cuda-host-compiler", None, _sha256(ran.cuda_host_compiler)))
+        tools.insert(
+            2,
+            _tool(
+                "cuda-host-compiler", None, _sha256("--cuda-host-compiler", ran.cuda_host_compiler)
+            ),
+        )
     return tools
+
+
+def _module_spec(spec: str) -> tuple[str, str, Path]:
+    """`IMPORT_NAME=PATH_IN_WHEEL=BUILT_FILE`, each part given."""
+    parts = spec.split("=", 2)
+    if len(parts) != 3 or not all(parts):
+        raise SbomError(f"--module {spec!r}: expected IMPORT_NAME=PATH_IN_WHEEL=BUILT_FILE")
+    name, wheel_path, built = parts
+    return name, wheel_path, Path(built)
+
+
+def _module_parts(built: Path) -> tuple[dict[str, str], list[Component]]:
+    """A module's facts and the components it links in; errors name the module's file."""
+    facts, needed = read_module(built)
+    try:
+        return facts, linked_components(facts, needed)
+    except SbomError as error:
+        raise SbomError(f"{built}: {error}") from None
+
+
+def _merge_facts(all_facts: dict[str, str], facts: dict[str, str], built: Path) -> None:
+    """The facts the tools are checked by (nanobind), which every module must agree on."""
+    for name in ("nanobind",):
+        if name in facts and all_facts.setdefault(name, facts[name]) != facts[name]:
+            raise SbomError(
+                f"{built}: {FACT_SECTION}: {name}: expected {all_facts[name]!r}, "
+                f"as the modules before it record; got {facts[name]!r}"
+            )
+
+
+def read_record(argument: str) -> dict[str, object] | None:
+    """The `--toolchain-record` JSON object; None when the argument is empty (no record)."""
+    if not argument:
+        return None
+    try:
+        record = json.loads(Path(argument).read_text())
+    except OSError as error:
+        raise SbomError(
+            f"--toolchain-record {argument}: expected the pipeline's toolchain "
+            f"record; cannot read it ({error.strerror})"
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SbomError(
+            f"--toolchain-record {argument}: expected a JSON object; got a file "
+            f"that is not JSON ({error})"
+        ) from None
+    if not isinstance(record, dict):
+        raise SbomError(
+            f"--toolchain-record {argument}: expected a JSON object; got {type(record).__name__}"
+        )
+    return record
+
+
+def source_date(environ: Mapping[str, str]) -> datetime | None:
+    """SOURCE_DATE_EPOCH as a UTC time; None when unset, SbomError when it is not plain seconds
+    a timestamp can hold (reproducible-builds.org: a malformed value must fail the build)."""
+    value = environ.get("SOURCE_DATE_EPOCH")
+    if value is None:
+        return None
+    if re.fullmatch(r"[0-9]+", value) is None or int(value) > LATEST_EPOCH:
+        raise SbomError(
+            f"SOURCE_DATE_EPOCH: expected whole seconds since 1970, 0 to "
+            f"{LATEST_EPOCH}; got {value!r}"
+        )
+    return datetime.fromtimestamp(int(value), tz=timezone.utc)
 
 
 def build_sbom(arguments: argparse.Namespace) -> str:
@@ -272,10 +420,11 @@ def build_sbom(arguments: argparse.Namespace) -> str:
     uses: dict[str, list[Component]] = {}
     all_facts: dict[str, str] = {}
     for spec in arguments.module:
-        name, wheel_path, built = spec.split("=", 2)
-        facts, needed = read_module(Path(built))
-        all_facts.update(facts)
-        parts = linked_components(facts, needed)
+        name, wheel_path, built = _module_spec(spec)
+        if name in uses:
+            raise SbomError(f"--module {spec!r}: expected each module once; {name} is given twice")
+        facts, parts = _module_parts(built)
+        _merge_facts(all_facts, facts, built)
         for part in parts:
             linked.setdefault(str(part.bom_ref), part)
         module = Component(
@@ -293,19 +442,14 @@ def build_sbom(arguments: argparse.Namespace) -> str:
         modules.append(module)
         uses[name] = [linked[str(part.bom_ref)] for part in parts]
 
-    record = (
-        json.loads(Path(arguments.toolchain_record).read_text())
-        if arguments.toolchain_record
-        else None
-    )
+    record = read_record(arguments.toolchain_record)
     tools = (
         recorded_tools(record, arguments, all_facts)
-        if record
+        if record is not None
         else observed_tools(arguments, all_facts)
     )
     tools.append(this_component())
 
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
     package = Component(
         name=arguments.name,
         version=arguments.version,
@@ -314,9 +458,7 @@ def build_sbom(arguments: argparse.Namespace) -> str:
         purl=PackageURL("pypi", None, arguments.name, arguments.version),
     )
     metadata = BomMetaData(component=package, tools=ToolRepository(components=tools))
-    metadata.timestamp = (
-        datetime.fromtimestamp(int(epoch), tz=timezone.utc) if epoch and epoch.isdigit() else None
-    )
+    metadata.timestamp = source_date(os.environ)
     bom = Bom(components=[*modules, *linked.values()], metadata=metadata)
     for module in modules:
         bom.register_dependency(package, [module])
@@ -326,6 +468,28 @@ def build_sbom(arguments: argparse.Namespace) -> str:
     draft = JsonV1Dot6(bom).output_as_string(indent=2)
     bom.serial_number = uuid.uuid5(uuid.NAMESPACE_URL, hashlib.sha256(draft.encode()).hexdigest())
     return JsonV1Dot6(bom).output_as_string(indent=2) + "\n"
+
+
+def write_file(out: Path, text: str) -> None:
+    """`text` at `out` whole or not at all: through a temporary file beside it, renamed into
+    place; the temporary file is gone whatever fails."""
+    if out.is_dir():
+        raise SbomError(f"--out {out}: expected a file to write the SBOM to; it is a folder")
+    partial: Path | None = None
+    try:
+        descriptor, name = tempfile.mkstemp(
+            dir=out.parent, prefix=f".{out.name}.", suffix=".partial"
+        )
+        partial = Path(name)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        partial.chmod(0o644)
+        partial.replace(out)
+    except OSError as error:
+        raise SbomError(f"--out {out}: cannot write the SBOM ({error.strerror or error})") from None
+    finally:
+        if partial is not None:
+            partial.unlink(missing_ok=True)
 
 
 def main() -> int:
@@ -347,13 +511,10 @@ def main() -> int:
     parser.add_argument("--scikit-build-core", required=True)
     arguments = parser.parse_args()
     try:
-        text = build_sbom(arguments)
+        write_file(arguments.out, build_sbom(arguments))
     except SbomError as error:
         print(f"write_sbom.py: {error}", file=sys.stderr)
         return 1
-    partial = arguments.out.with_name(arguments.out.name + ".partial")
-    partial.write_text(text)
-    partial.replace(arguments.out)
     return 0
 
 

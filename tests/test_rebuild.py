@@ -11,17 +11,33 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from fixtures_sign import attest_passing_gates
 
 from release.build.reproduce import snapshot
 from release.errors import VerifyError
+from release.trust import steps as trust_steps
 from release.trust.index import EmbeddedIndex
-from release.trust.rebuild import _build_inputs, toolchain_differences
+from release.trust.rebuild import (
+    LATEST_EPOCH,
+    RebuildResult,
+    _build_inputs,
+    _check_apart,
+    _fresh_workdir,
+    _source,
+    rebuild_release,
+    toolchain_differences,
+)
+from release.trust.tuf_client import TrustedIndex
+from release.trust.verify import parse_requirement
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 
@@ -179,3 +195,312 @@ def test_missing_trust_inputs_are_named(tmp_path):
     assert done.returncode == 2
     message = " ".join(done.stderr.split())
     assert "rebuild: also give --index, --root, --provenance-key, --source" in message
+
+
+# ----------------------------------------------------------------------------- the work folder
+
+
+def _rebuild_into(workdir: Path, **overrides: object) -> RebuildResult:
+    """rebuild_release with inputs that reach the work-folder checks and stop at the first
+    network or trust step (the root does not exist)."""
+    arguments: dict[str, Any] = {
+        "index_url": "http://127.0.0.1:9/simple/",
+        "requirement": "activekv==0.1.0",
+        "trusted_root": workdir.parent / "absent-root.json",
+        "provenance_key": workdir.parent / "absent-key.json",
+        "source": "https://example.org/x",
+        "python": PYTHON,
+        "workdir": workdir,
+        "build_cache": workdir.parent / "cache",
+    }
+    arguments.update(overrides)
+    return rebuild_release(**arguments)
+
+
+def _git_repo(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    _git("-C", folder, "init", "--quiet")
+    (folder / "file").write_text("the consumer's own work\n")
+    return folder
+
+
+@pytest.mark.parametrize("where", ["rebuild", "rebuild/inner", "."])
+def test_a_source_in_the_work_folder_is_refused_and_left_alone(tmp_path, where):
+    workdir = tmp_path / "out" / "rebuild"
+    source = _git_repo((workdir / where).resolve() if where != "." else workdir)
+    for given in (str(source), f"file://{source}"):
+        with pytest.raises(VerifyError, match=r"--source .*: expected a git repository outside"):
+            _rebuild_into(workdir, source=given)
+    assert (source / "file").read_text() == "the consumer's own work\n"
+    assert (source / ".git").is_dir()
+
+
+def test_a_source_that_holds_the_work_folder_is_given_to_git_as_an_absolute_path(
+    tmp_path, monkeypatch
+):
+    source = _git_repo(tmp_path / "checkout")  # `--source .` with the default --out
+    monkeypatch.chdir(source)
+    workdir = source / "out" / "rebuild"
+    assert _source(".", workdir) == str(source)
+    assert _source("https://example.org/activekv.git", workdir) == (
+        "https://example.org/activekv.git"
+    )
+
+
+@pytest.mark.parametrize("where", ["out/rebuild", "out/rebuild/tuf", "out", "."])
+def test_a_tuf_cache_in_or_around_the_work_folder_is_refused_before_it_is_opened(tmp_path, where):
+    workdir = tmp_path / "out" / "rebuild"
+    cache = tmp_path / where
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "timestamp.json").write_text("{}")
+    with pytest.raises(VerifyError, match=r"--tuf-cache .*: expected a folder apart from"):
+        _rebuild_into(workdir, tuf_cache=cache)
+    assert (cache / "timestamp.json").read_text() == "{}"
+
+
+def test_a_tuf_cache_apart_from_the_work_folder_is_accepted(tmp_path):
+    _check_apart(tmp_path / "tuf-cache", "--tuf-cache", tmp_path / "out" / "rebuild")
+    _check_apart(tmp_path / "out" / "rebuilt", "--tuf-cache", tmp_path / "out" / "rebuild")
+
+
+@pytest.mark.parametrize("file", ["out", "out/rebuild"])
+def test_an_out_or_work_folder_that_is_a_file_is_named(tmp_path, file):
+    if file != "out":
+        (tmp_path / "out").mkdir()
+    (tmp_path / file).write_text("a file\n")
+    with pytest.raises(VerifyError, match=rf"--out: expected {tmp_path / file} to be a folder"):
+        _rebuild_into(tmp_path / "out" / "rebuild")
+    assert (tmp_path / file).read_text() == "a file\n"
+
+
+def test_a_work_folder_someone_else_made_is_not_deleted(tmp_path):
+    workdir = tmp_path / "rebuild"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine\n")
+    with pytest.raises(VerifyError, match=r"is a folder this command did not make"):
+        _fresh_workdir(workdir)
+    assert (workdir / "notes.txt").read_text() == "mine\n"
+
+
+def test_the_work_folder_of_an_earlier_rebuild_is_emptied_and_marked(tmp_path):
+    workdir = tmp_path / "rebuild"
+    _fresh_workdir(workdir)  # none there: made
+    (workdir / "published").mkdir()
+    (workdir / "published" / "old.whl").write_bytes(b"old")
+    _fresh_workdir(workdir)  # its own mark: emptied
+    assert sorted(p.name for p in workdir.iterdir()) == [".activekv-rebuild"]
+    (tmp_path / "empty").mkdir()
+    _fresh_workdir(tmp_path / "empty")  # an empty folder is nobody's work
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(VerifyError, match=r"is a symbolic link"):
+        _fresh_workdir(tmp_path / "link")
+
+
+# ----------------------------------------------------------------------------- rebuild.json
+
+
+def _step(out: Path, run: Callable[..., RebuildResult], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(trust_steps, "rebuild_release", run)
+    context = SimpleNamespace(out_dir=out, cache_dir=out / "cache")
+    args = SimpleNamespace(
+        index="http://127.0.0.1:9/simple/",
+        requirement="activekv==0.1.0",
+        root=out / "root.json",
+        provenance_key=out / "key.json",
+        source="https://example.org/x",
+        python=PYTHON,
+        tuf_url=None,
+        tuf_cache=None,
+    )
+    return trust_steps.step_rebuild(context, args)  # type: ignore[arg-type]
+
+
+IDENTICAL = RebuildResult(
+    wheel="activekv-0.1.0-cp312-abi3-linux_x86_64.whl",
+    commit="a" * 40,
+    published_sha256="b" * 64,
+    rebuilt_sha256="b" * 64,
+    differences=(),
+    toolchain_differences=(),
+)
+
+
+def test_a_failed_rerun_leaves_no_earlier_record_behind(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert _step(out, lambda **_: IDENTICAL, monkeypatch) == 0
+    assert json.loads((out / "rebuild.json").read_text())["rebuilt_sha256"] == "b" * 64
+    assert sorted(p.name for p in out.iterdir()) == ["rebuild.json"]  # no temporary file
+
+    def fails(**_: object) -> RebuildResult:
+        assert not (out / "rebuild.json").exists()  # removed before the work starts
+        raise VerifyError("--source x: has no commit")
+
+    with pytest.raises(VerifyError, match="has no commit"):
+        _step(out, fails, monkeypatch)
+    assert not (out / "rebuild.json").exists()
+
+
+def test_a_folder_at_the_record_path_is_named_before_any_work(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    (out / "rebuild.json").mkdir(parents=True)
+
+    def never(**_: object) -> RebuildResult:
+        raise AssertionError("the rebuild started")
+
+    with pytest.raises(VerifyError, match=r"rebuild.json: expected the rebuild's record"):
+        _step(out, never, monkeypatch)
+    (out / "rebuild.json").rmdir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(VerifyError, match=r"--out .*file: expected a folder"):
+        _step(tmp_path / "file", never, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- the statement
+
+
+def _statement(
+    dependencies: object = None, internal: object = None, **definition: object
+) -> dict[str, Any]:
+    """A statement whose build definition is well formed except where told."""
+    good = {
+        "resolvedDependencies": [{"uri": "git+file:///x", "digest": {"gitCommit": "a" * 40}}],
+        "internalParameters": {"source_date_epoch": 1700000000, "toolchain": {"zig": "0.15.1"}},
+    }
+    if dependencies is not None:
+        good["resolvedDependencies"] = dependencies
+    if internal is not None:
+        good["internalParameters"] = internal
+    good.update(definition)
+    return {"predicate": {"buildDefinition": good}}
+
+
+def test_a_well_formed_statement_gives_its_build_inputs():
+    assert _build_inputs(_statement()) == ("a" * 40, 1700000000, {"zig": "0.15.1"})
+    assert _build_inputs(_statement(internal={"source_date_epoch": LATEST_EPOCH}))[1] == (
+        LATEST_EPOCH
+    )
+
+
+def _commit_entry(commit: object) -> list[dict[str, Any]]:
+    return [{"uri": "git+file:///x", "digest": {"gitCommit": commit}}]
+
+
+@pytest.mark.parametrize(
+    ("statement", "named"),
+    [
+        (_statement(_commit_entry(123)), r"gitCommit: expected a commit id .*; got 123"),
+        (_statement(_commit_entry(None)), r"gitCommit: expected a commit id .*; got None"),
+        (_statement(_commit_entry(["a" * 40])), r"gitCommit: expected a commit id"),
+        (
+            _statement(_commit_entry("a" * 40) + _commit_entry("b" * 40)),
+            r"resolvedDependencies\[\].digest.gitCommit: expected one source commit; got \['a",
+        ),
+        (
+            _statement({"gitCommit": "a" * 40}),
+            r"resolvedDependencies: expected a list of resource descriptors; got \{",
+        ),
+        (_statement(["git+file:///x"]), r"resolvedDependencies\[0\]: expected an object"),
+        (_statement([None]), r"resolvedDependencies\[0\]: expected an object; got None"),
+        (
+            _statement([{"digest": "a" * 40}]),
+            r"resolvedDependencies\[0\].digest: expected an object; got 'aaa",
+        ),
+        (_statement(internal=[1700000000]), r"internalParameters: expected an object; got \["),
+        (
+            _statement(internal={"source_date_epoch": 1, "toolchain": ["zig"]}),
+            r"internalParameters.toolchain: expected an object; got \['zig'\]",
+        ),
+        (
+            _statement(internal={"source_date_epoch": 1, "toolchain": "zig"}),
+            r"internalParameters.toolchain: expected an object; got 'zig'",
+        ),
+        (
+            _statement(internal={"source_date_epoch": 1, "toolchain": {"zig": 15}}),
+            r"internalParameters.toolchain.zig: expected a string; got 15",
+        ),
+        ({"predicate": {}}, r"predicate.buildDefinition: expected an object; got None"),
+        ({"predicate": []}, r"predicate: expected an object; got \[\]"),
+        ({}, r"predicate: expected an object; got None"),
+        ([], r"statement: expected an object; got \[\]"),
+    ],
+)
+def test_a_malformed_statement_field_is_named(statement, named):
+    with pytest.raises(VerifyError, match=rf"the signed statement's .*{named}"):
+        _build_inputs(statement)
+
+
+@pytest.mark.parametrize("epoch", [-1, 0, LATEST_EPOCH + 1, 10**30, 1.5, True, "1700000000"])
+def test_a_source_date_epoch_the_build_cannot_take_is_refused(epoch):
+    with pytest.raises(VerifyError, match=r"source_date_epoch: expected seconds since 1970, 1 to"):
+        _build_inputs(_statement(internal={"source_date_epoch": epoch}))
+
+
+# ----------------------------------------------------------------------------- NAME==VERSION
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "activekv==1.0; python_version<'3'",
+        "activekv==0.1.0,<2",
+        "activekv==0.1.*",
+        "activekv==1.0 --index-url http://evil/",
+        "activekv==0.1.0\n",
+        "activekv==0.1.0\n-e x",
+        "-e==1",
+        "activekv[extra]==0.1.0",
+        "activekv @ https://evil/activekv.whl",
+        "activekv===0.1.0",
+        "activekv>=0.1",
+        "activekv",
+        "activekv==",
+        "==0.1.0",
+    ],
+)
+def test_a_requirement_that_is_not_one_exact_pin_is_refused(text):
+    with pytest.raises(VerifyError) as refused:
+        parse_requirement(text)
+    message = str(refused.value)
+    assert message.startswith(
+        f"requirement {text!r}: expected exactly one pinned version, "
+        "NAME==VERSION (e.g. activekv==0.1.0); got "
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("activekv==0.1.0", ("activekv", "0.1.0")),
+        ("Active_KV==0.1.0", ("active-kv", "0.1.0")),
+        ("activekv == 1.0+local", ("activekv", "1.0+local")),
+    ],
+)
+def test_one_exact_pin_is_accepted(text, parsed):
+    assert parse_requirement(text) == parsed
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+def test_an_index_that_cannot_be_reached_is_named_with_the_reason(tmp_path):
+    from securesystemslib.signer import CryptoSigner
+    from tuf.api.metadata import Metadata, Root
+
+    signer = CryptoSigner.generate_ed25519()
+    root = Metadata(Root())
+    for role in ("root", "timestamp", "snapshot", "targets"):
+        root.signed.add_key(signer.public_key, role)
+    root.sign(signer)
+    root.to_file(str(tmp_path / "root.json"))
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/tuf/"
+    trusted = TrustedIndex(url, tmp_path / "root.json", tmp_path / "cache")
+    with pytest.raises(VerifyError) as refused:
+        trusted.refresh()
+    message = str(refused.value)
+    assert f"cannot be downloaded from {url}metadata/" in message
+    assert "Connection refused" in message and f"port={port}" in message

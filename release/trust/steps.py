@@ -52,6 +52,7 @@ from release.trust.sign import (
 from release.trust.tuf_client import TrustedIndex
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
 from release.trust.verify import verify_attestations, verify_from_index, verify_release
+from release.util.atomic import atomic_write
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.pins import project_version
@@ -361,6 +362,27 @@ def step_verify_index(context: Context, args: Any) -> int:
     return 0
 
 
+def _clear_rebuild_record(out_dir: Path) -> Path:
+    """<out>/rebuild.json, removed before the rebuild starts: a run that fails leaves no record
+    of an earlier one behind to be read as this one's verdict."""
+    record = out_dir / "rebuild.json"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise VerifyError(
+            f"--out {out_dir}: expected a folder for rebuild.json and the work folder; it is a file"
+        )
+    if record.is_dir() and not record.is_symlink():
+        raise VerifyError(
+            f"--out: {record}: expected the rebuild's record (a file) or nothing; it is a folder"
+        )
+    try:
+        record.unlink(missing_ok=True)
+    except OSError as error:
+        raise VerifyError(
+            f"--out: {record}: cannot remove the earlier record ({error.strerror or error})"
+        ) from None
+    return record
+
+
 def step_rebuild(context: Context, args: Any) -> int:
     """`rebuild --index URL NAME==VERSION --source PATH_OR_URL`: the consumer's rebuild check
     (release/trust/rebuild.py); writes <out>/rebuild.json and fails naming the first difference."""
@@ -369,6 +391,7 @@ def step_rebuild(context: Context, args: Any) -> int:
     missing = [flag for flag, value in given.items() if not value]
     if missing:
         raise VerifyError(f"rebuild: also give {', '.join(missing)}")
+    record = _clear_rebuild_record(context.out_dir)
     with console.status(f"rebuilding {args.requirement} (python {args.python}) from {args.source}"):
         result = rebuild_release(
             index_url=args.index, requirement=args.requirement, trusted_root=args.root,
@@ -376,8 +399,7 @@ def step_rebuild(context: Context, args: Any) -> int:
             workdir=context.out_dir / "rebuild", build_cache=context.cache_dir,
             tuf_url=args.tuf_url, tuf_cache=args.tuf_cache,
         )  # fmt: skip
-    record = context.out_dir / "rebuild.json"
-    record.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
+    atomic_write(record, (json.dumps(dataclasses.asdict(result), indent=2) + "\n").encode())
     for line in result.toolchain_differences:
         console.print(f"  toolchain differs from the record: {escape(line)}", soft_wrap=True)
     if not result.identical:

@@ -38,6 +38,16 @@ def default_cache_dir(trusted_root: Metadata[Root]) -> Path:
     return Path.home() / ".cache" / "activekv" / "tuf" / key
 
 
+def _why(error: BaseException) -> str:
+    """An error's type and the first message along its causes: tuf's SlowRetrievalError says
+    nothing itself, and a refused connection is one (urllib3's NewConnectionError is a
+    ConnectTimeoutError); the urllib3 error under it names the URL and the reason."""
+    cause: BaseException | None = error
+    while cause is not None and not str(cause):
+        cause = cause.__cause__
+    return f"{type(error).__name__}: {cause if cause is not None else 'no detail'}"
+
+
 class TrustedIndex:
     """The TUF targets of an index, checked from a trusted root; ``refresh`` before use."""
 
@@ -113,8 +123,7 @@ class TrustedIndex:
             ) from None
         except DownloadError as exc:
             raise VerifyError(
-                f"TUF metadata cannot be downloaded from {self.metadata_url} "
-                f"({type(exc).__name__}: {exc})"
+                f"TUF metadata cannot be downloaded from {self.metadata_url} ({_why(exc)})"
             ) from None
 
     def target(self, target_path: str) -> TargetFile:
@@ -152,6 +161,5 @@ class TrustedIndex:
             ) from None
         except DownloadError as exc:
             raise VerifyError(
-                f"{target_path} cannot be downloaded from {self.targets_url} "
-                f"({type(exc).__name__}: {exc})"
+                f"{target_path} cannot be downloaded from {self.targets_url} ({_why(exc)})"
             ) from None

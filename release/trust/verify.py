@@ -23,7 +23,10 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import index_root
@@ -101,16 +104,39 @@ def verify_from_index(
 
 
 def parse_requirement(text: str) -> tuple[str, str]:
-    """``name==version`` to (normalised name, version); VerifyError naming the argument else."""
-    name, separator, version = text.partition("==")
-    name, version = name.strip(), version.strip()
-    valid_name = name.replace("-", "").replace("_", "").replace(".", "").isalnum()
-    if not separator or not name or not valid_name or not version or "=" in version:
-        raise VerifyError(
-            f"requirement {text!r}: expected exactly one pinned version, NAME==VERSION "
-            "(e.g. activekv==0.1.0)"
-        )
-    return normalize_project(name), version
+    """``name==version`` to (normalised name, version); VerifyError naming the argument else.
+
+    Exactly one pin: one ``==`` specifier of a PEP 440 version (no wildcard), no other
+    specifier, no environment marker, no extras, no URL, nothing pip would read as an option."""
+    if not text.isprintable():
+        _bad_requirement(text, "a control character (a newline?)")
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as error:
+        _bad_requirement(text, f"what pip cannot read as one ({str(error).splitlines()[0]})")
+    for label, value in (
+        ("a marker", requirement.marker),
+        ("extras", requirement.extras),
+        ("a URL", requirement.url),
+    ):
+        if value:
+            _bad_requirement(text, f"{label} as well")
+    specifiers = list(requirement.specifier)
+    if len(specifiers) != 1 or specifiers[0].operator != "==":
+        given = str(requirement.specifier)
+        _bad_requirement(text, f"the version specifiers {given!r}" if given else "no version")
+    try:
+        version = Version(specifiers[0].version)
+    except InvalidVersion:
+        _bad_requirement(text, f"{specifiers[0].version!r}, which is not one version")
+    return normalize_project(requirement.name), str(version)
+
+
+def _bad_requirement(text: str, got: str) -> NoReturn:
+    raise VerifyError(
+        f"requirement {text!r}: expected exactly one pinned version, NAME==VERSION "
+        f"(e.g. activekv==0.1.0); got {got}"
+    )
 
 
 def tuf_url_for(index_url: str) -> str:
