@@ -25,17 +25,10 @@ from fixtures_sign import attest_passing_gates
 from release.build.reproduce import snapshot
 from release.errors import VerifyError
 from release.trust import steps as trust_steps
+from release.trust.build_inputs import LATEST_EPOCH, build_inputs
 from release.trust.index import EmbeddedIndex
-from release.trust.rebuild import (
-    LATEST_EPOCH,
-    RebuildResult,
-    _build_inputs,
-    _check_apart,
-    _fresh_workdir,
-    _source,
-    rebuild_release,
-    toolchain_differences,
-)
+from release.trust.rebuild import RebuildResult, rebuild_release, toolchain_differences
+from release.trust.rebuild_workdir import check_apart, fresh_workdir, git_source
 from release.trust.tuf_client import TrustedIndex
 from release.trust.verify import parse_requirement
 from release.util.digests import sha256_file
@@ -152,7 +145,7 @@ def test_a_statement_without_a_commit_has_nothing_to_rebuild_from():
         }
     }
     with pytest.raises(VerifyError, match="names no source commit"):
-        _build_inputs(statement)
+        build_inputs(statement)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +161,7 @@ def test_a_statement_with_malformed_build_inputs_is_refused(commit, epoch, named
         "resolvedDependencies": [{"uri": "git+file:///x", "digest": {"gitCommit": commit}}],
         "internalParameters": {"source_date_epoch": epoch}}}}  # fmt: skip
     with pytest.raises(VerifyError, match=named):
-        _build_inputs(statement)
+        build_inputs(statement)
 
 
 def test_toolchain_differences_ignore_paths_and_ccache():
@@ -241,8 +234,8 @@ def test_a_source_that_holds_the_work_folder_is_given_to_git_as_an_absolute_path
     source = _git_repo(tmp_path / "checkout")  # `--source .` with the default --out
     monkeypatch.chdir(source)
     workdir = source / "out" / "rebuild"
-    assert _source(".", workdir) == str(source)
-    assert _source("https://example.org/activekv.git", workdir) == (
+    assert git_source(".", workdir) == str(source)
+    assert git_source("https://example.org/activekv.git", workdir) == (
         "https://example.org/activekv.git"
     )
 
@@ -259,8 +252,8 @@ def test_a_tuf_cache_in_or_around_the_work_folder_is_refused_before_it_is_opened
 
 
 def test_a_tuf_cache_apart_from_the_work_folder_is_accepted(tmp_path):
-    _check_apart(tmp_path / "tuf-cache", "--tuf-cache", tmp_path / "out" / "rebuild")
-    _check_apart(tmp_path / "out" / "rebuilt", "--tuf-cache", tmp_path / "out" / "rebuild")
+    check_apart(tmp_path / "tuf-cache", "--tuf-cache", tmp_path / "out" / "rebuild")
+    check_apart(tmp_path / "out" / "rebuilt", "--tuf-cache", tmp_path / "out" / "rebuild")
 
 
 @pytest.mark.parametrize("file", ["out", "out/rebuild"])
@@ -278,23 +271,23 @@ def test_a_work_folder_someone_else_made_is_not_deleted(tmp_path):
     workdir.mkdir()
     (workdir / "notes.txt").write_text("mine\n")
     with pytest.raises(VerifyError, match=r"is a folder this command did not make"):
-        _fresh_workdir(workdir)
+        fresh_workdir(workdir)
     assert (workdir / "notes.txt").read_text() == "mine\n"
 
 
 def test_the_work_folder_of_an_earlier_rebuild_is_emptied_and_marked(tmp_path):
     workdir = tmp_path / "rebuild"
-    _fresh_workdir(workdir)  # none there: made
+    fresh_workdir(workdir)  # none there: made
     (workdir / "published").mkdir()
     (workdir / "published" / "old.whl").write_bytes(b"old")
-    _fresh_workdir(workdir)  # its own mark: emptied
+    fresh_workdir(workdir)  # its own mark: emptied
     assert sorted(p.name for p in workdir.iterdir()) == [".activekv-rebuild"]
     (tmp_path / "empty").mkdir()
-    _fresh_workdir(tmp_path / "empty")  # an empty folder is nobody's work
+    fresh_workdir(tmp_path / "empty")  # an empty folder is nobody's work
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(VerifyError, match=r"is a symbolic link"):
-        _fresh_workdir(tmp_path / "link")
+        fresh_workdir(tmp_path / "link")
 
 
 # ----------------------------------------------------------------------------- rebuild.json
@@ -377,8 +370,8 @@ def _statement(
 
 
 def test_a_well_formed_statement_gives_its_build_inputs():
-    assert _build_inputs(_statement()) == ("a" * 40, 1700000000, {"zig": "0.15.1"})
-    assert _build_inputs(_statement(internal={"source_date_epoch": LATEST_EPOCH}))[1] == (
+    assert build_inputs(_statement()) == ("a" * 40, 1700000000, {"zig": "0.15.1"})
+    assert build_inputs(_statement(internal={"source_date_epoch": LATEST_EPOCH}))[1] == (
         LATEST_EPOCH
     )
 
@@ -428,13 +421,13 @@ def _commit_entry(commit: object) -> list[dict[str, Any]]:
 )
 def test_a_malformed_statement_field_is_named(statement, named):
     with pytest.raises(VerifyError, match=rf"the signed statement's .*{named}"):
-        _build_inputs(statement)
+        build_inputs(statement)
 
 
 @pytest.mark.parametrize("epoch", [-1, 0, LATEST_EPOCH + 1, 10**30, 1.5, True, "1700000000"])
 def test_a_source_date_epoch_the_build_cannot_take_is_refused(epoch):
     with pytest.raises(VerifyError, match=r"source_date_epoch: expected seconds since 1970, 1 to"):
-        _build_inputs(_statement(internal={"source_date_epoch": epoch}))
+        build_inputs(_statement(internal={"source_date_epoch": epoch}))
 
 
 # ----------------------------------------------------------------------------- NAME==VERSION
