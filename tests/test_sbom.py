@@ -189,6 +189,26 @@ def test_a_planted_lie_fails_the_payload_gate(built_wheel, manifest, tmp_path, c
         assert "no module of the wheel records it" not in " ".join(problems)
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        pytest.param("x/../activekv.cdx.json", "the name has a '..' part", id="dot-dot"),
+        pytest.param("other.cdx.json", "an SBOM the manifest does not name", id="another-sbom"),
+    ],
+)
+def test_a_second_sbom_beside_the_real_one_fails(built_wheel, manifest, tmp_path, name, why):
+    """An installer writes `sboms/x/../activekv.cdx.json` over the judged SBOM; any other SBOM
+    would ship unjudged: either is refused by name, before its (lying) content is read."""
+    wheel = _rewritten(built_wheel, tmp_path, lambda document: document)
+    lie = _set_version("libc++", "17.0.6")(_sbom(built_wheel))
+    member = f"activekv-0.1.0.dist-info/sboms/{name}"
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr(member, json.dumps(lie))
+    bad = {e.path: e.problem for e in list_wheel(wheel, manifest) if e.kind == "sbom"}
+    assert bad == {MEMBER: "", member: bad[member]}
+    assert bad[member].startswith(why), bad
+
+
 def _write_sbom(tmp_path: Path, wheel: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """cmake/write_sbom.py run as CMake runs it, over the wheel's own modules."""
     modules = []
