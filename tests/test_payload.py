@@ -147,6 +147,16 @@ def test_clean_native_wheel_passes(manifest: Manifest, tmp_path: Path) -> None:
         ("activekv.libs/libcudart-1234abcd.so.13", "kind 'vendored-library' is not in"),
         ("activekv/LICENSE", "kind 'license' is not in payload.allowed_kinds"),
         ("activekv-0.1.0.data/purelib/evil.py", "undeclared Python file"),
+        # names an installer resolves elsewhere than the gate judged them (an SBOM over the SBOM)
+        (f"{DIST_INFO}/sboms/x/../activekv.cdx.json", "the name has a '..' part; expected"),
+        (f"{DIST_INFO}/sboms/./activekv.cdx.json", "the name has a '.' part; expected"),
+        (f"{DIST_INFO}/sboms//activekv.cdx.json", "the name has an empty part; expected"),
+        ("activekv/../activekv/_engine.pyi", "the name has a '..' part; expected"),
+        ("activekv/x/../", "the name has a '..' part; expected"),  # a folder's entry too
+        ("/activekv/_engine.pyi", "the name is absolute; expected a path relative"),
+        ("activekv\\_engine.pyi", "the name holds a backslash; expected '/'"),
+        # an SBOM no manifest asks for is never judged, so never shipped
+        (f"{DIST_INFO}/sboms/other.cdx.json", "an SBOM the manifest does not ask for; expected"),
     ],
 )
 def test_planted_violation_fails_naming_the_file(
@@ -161,6 +171,17 @@ def test_planted_violation_fails_naming_the_file(
     assert evidence.verdict == "fail"
     assert f"{wheel.name}: {member}: " in evidence.reason
     assert evidence.figures["failures"] == [f"{wheel.name}: {member}: {bad[0].problem}"]
+
+
+def test_two_members_of_one_name_fail_both(manifest: Manifest, tmp_path: Path) -> None:
+    """A zip may hold two entries of one name: the gate would judge one, an installer keep the
+    other."""
+    wheel = make_wheel(tmp_path)
+    with zipfile.ZipFile(wheel, "a") as archive, pytest.warns(UserWarning, match="Duplicate"):
+        archive.writestr("activekv/_engine.pyi", b"import os\n")
+    bad = [(entry.path, entry.problem) for entry in list_wheel(wheel, manifest) if entry.problem]
+    problem = "the wheel holds 2 members of this name; expected one (installers keep one)"
+    assert bad == [("activekv/_engine.pyi", problem)] * 2
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from release.gates.payload import list_wheel
-from release.gates.sbom import expected_components, module_facts
+from release.gates.sbom import FactError, expected_components, module_facts
 from release.manifest import Manifest, load_manifest
 from release.util.paths import DEFAULT_MANIFEST
 
@@ -40,8 +40,12 @@ def _sbom(wheel: Path) -> Document:
         return json.loads(archive.read(MEMBER))
 
 
-def _rewritten(wheel: Path, folder: Path, change: Callable[[Document], Document | None]) -> Path:
-    """A copy of `wheel` whose SBOM is `change`d (None: removed)."""
+Change = Callable[[Document], Document | bytes | None]
+
+
+def _rewritten(wheel: Path, folder: Path, change: Change) -> Path:
+    """A copy of `wheel` whose SBOM is `change`d (bytes: its new text; None: removed), stored
+    uncompressed (quicker to write and read)."""
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / wheel.name
     with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(copy, "w") as target:
@@ -51,7 +55,8 @@ def _rewritten(wheel: Path, folder: Path, change: Callable[[Document], Document 
                 changed = change(json.loads(data))
                 if changed is None:
                     continue
-                data = json.dumps(changed, indent=2).encode()
+                data = changed if isinstance(changed, bytes) else json.dumps(changed).encode()
+            info.compress_type = zipfile.ZIP_STORED
             target.writestr(info, data)
     return copy
 
@@ -125,7 +130,13 @@ def _set_version(name: str, version: str) -> Callable[[Document], Document]:
 
 
 def _drop_module(document: Document) -> Document:
+    """activekv._fabric left out, and every ref to it (no dangling ref gives it away)."""
     document["components"] = [c for c in document["components"] if c["name"] != "activekv._fabric"]
+    document["dependencies"] = [
+        {**d, "dependsOn": [r for r in d.get("dependsOn", []) if r != "activekv._fabric"]}
+        for d in document["dependencies"]
+        if d["ref"] != "activekv._fabric"
+    ]
     return document
 
 
@@ -151,6 +162,47 @@ def _architectures(document: Document) -> Document:
 def _other_package(document: Document) -> Document:
     document["metadata"]["component"]["version"] = "9.9.9"
     return document
+
+
+ENGINE = "activekv._engine"
+ZLIB = {"type": "library", "name": "zlib", "version": "1.3.1", "bom-ref": "zlib@1.3.1"}
+
+
+def _edit(edit: Callable[[Document], object]) -> Change:
+    """A change that applies `edit` to the document in place."""
+
+    def change(document: Document) -> Document:
+        edit(document)
+        return document
+
+    return change
+
+
+def _text(edit: Callable[[str], str | bytes]) -> Change:
+    """A change of the document's JSON text."""
+
+    def change(document: Document) -> bytes:
+        text = edit(json.dumps(document))
+        return text if isinstance(text, bytes) else text.encode()
+
+    return change
+
+
+def _depends(document: Document, ref: str) -> list[str]:
+    return next(d for d in document["dependencies"] if d["ref"] == ref)["dependsOn"]
+
+
+def _first(document: Document, component: Document) -> None:
+    """`component` listed first, so a reader keeping the last entry per key sees the real one."""
+    document["components"].insert(0, component)
+
+
+def _nested(depth: int) -> list[Document]:
+    """Components nested `depth` deep: JSON that parses, but deeper than the validator recurses."""
+    nested: list[Document] = []
+    for level in range(depth):
+        nested = [{**ZLIB, "bom-ref": f"zlib{level}", "components": nested}]
+    return nested
 
 
 @pytest.mark.parametrize(
@@ -179,6 +231,133 @@ def _other_package(document: Document) -> Document:
         pytest.param(
             _other_package, "metadata.component: expected activekv 0.1.0", id="another-package"
         ),
+        # one reading only: no ref, file, key, property or dependency entry given twice
+        pytest.param(
+            _edit(lambda d: _first(d, {**ZLIB, "bom-ref": "nanobind@3.1.0"})),
+            "bom-ref 'nanobind@3.1.0': expected one component with it; got 2",
+            id="made-up-component-with-a-real-ref",
+        ),
+        pytest.param(
+            _edit(lambda d: _first(d, {**ZLIB, "properties": _component(d, ENGINE)["properties"]})),
+            "activekv:file 'activekv/_engine.",
+            id="made-up-component-with-a-real-file",
+        ),
+        pytest.param(
+            _text(lambda t: t.replace('"name": "nanobind"', '"name": "zlib", "name": "nanobind"')),
+            "ambiguous JSON: expected each key once in an object; got 'name' twice",
+            id="repeated-key",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: _component(d, ENGINE)["properties"].insert(
+                    0, {"name": "activekv:cuda_architectures", "value": "80-real"}
+                )
+            ),
+            "properties: expected 'activekv:cuda_architectures' once; got it 2 times",
+            id="repeated-property",
+        ),
+        pytest.param(
+            _edit(lambda d: d["dependencies"].insert(0, {"ref": ENGINE})),
+            "dependencies: expected one entry for 'activekv._engine'; got 2",
+            id="repeated-dependency-entry",
+        ),
+        pytest.param(
+            _text(
+                lambda t: (
+                    t.replace('"Tessil"', '"Tess\\u00efl"').encode().replace(b"\\u00ef", b"\xef")
+                )
+            ),
+            "not UTF-8: expected UTF-8 JSON; got invalid continuation byte",
+            id="invalid-utf-8",
+        ),
+        pytest.param(
+            _text(lambda t: "[" * 100_000 + "]" * 100_000),
+            "not JSON this gate can read: expected a document; got nesting too deep",
+            id="nested-too-deep",
+        ),
+        pytest.param(
+            _edit(lambda d: _component(d, ENGINE).update(components=_nested(300))),
+            "schema: expected a document the validator can read; got nesting too deep",
+            id="nested-too-deep-to-validate",
+        ),
+        pytest.param(
+            _edit(lambda d: d["components"].append(d["components"][-1])),
+            "] has non-unique elements",  # the reason kept, however long the instance
+            id="schema-reason-kept",
+        ),
+        # every component seen, every ref resolved
+        pytest.param(
+            _edit(lambda d: _component(d, ENGINE).update(components=[ZLIB])),
+            f"components[0] ({ENGINE}): expected no nested components",
+            id="nested-component",
+        ),
+        pytest.param(
+            _edit(lambda d: d["metadata"]["component"].update(components=[ZLIB])),
+            "metadata.component: expected no nested components",
+            id="nested-in-the-package",
+        ),
+        pytest.param(
+            _edit(lambda d: _depends(d, ENGINE).append("zlib@1.3.1")),
+            "dependencies: 'activekv._engine' dependsOn 'zlib@1.3.1': expected a component's",
+            id="dangling-depends-on",
+        ),
+        pytest.param(
+            _edit(lambda d: d["dependencies"].append({"ref": "zlib@1.3.1"})),
+            "dependencies: ref 'zlib@1.3.1': expected a component's bom-ref; got none",
+            id="dangling-dependency-ref",
+        ),
+        # what each module depends on is what its facts say, both ways
+        pytest.param(
+            _edit(lambda d: _depends(d, ENGINE).append("activekv._vllm")),
+            f"{ENGINE}: dependsOn: expected only ['cudart', 'libc++', 'libc++abi', 'libunwind', "
+            "'nanobind', 'robin-map'] (its facts); got activekv._vllm 0.1.0, which",
+            id="module-lists-what-it-does-not-link",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: (
+                    d["components"].append({**_component(d, "libc++"), "bom-ref": "libc++ again"}),
+                    _depends(d, ENGINE).append("libc++ again"),
+                )
+            ),
+            f"{ENGINE}: dependsOn: expected libc++ once; got it 2 times",
+            id="module-lists-a-part-twice",
+        ),
+        pytest.param(
+            _edit(lambda d: _depends(d, "pkg:pypi/activekv@0.1.0").remove("activekv._fabric")),
+            "metadata.component: dependsOn: expected its modules ['activekv._engine', "
+            "'activekv._fabric', 'activekv._vllm']; got ['activekv._engine', 'activekv._vllm']",
+            id="package-leaves-out-a-module",
+        ),
+        # identifiers and versions agree
+        pytest.param(
+            _edit(lambda d: _component(d, "nanobind").update(purl="pkg:pypi/nanobind@2.0.0")),
+            "(nanobind): purl: expected the version 3.1.0; got 'pkg:pypi/nanobind@2.0.0'",
+            id="purl-of-another-version",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: _component(d, "libc++").update(
+                    purl="pkg:github/llvm/llvm-project@llvmorg-17.0.6#libcxx"
+                )
+            ),
+            "(libc++): purl: expected the version llvmorg-22.",
+            id="release-tag-of-another-version",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: _component(d, "cudart").update(
+                    cpe="cpe:2.3:a:nvidia:cuda_toolkit:12.4:*:*:*:*:*:*:*"
+                )
+            ),
+            "(cudart): cpe: expected the version 13.",
+            id="cpe-of-another-version",
+        ),
+        pytest.param(
+            _edit(lambda d: _component(d, ENGINE).update(version="9.9.9")),
+            f"{ENGINE}: version: expected 0.1.0 (the wheel's); got 9.9.9",
+            id="module-of-another-version",
+        ),
     ],
 )
 def test_a_planted_lie_fails_the_payload_gate(built_wheel, manifest, tmp_path, change, named):
@@ -187,6 +366,104 @@ def test_a_planted_lie_fails_the_payload_gate(built_wheel, manifest, tmp_path, c
     assert any(named in problem for problem in problems), problems
     if "the SBOM says" in named:  # a lying version is reported as that, not as a made-up part
         assert "no module of the wheel records it" not in " ".join(problems)
+
+
+@pytest.fixture(scope="module")
+def engine_bytes(built_wheel: Path) -> bytes:
+    with zipfile.ZipFile(built_wheel) as archive:
+        (engine,) = [n for n in archive.namelist() if n.startswith("activekv/_engine.cpython")]
+        return archive.read(engine)
+
+
+# Facts planted in the real module (same length, so the ELF file stays whole): each is refused
+# naming the fact and the form expected, as cmake/write_sbom.py refuses to describe it.
+PLANTED_FACTS = [
+    pytest.param(b"robin_map=1.4.0", b"robin_map:1.4.0", "expected name=value; got", id="no-="),
+    pytest.param(b"nanobind=3.1.0", b"nanobind=3.1.\xff", "expected UTF-8 name=value;", id="utf-8"),
+    pytest.param(
+        b"\0cuda_runtime=13000\0",  # recorded twice in this module: the first changed
+        b"\0cuda_runtime=12080\0",
+        "cuda_runtime: expected one value; got '12080' and '13000'",
+        id="two-values",
+    ),
+    pytest.param(
+        b"cxx_runtime=libc++ 220108",
+        b"cxx_runtime=libc++ 22O108",
+        "cxx_runtime: expected 'libc++ <_LIBCPP_VERSION>' or 'libstdc++ <_GLIBCXX_RELEASE>'",
+        id="libcxx-version-not-digits",
+    ),
+    pytest.param(
+        b"cxx_runtime=libc++ 220108",
+        b"cxx_runtime=msvcrt 220108",
+        "cxx_runtime: expected 'libc++ <_LIBCPP_VERSION>' or",
+        id="unknown-runtime",
+    ),
+    pytest.param(
+        b"cuda_runtime=13000",
+        b"cuda_runtime=13.00",
+        "cuda_runtime: expected <CUDART_VERSION> (decimal digits); got '13.00'",
+        id="cuda-version-not-digits",
+    ),
+    pytest.param(
+        b"nanobind=3.1.0",
+        b"nanobind=3.1.x",
+        "nanobind: expected <major>.<minor>.<patch>",
+        id="nanobind-version-not-a-version",
+    ),
+    pytest.param(
+        b"robin_map=1.4.0",
+        b"robin_mop=1.4.0",
+        "expected only the facts ['cuda_architectures',",
+        id="unknown-fact",
+    ),
+    pytest.param(
+        b"robin_map=1.4.0",
+        b"\0" * 15,
+        "expected the facts ['robin_map'] (bindings/common.h)",
+        id="fact-missing",
+    ),
+]
+
+
+@pytest.mark.parametrize(("real", "planted", "why"), PLANTED_FACTS)
+def test_a_malformed_fact_is_refused_naming_it(engine_bytes, real, planted, why):
+    assert len(real) == len(planted) and real in engine_bytes
+    with pytest.raises(FactError) as refused:
+        module_facts(engine_bytes.replace(real, planted, 1))
+    assert why in str(refused.value)
+
+
+def test_a_module_with_a_malformed_fact_fails_the_payload_gate(built_wheel, manifest, tmp_path):
+    patched = tmp_path / built_wheel.name
+    with zipfile.ZipFile(built_wheel) as source, zipfile.ZipFile(patched, "w") as target:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename.startswith("activekv/_engine.cpython"):
+                data = data.replace(b"cuda_runtime=13000", b"cuda_runtime=13.00", 1)
+            info.compress_type = zipfile.ZIP_STORED
+            target.writestr(info, data)
+    (problem,) = _problems(patched, manifest)
+    assert ".so: .activekv_sbom: cuda_runtime: expected <CUDART_VERSION>" in problem
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        pytest.param("x/../activekv.cdx.json", "the name has a '..' part", id="dot-dot"),
+        pytest.param("other.cdx.json", "an SBOM the manifest does not name", id="another-sbom"),
+    ],
+)
+def test_a_second_sbom_beside_the_real_one_fails(built_wheel, manifest, tmp_path, name, why):
+    """An installer writes `sboms/x/../activekv.cdx.json` over the judged SBOM; any other SBOM
+    would ship unjudged: either is refused by name, before its (lying) content is read."""
+    wheel = _rewritten(built_wheel, tmp_path, lambda document: document)
+    lie = _set_version("libc++", "17.0.6")(_sbom(built_wheel))
+    member = f"activekv-0.1.0.dist-info/sboms/{name}"
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr(member, json.dumps(lie))
+    bad = {e.path: e.problem for e in list_wheel(wheel, manifest) if e.kind == "sbom"}
+    assert bad == {MEMBER: "", member: bad[member]}
+    assert bad[member].startswith(why), bad
 
 
 def _write_sbom(tmp_path: Path, wheel: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +47,8 @@ class PayloadFile:
 def classify(path: str) -> str:
     """The kind of one wheel member, from its path."""
     parts = PurePosixPath(path).parts
+    if not parts:  # "" or "." (refused by name: member_name_problem)
+        return "other"
     name = parts[-1]
     if parts[0].endswith(".dist-info"):
         return "sbom" if len(parts) > 2 and parts[1] == "sboms" else "metadata"
@@ -87,28 +90,23 @@ def _shim_problem(shim: Shim, source: bytes, frameworks: FrameworkSource | None)
 def list_wheel(
     wheel: Path, manifest: Manifest, frameworks: FrameworkSource | None = None
 ) -> list[PayloadFile]:
-    """Every file of `wheel` with its kind, and the problem when it may not ship."""
+    """Every file of `wheel` with its kind, and the problem when it may not ship (a folder's
+    entry is listed only when its name is refused)."""
     allowed = set(manifest.payload.allowed_kinds)
     shims = {shim.path: shim for shim in manifest.payload.shims}
     sbom = _sbom_member(wheel, manifest)
     listing: list[PayloadFile] = []
     with zipfile.ZipFile(wheel) as archive:
+        counts = Counter(info.filename for info in archive.infolist())
         for info in archive.infolist():
-            if info.is_dir():
+            kind = "directory" if info.is_dir() else classify(info.filename)
+            problem = member_name_problem(info.filename, counts[info.filename])
+            if kind == "directory" and not problem:
                 continue
-            kind = classify(info.filename)
-            problem = ""
-            if kind == "python":
-                shim = shims.get(info.filename)
-                if shim is None:
-                    problem = "undeclared Python file (only the manifest's shims may ship)"
-                else:
-                    kind = "shim"
-                    problem = _shim_problem(shim, archive.read(info), frameworks)
-            elif kind == "bytecode":
-                problem = "compiled Python bytecode may never ship"
-            elif kind == "sbom" and info.filename == sbom:
-                problem = "; ".join(sbom_problems(archive, info.filename, wheel.name))
+            if not problem and kind in ("python", "bytecode", "sbom"):
+                kind, problem = _content_problem(
+                    archive, info, kind, wheel.name, shims, sbom, frameworks
+                )
             if not problem and kind not in allowed:
                 problem = f"kind {kind!r} is not in payload.allowed_kinds {sorted(allowed)}"
             listing.append(PayloadFile(wheel.name, info.filename, kind, info.file_size, problem))
@@ -116,6 +114,54 @@ def list_wheel(
             missing = "missing: every wheel carries its SBOM here (payload.sbom, PEP 770)"
             listing.append(PayloadFile(wheel.name, sbom, "sbom", 0, missing))
     return listing
+
+
+def _content_problem(
+    archive: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    kind: str,
+    wheel_name: str,
+    shims: dict[str, Shim],
+    sbom: str,
+    frameworks: FrameworkSource | None,
+) -> tuple[str, str]:
+    """The kind (a declared shim's is "shim") and problem of a Python, bytecode or SBOM member."""
+    if kind == "bytecode":
+        return kind, "compiled Python bytecode may never ship"
+    if kind == "sbom":
+        return kind, _sbom_problem(archive, info.filename, sbom, wheel_name)
+    shim = shims.get(info.filename)
+    if shim is None:
+        return kind, "undeclared Python file (only the manifest's shims may ship)"
+    return "shim", _shim_problem(shim, archive.read(info), frameworks)
+
+
+# Path parts an installer drops or resolves, so the member lands elsewhere than its name says.
+_ODD_PARTS = {"": "an empty", ".": "a '.'", "..": "a '..'"}
+
+
+def member_name_problem(name: str, count: int = 1) -> str:
+    """Why an installer could put the member `name` somewhere other than where the gate judged
+    it (`count`: how many members of the archive carry that name); empty when nothing."""
+    if count > 1:
+        return f"the wheel holds {count} members of this name; expected one (installers keep one)"
+    if "\\" in name:
+        return "the name holds a backslash; expected '/' between the parts of a path"
+    if name.startswith("/"):
+        return "the name is absolute; expected a path relative to the wheel's root"
+    parts = name.removesuffix("/").split("/")  # a folder's entry ends in one '/'
+    if odd := [_ODD_PARTS[part] for part in parts if part in _ODD_PARTS]:
+        return f"the name has {odd[0]} part; expected a path of plain parts (no empty, . or ..)"
+    return ""
+
+
+def _sbom_problem(archive: zipfile.ZipFile, member: str, sbom: str, wheel_name: str) -> str:
+    """The manifest's SBOM judged against the wheel; any other SBOM is refused unread."""
+    if member == sbom:
+        return "; ".join(sbom_problems(archive, member, wheel_name))
+    if not sbom:
+        return "an SBOM the manifest does not ask for; expected none (payload.sbom is unset)"
+    return f"an SBOM the manifest does not name; expected only {sbom} (payload.sbom)"
 
 
 def _sbom_member(wheel: Path, manifest: Manifest) -> str:

@@ -1,19 +1,24 @@
 """A wheel's SBOM (PEP 770, `<dist-info>/sboms/`) judged against the wheel itself.
 
 The payload gate calls :func:`sbom_problems` for the manifest's `payload.sbom` file of every wheel.
-The document must validate against the CycloneDX 1.6 schema, name the wheel's distribution and
-version, and name each native module of the wheel with what that module links in. What a module
-links in is read here from the module, independently of cmake/write_sbom.py that wrote the
-document: the facts its code recorded in the ELF section `.activekv_sbom`
-(engine/common/sbom_facts.h). A component the SBOM lists with another version, or that no module
-records, or a module it leaves out, is a problem naming it.
+The document must be unambiguous JSON (strict UTF-8, no repeated keys), validate against the
+CycloneDX 1.6 schema, name the wheel's distribution and version, and name each native module of
+the wheel with exactly what that module links in. What a module links in is read here from the
+module, independently of cmake/write_sbom.py that wrote the document: the facts its code recorded
+in the ELF section `.activekv_sbom` (engine/common/sbom_facts.h, bindings/common.h). A component
+the SBOM lists with another version, or that no module records, or a module it leaves out, or a
+fact it cannot be judged by, is a problem naming it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -21,34 +26,83 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from packageurl import PackageURL
 from packaging.utils import parse_wheel_filename
 
 FACT_SECTION = ".activekv_sbom"
+_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
+# Each fact a module may record, the form of its value, and that form in words.
+FACT_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
+    "cxx_runtime": (
+        re.compile(r"libc\+\+ [0-9]+|libstdc\+\+ [0-9]+"),
+        "'libc++ <_LIBCPP_VERSION>' or 'libstdc++ <_GLIBCXX_RELEASE>' (decimal digits)",
+    ),
+    "cuda_runtime": (re.compile(r"[0-9]+"), "<CUDART_VERSION> (decimal digits)"),
+    "cuda_architectures": (re.compile(r"\S+"), "the CUDA architectures, without spaces"),
+    "nanobind": (_VERSION, "<major>.<minor>.<patch>"),
+    "robin_map": (_VERSION, "<major>.<minor>.<patch>"),
+}
+# bindings/common.h, compiled into every module, records these.
+REQUIRED_FACTS = ("cxx_runtime", "nanobind", "robin_map")
+# The tag a GitHub package URL names for a release: (namespace, name) -> prefix of the version.
+_RELEASE_TAGS = {("llvm", "llvm-project"): "llvmorg-", ("tessil", "robin-map"): "v"}
+Component = dict[str, Any]
+
+
+class FactError(ValueError):
+    """A module's `.activekv_sbom` facts cannot be read one way only."""
 
 
 def module_facts(data: bytes) -> dict[str, str]:
-    """The `name=value` facts a native module recorded; empty when it recorded none."""
+    """The `name=value` facts a native module recorded; empty when it recorded none.
+
+    Raises FactError for an entry that is not UTF-8 `name=value`, a fact of unknown name or
+    form, a fact recorded twice with two values, or a module without the facts every one has."""
     try:
         section = ELFFile(io.BytesIO(data)).get_section_by_name(FACT_SECTION)
     except ELFError:
         return {}
     if section is None:
         return {}
-    entries = (entry.decode(errors="replace") for entry in section.data().split(b"\0") if entry)
-    return dict(entry.partition("=")[::2] for entry in entries)
+    facts: dict[str, str] = {}
+    for entry in section.data().split(b"\0"):
+        if entry:
+            name, value = _fact(entry)
+            if facts.setdefault(name, value) != value:
+                raise FactError(f"{name}: expected one value; got {facts[name]!r} and {value!r}")
+    if missing := [name for name in REQUIRED_FACTS if name not in facts]:
+        raise FactError(f"expected the facts {missing} (bindings/common.h); missing")
+    return facts
+
+
+def _fact(entry: bytes) -> tuple[str, str]:
+    try:
+        text = entry.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise FactError(f"expected UTF-8 name=value; got {entry!r} ({error.reason})") from None
+    name, separator, value = text.partition("=")
+    if not separator:
+        raise FactError(f"expected name=value; got {text!r}")
+    if name not in FACT_FORMS:
+        raise FactError(f"expected only the facts {sorted(FACT_FORMS)}; got {name!r}")
+    pattern, form = FACT_FORMS[name]
+    if not pattern.fullmatch(value):
+        raise FactError(f"{name}: expected {form}; got {value!r}")
+    return name, value
 
 
 def expected_components(facts: dict[str, str]) -> dict[str, str]:
-    """Component name -> version, for what the facts say a module links in."""
+    """Component name -> version, for what the facts (of the forms FACT_FORMS says) say a
+    module links in."""
     expected: dict[str, str] = {}
     runtime, _, number = facts.get("cxx_runtime", "").partition(" ")
-    if runtime == "libc++" and number.isdigit():
+    if runtime == "libc++":
         value = int(number)  # _LIBCPP_VERSION: MMmmpp
         version = f"{value // 10000}.{value // 100 % 100}.{value % 100}"
         expected.update(dict.fromkeys(("libc++", "libc++abi", "libunwind"), version))
     elif runtime == "libstdc++":
         expected["libstdc++"] = number
-    if (cuda := facts.get("cuda_runtime", "")).isdigit():
+    if cuda := facts.get("cuda_runtime"):
         expected["cudart"] = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"  # CUDART_VERSION
     for fact, name in (("nanobind", "nanobind"), ("robin_map", "robin-map")):
         if fact in facts:
@@ -56,33 +110,169 @@ def expected_components(facts: dict[str, str]) -> dict[str, str]:
     return expected
 
 
+# --- the document: unambiguous JSON, valid CycloneDX 1.6 ---
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = Counter(key for key, _ in pairs)
+    if repeated := [key for key, count in keys.items() if count > 1]:
+        raise _RepeatedKey(repeated[0])
+    return dict(pairs)
+
+
+def _document(data: bytes) -> tuple[dict[str, Any], str]:
+    """The parsed document, or the problem that stops it from being judged."""
+    try:
+        text = data.decode("utf-8")
+        document = json.loads(text, object_pairs_hook=_unique_keys)
+    except UnicodeDecodeError as error:
+        return {}, f"not UTF-8: expected UTF-8 JSON; got {error.reason} at byte {error.start}"
+    except _RepeatedKey as error:
+        return {}, f"ambiguous JSON: expected each key once in an object; got {str(error)!r} twice"
+    except RecursionError:
+        return {}, "not JSON this gate can read: expected a document; got nesting too deep"
+    except ValueError as error:
+        return {}, f"not JSON ({error})"
+    if problem := _schema_problem(text):
+        return {}, problem
+    if document.get("specVersion") != "1.6":
+        return {}, f"specVersion: expected 1.6; got {document.get('specVersion')!r}"
+    return document, ""
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text`, its middle left out when longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]} … {text[-limit // 2 :]}"
+
+
 def _schema_problem(text: str) -> str:
-    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    try:
+        error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    except RecursionError:
+        return (
+            "does not validate against the CycloneDX 1.6 schema: expected a document the "
+            "validator can read; got nesting too deep"
+        )
     if error is None:
         return ""
     detail = str(getattr(error.data, "message", error.data))
+    shown = repr(getattr(error.data, "instance", None))
+    if detail.startswith(shown):  # "<instance> is not …": the instance clipped, the reason kept
+        detail = _clip(shown, 120) + _clip(detail[len(shown) :], 400)
+    else:
+        detail = _clip(detail, 520)
     where = "/".join(str(part) for part in getattr(error.data, "absolute_path", ())) or "the top"
-    short = detail if len(detail) <= 160 else detail[:160] + "…"
-    return f"does not validate against the CycloneDX 1.6 schema at {where}: {short}"
+    return f"does not validate against the CycloneDX 1.6 schema at {where}: {detail}"
 
 
-def _properties(component: dict[str, Any]) -> dict[str, str]:
+# --- the document's own consistency: one reading of every ref, file and property ---
+
+
+def _properties(component: Component) -> dict[str, str]:
     return {p.get("name", ""): p.get("value", "") for p in component.get("properties", [])}
+
+
+def _file(component: Component) -> str | None:
+    return _properties(component).get("activekv:file")
+
+
+def _everywhere(document: dict[str, Any], tools: bool = True) -> Iterator[tuple[str, Component]]:
+    """Every component of the document with where it is: the package, the listed components and
+    (unless `tools` is false) the tools."""
+    metadata = document.get("metadata", {})
+    if "component" in metadata:
+        yield "metadata.component", metadata["component"]
+    for index, component in enumerate(document.get("components", [])):
+        yield f"components[{index}] ({component.get('name')})", component
+    for index, tool in enumerate(metadata.get("tools", {}).get("components", []) if tools else []):
+        yield f"metadata.tools.components[{index}] ({tool.get('name')})", tool
+
+
+def _repeated(values: list[Any]) -> list[tuple[Any, int]]:
+    return [(value, count) for value, count in Counter(values).items() if count > 1]
+
+
+def _structure_problems(document: dict[str, Any]) -> list[str]:
+    """Nested components, a bom-ref, module file, property or dependency entry given twice, and
+    refs no component has: each would let the gate read the document one way and a consumer
+    another."""
+    problems: list[str] = []
+    everything = list(_everywhere(document))
+    for where, component in everything:
+        if "components" in component:
+            problems.append(
+                f"{where}: expected no nested components (cmake/write_sbom.py lists every one "
+                f"at the top); got {len(component['components'])}"
+            )
+        names = [p.get("name") for p in component.get("properties", [])]
+        for name, count in _repeated(names):
+            problems.append(f"{where}: properties: expected {name!r} once; got it {count} times")
+    for ref, count in _repeated([c["bom-ref"] for _, c in everything if "bom-ref" in c]):
+        problems.append(f"bom-ref {ref!r}: expected one component with it; got {count}")
+    files = [_file(c) for c in document.get("components", []) if _file(c) is not None]
+    for path, count in _repeated(files):
+        problems.append(f"activekv:file {path!r}: expected one component with it; got {count}")
+    return problems + _dependency_problems(document, {c.get("bom-ref") for _, c in everything})
+
+
+def _dependency_problems(document: dict[str, Any], refs: set[Any]) -> list[str]:
+    dependencies = document.get("dependencies", [])
+    problems = [
+        f"dependencies: expected one entry for {ref!r}; got {count}"
+        for ref, count in _repeated([d.get("ref") for d in dependencies])
+    ]
+    for dependency in dependencies:
+        ref = dependency.get("ref")
+        if ref not in refs:
+            problems.append(f"dependencies: ref {ref!r}: expected a component's bom-ref; got none")
+        for target in dependency.get("dependsOn", []):
+            if target not in refs:
+                problems.append(
+                    f"dependencies: {ref!r} dependsOn {target!r}: expected a component's "
+                    "bom-ref; got none"
+                )
+    return problems
+
+
+def _identifier_problems(where: str, component: Component) -> list[str]:
+    """The version its purl and CPE name against the component's own `version`."""
+    version = component.get("version")
+    problems: list[str] = []
+    if (text := component.get("purl")) is not None:
+        try:
+            purl = PackageURL.from_string(text)
+        except ValueError as error:
+            problems.append(f"{where}: purl: expected a package URL; got {text!r} ({error})")
+        else:
+            said = _RELEASE_TAGS.get((purl.namespace or "", purl.name), "") + str(version)
+            if purl.version != said:
+                problems.append(f"{where}: purl: expected the version {said}; got {text!r}")
+    if (cpe := component.get("cpe")) is not None:
+        fields = [re.sub(r"\\(.)", r"\1", f) for f in re.split(r"(?<!\\):", cpe)]
+        if len(fields) != 13 or fields[:2] != ["cpe", "2.3"]:
+            problems.append(f"{where}: cpe: expected a CPE 2.3 formatted string; got {cpe!r}")
+        elif fields[5] != version:
+            problems.append(f"{where}: cpe: expected the version {version}; got {cpe!r}")
+    return problems
+
+
+# --- the document against the wheel ---
 
 
 def sbom_problems(archive: zipfile.ZipFile, member: str, wheel_name: str) -> list[str]:
     """Everything wrong with the SBOM `member` of the open wheel `archive`."""
-    text = archive.read(member).decode("utf-8", errors="replace")
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        return [f"not JSON ({error})"]
-    if problem := _schema_problem(text):
+    document, problem = _document(archive.read(member))
+    if problem:
         return [problem]
-    if document.get("specVersion") != "1.6":
-        return [f"specVersion: expected 1.6; got {document.get('specVersion')!r}"]
+    if problems := _structure_problems(document):
+        return problems  # the rest reads refs and files one way only
 
-    problems: list[str] = []
     name, version, _, _ = parse_wheel_filename(wheel_name)
     package = document.get("metadata", {}).get("component", {})
     if (package.get("name"), package.get("version")) != (str(name), str(version)):
@@ -90,68 +280,117 @@ def sbom_problems(archive: zipfile.ZipFile, member: str, wheel_name: str) -> lis
             f"metadata.component: expected {name} {version} (the wheel's); "
             f"got {package.get('name')} {package.get('version')}"
         )
+    for where, component in _everywhere(document, tools=False):
+        problems += _identifier_problems(where, component)
+    return problems + _wheel_problems(archive, document, str(version))
 
+
+@dataclass
+class _Reading:
+    """The document read one way only (_structure_problems found no ref, module file or
+    dependency entry given twice), and the refs of the components a module accounts for."""
+
+    by_ref: dict[Any, Component]
+    depends: dict[Any, list[Any]]
+    by_file: dict[str, Component]
+    version: str
+    checked: set[Any] = field(default_factory=set)
+
+
+def _wheel_problems(archive: zipfile.ZipFile, document: dict[str, Any], version: str) -> list[str]:
+    """Each module of the wheel against its component, and every component against a module."""
     components = document.get("components", [])
-    by_ref = {c.get("bom-ref"): c for c in components}
-    depends = {d.get("ref"): d.get("dependsOn", []) for d in document.get("dependencies", [])}
-    by_file = {_properties(c)["activekv:file"]: c for c in components if "activekv:file" in
-               _properties(c)}  # fmt: skip
+    reading = _Reading(
+        by_ref={c["bom-ref"]: c for _, c in _everywhere(document) if "bom-ref" in c},
+        depends={d.get("ref"): d.get("dependsOn", []) for d in document.get("dependencies", [])},
+        by_file={path: c for c in components if (path := _file(c)) is not None},
+        version=version,
+    )
     modules = [info.filename for info in archive.infolist() if info.filename.endswith(".so")]
-    checked: set[str] = set()
-    for path in modules:
-        facts = module_facts(archive.read(path))
-        import_name = ".".join(
-            PurePosixPath(path).with_name(PurePosixPath(path).name.split(".")[0]).parts
-        )
-        module = by_file.get(path)
-        if not facts:
-            problems.append(f"{path} records no {FACT_SECTION} facts to check its SBOM entry by")
-        elif module is None or module.get("name") != import_name:
-            problems.append(f"{path}: expected a component {import_name} for this module; missing")
-        else:
-            checked.add(module.get("bom-ref"))
-            problems += _module_problems(module, path, import_name, facts, by_ref, depends, checked)
-    for path in sorted(set(by_file) - set(modules)):
-        problems.append(f"{by_file[path].get('name')}: names {path}, which the wheel does not hold")
+    problems = [p for path in modules for p in _module_entry(reading, path, archive.read(path))]
+    for path in sorted(set(reading.by_file) - set(modules)):
+        name = reading.by_file[path].get("name")
+        problems.append(f"{name}: names {path}, which the wheel does not hold")
     for component in components:
-        if component.get("bom-ref") not in checked and "activekv:file" not in _properties(
-            component
-        ):
+        if component.get("bom-ref") not in reading.checked and _file(component) is None:
             problems.append(
                 f"{component.get('name')} {component.get('version')}: listed, but no module of "
                 "the wheel records it"
             )
-    return problems
+    return problems + _package_problems(document, reading.depends)
+
+
+def _module_entry(reading: _Reading, path: str, data: bytes) -> list[str]:
+    """The component of the module `path` (its bytes `data`) against the facts it recorded."""
+    try:
+        facts = module_facts(data)
+    except FactError as error:
+        return [f"{path}: {FACT_SECTION}: {error}"]
+    if not facts:
+        return [f"{path} records no {FACT_SECTION} facts to check its SBOM entry by"]
+    import_name = ".".join(
+        PurePosixPath(path).with_name(PurePosixPath(path).name.split(".")[0]).parts
+    )
+    module = reading.by_file.get(path)
+    if module is None or module.get("name") != import_name:
+        return [f"{path}: expected a component {import_name} for this module; missing"]
+    reading.checked.add(module.get("bom-ref"))
+    listed = [reading.by_ref[ref] for ref in reading.depends.get(module.get("bom-ref"), [])]
+    return _module_problems(module, path, import_name, facts, reading.version) + (
+        _linked_problems(listed, path, import_name, facts, reading.checked)
+    )
 
 
 def _module_problems(
-    module: dict[str, Any],
-    path: str,
-    import_name: str,
-    facts: dict[str, str],
-    by_ref: dict[Any, dict[str, Any]],
-    depends: dict[Any, list[Any]],
-    checked: set[str],
+    module: Component, path: str, import_name: str, facts: dict[str, str], version: str
 ) -> list[str]:
-    """One module's entry against its facts; the refs of what it lists go to `checked`."""
+    """The module's own entry: the wheel's version and the architectures compiled in."""
     problems: list[str] = []
+    if module.get("version") != version:
+        problems.append(
+            f"{import_name}: version: expected {version} (the wheel's); got {module.get('version')}"
+        )
     architectures = _properties(module).get("activekv:cuda_architectures")
     if architectures != facts.get("cuda_architectures", ""):
         problems.append(
             f"{import_name}: activekv:cuda_architectures: expected "
             f"{facts.get('cuda_architectures', '')!r} (compiled in); got {architectures!r}"
         )
-    listed = {
-        by_ref[ref].get("name"): (ref, by_ref[ref].get("version"))
-        for ref in depends.get(module.get("bom-ref"), [])
-        if ref in by_ref
-    }
-    for part, truth in expected_components(facts).items():
-        ref, said = listed.get(part, (None, None))
-        if ref is None:
-            problems.append(f"{import_name}: expected the component {part} {truth}; missing")
-            continue
-        if said != truth:
-            problems.append(f"{part}: the SBOM says {said}; {path} was built with {truth}")
-        checked.add(ref)
     return problems
+
+
+def _linked_problems(
+    listed: list[Component], path: str, import_name: str, facts: dict[str, str], checked: set[Any]
+) -> list[str]:
+    """What the module depends on against what its facts say it links in, both ways; the refs
+    of the parts its facts name go to `checked`."""
+    problems: list[str] = []
+    truths = expected_components(facts)
+    for part, count in _repeated([c.get("name") for c in listed]):
+        problems.append(f"{import_name}: dependsOn: expected {part} once; got it {count} times")
+    for component in listed:
+        part, said = component.get("name"), component.get("version")
+        if part not in truths:
+            problems.append(
+                f"{import_name}: dependsOn: expected only {sorted(truths)} (its facts); "
+                f"got {part} {said}, which {path} does not record"
+            )
+            continue
+        if said != truths[part]:
+            problems.append(f"{part}: the SBOM says {said}; {path} was built with {truths[part]}")
+        checked.add(component.get("bom-ref"))
+    names = {c.get("name") for c in listed}
+    for part, truth in truths.items():
+        if part not in names:
+            problems.append(f"{import_name}: expected the component {part} {truth}; missing")
+    return problems
+
+
+def _package_problems(document: dict[str, Any], depends: dict[Any, list[Any]]) -> list[str]:
+    """The package depends on its modules (the components naming a file), and on nothing else."""
+    ref = document.get("metadata", {}).get("component", {}).get("bom-ref")
+    modules = sorted(str(c.get("bom-ref")) for c in document.get("components", []) if _file(c))
+    said = sorted(depends.get(ref, []))
+    if said == modules:
+        return []
+    return [f"metadata.component: dependsOn: expected its modules {modules}; got {said}"]
