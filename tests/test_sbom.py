@@ -233,8 +233,8 @@ def _nested(depth: int) -> list[Document]:
         ),
         # one reading only: no ref, file, key, property or dependency entry given twice
         pytest.param(
-            _edit(lambda d: _first(d, {**ZLIB, "bom-ref": "nanobind@3.1.0"})),
-            "bom-ref 'nanobind@3.1.0': expected one component with it; got 2",
+            _edit(lambda d: _first(d, {**ZLIB, "bom-ref": "nanobind@3.1.0:static"})),
+            "bom-ref 'nanobind@3.1.0:static': expected one component with it; got 2",
             id="made-up-component-with-a-real-ref",
         ),
         pytest.param(
@@ -352,6 +352,32 @@ def _nested(depth: int) -> list[Document]:
             ),
             "(cudart): cpe: expected the version 13.",
             id="cpe-of-another-version",
+        ),
+        pytest.param(
+            _edit(lambda d: _component(d, "nanobind").update(purl="pkg:pypi/evil@3.1.0")),
+            "(nanobind): purl: expected pkg:pypi/nanobind; got 'pkg:pypi/evil@3.1.0'",
+            id="purl-of-another-package",
+        ),
+        pytest.param(
+            _edit(lambda d: _component(d, "libc++").pop("purl")),
+            "(libc++): purl: expected a purl for libc++; got None",
+            id="purl-left-out",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: _component(d, "cudart").update(
+                    cpe="cpe:2.3:a:evil:cuda_toolkit:13.0:*:*:*:*:*:*:*"
+                )
+            ),
+            "(cudart): cpe: expected vendor:product nvidia:cuda_toolkit; got",
+            id="cpe-of-another-product",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: _component(d, "robin-map").update(cpe="cpe:2.3:a:x:y:1.4.0:*:*:*:*:*:*:*")
+            ),
+            "(robin-map): cpe: expected no CPE for robin-map; got",
+            id="cpe-where-none-is",
         ),
         pytest.param(
             _edit(lambda d: _component(d, ENGINE).update(version="9.9.9")),

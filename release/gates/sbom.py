@@ -44,8 +44,19 @@ FACT_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
 }
 # bindings/common.h, compiled into every module, records these.
 REQUIRED_FACTS = ("cxx_runtime", "nanobind", "robin_map")
-# The tag a GitHub package URL names for a release: (namespace, name) -> prefix of the version.
-_RELEASE_TAGS = {("llvm", "llvm-project"): "llvmorg-", ("tessil", "robin-map"): "v"}
+# Who each library a module may link is to scanners (cmake/write_sbom.py writes these): the
+# package URL's (type, namespace, name) and the prefix of its version (a release tag), and the
+# CPE's vendor:product; None where it has none.
+_LLVM = (("github", "llvm", "llvm-project"), "llvmorg-", "llvm:llvm")
+_IDENTITIES: dict[str, tuple[tuple[str, str | None, str] | None, str, str | None]] = {
+    "libc++": _LLVM,
+    "libc++abi": _LLVM,
+    "libunwind": _LLVM,
+    "libstdc++": (None, "", "gnu:gcc"),
+    "cudart": (None, "", "nvidia:cuda_toolkit"),
+    "nanobind": (("pypi", None, "nanobind"), "", None),
+    "robin-map": (("github", "tessil", "robin-map"), "v", None),
+}
 Component = dict[str, Any]
 
 
@@ -241,25 +252,49 @@ def _dependency_problems(document: dict[str, Any], refs: set[Any]) -> list[str]:
 
 
 def _identifier_problems(where: str, component: Component) -> list[str]:
-    """The version its purl and CPE name against the component's own `version`."""
-    version = component.get("version")
+    """Its purl and CPE against the component itself: the version always, and for a library a
+    module may link, who it is (_IDENTITIES), so that a scanner matches it to that library."""
+    name, version = component.get("name"), str(component.get("version"))
+    known = name in _IDENTITIES
+    identity, tag, vendor_product = _IDENTITIES.get(name, (None, "", None))
     problems: list[str] = []
-    if (text := component.get("purl")) is not None:
-        try:
-            purl = PackageURL.from_string(text)
-        except ValueError as error:
-            problems.append(f"{where}: purl: expected a package URL; got {text!r} ({error})")
-        else:
-            said = _RELEASE_TAGS.get((purl.namespace or "", purl.name), "") + str(version)
-            if purl.version != said:
-                problems.append(f"{where}: purl: expected the version {said}; got {text!r}")
-    if (cpe := component.get("cpe")) is not None:
-        fields = [re.sub(r"\\(.)", r"\1", f) for f in re.split(r"(?<!\\):", cpe)]
-        if len(fields) != 13 or fields[:2] != ["cpe", "2.3"]:
-            problems.append(f"{where}: cpe: expected a CPE 2.3 formatted string; got {cpe!r}")
-        elif fields[5] != version:
-            problems.append(f"{where}: cpe: expected the version {version}; got {cpe!r}")
+    purl, cpe = component.get("purl"), component.get("cpe")
+    if known and (purl is None) != (identity is None):
+        expected = "no purl" if identity is None else "a purl"
+        problems.append(f"{where}: purl: expected {expected} for {name}; got {purl!r}")
+    elif purl is not None:
+        problems += _purl_problems(where, purl, identity if known else None, tag + version)
+    if known and (cpe is None) != (vendor_product is None):
+        expected = "no CPE" if vendor_product is None else f"the CPE of {vendor_product}"
+        problems.append(f"{where}: cpe: expected {expected} for {name}; got {cpe!r}")
+    elif cpe is not None:
+        problems += _cpe_problems(where, cpe, vendor_product, version)
     return problems
+
+
+def _purl_problems(
+    where: str, text: str, identity: tuple[str, str | None, str] | None, version: str
+) -> list[str]:
+    try:
+        purl = PackageURL.from_string(text)
+    except ValueError as error:
+        return [f"{where}: purl: expected a package URL; got {text!r} ({error})"]
+    if identity is not None and (purl.type, purl.namespace, purl.name) != identity:
+        return [f"{where}: purl: expected pkg:{'/'.join(filter(None, identity))}; got {text!r}"]
+    if purl.version != version:
+        return [f"{where}: purl: expected the version {version}; got {text!r}"]
+    return []
+
+
+def _cpe_problems(where: str, cpe: str, vendor_product: str | None, version: str) -> list[str]:
+    fields = [re.sub(r"\\(.)", r"\1", f) for f in re.split(r"(?<!\\):", cpe)]
+    if len(fields) != 13 or fields[:3] != ["cpe", "2.3", "a"]:
+        return [f"{where}: cpe: expected a CPE 2.3 formatted string; got {cpe!r}"]
+    if vendor_product is not None and ":".join(fields[3:5]) != vendor_product:
+        return [f"{where}: cpe: expected vendor:product {vendor_product}; got {cpe!r}"]
+    if fields[5] != version:
+        return [f"{where}: cpe: expected the version {version}; got {cpe!r}"]
+    return []
 
 
 # --- the document against the wheel ---
