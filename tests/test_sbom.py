@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from release.gates.payload import list_wheel
-from release.gates.sbom import FactError, expected_components, module_facts
+from release.gates.sbom_facts import FactError, expected_components, module_facts
 from release.manifest import Manifest, load_manifest
 from release.util.paths import DEFAULT_MANIFEST
 

@@ -3,16 +3,15 @@
 The payload gate calls :func:`sbom_problems` for the manifest's `payload.sbom` file of every wheel.
 The document must be unambiguous JSON (strict UTF-8, no repeated keys), validate against the
 CycloneDX 1.6 schema, name the wheel's distribution and version, and name each native module of
-the wheel with exactly what that module links in. What a module links in is read here from the
-module, independently of cmake/write_sbom.py that wrote the document: the facts its code recorded
-in the ELF section `.activekv_sbom` (engine/common/sbom_facts.h, bindings/common.h). A component
+the wheel with exactly what that module links in. What a module links in is read from the module
+itself, independently of cmake/write_sbom.py that wrote the document (release/gates/sbom_facts.py:
+the facts its code recorded in the ELF section `.activekv_sbom`). A component
 the SBOM lists with another version, or that no module records, or a module it leaves out, or a
 fact it cannot be judged by, is a problem naming it.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import zipfile
@@ -24,26 +23,11 @@ from typing import Any
 
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 from packageurl import PackageURL
 from packaging.utils import parse_wheel_filename
 
-FACT_SECTION = ".activekv_sbom"
-_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
-# Each fact a module may record, the form of its value, and that form in words.
-FACT_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
-    "cxx_runtime": (
-        re.compile(r"libc\+\+ [0-9]+|libstdc\+\+ [0-9]+"),
-        "'libc++ <_LIBCPP_VERSION>' or 'libstdc++ <_GLIBCXX_RELEASE>' (decimal digits)",
-    ),
-    "cuda_runtime": (re.compile(r"[0-9]+"), "<CUDART_VERSION> (decimal digits)"),
-    "cuda_architectures": (re.compile(r"\S+"), "the CUDA architectures, without spaces"),
-    "nanobind": (_VERSION, "<major>.<minor>.<patch>"),
-    "robin_map": (_VERSION, "<major>.<minor>.<patch>"),
-}
-# bindings/common.h, compiled into every module, records these.
-REQUIRED_FACTS = ("cxx_runtime", "nanobind", "robin_map")
+from release.gates.sbom_facts import FACT_SECTION, FactError, expected_components, module_facts
+
 # Who each library a module may link is to scanners (cmake/write_sbom.py writes these): the
 # package URL's (type, namespace, name) and the prefix of its version (a release tag), and the
 # CPE's vendor:product; None where it has none.
@@ -58,67 +42,6 @@ _IDENTITIES: dict[str, tuple[tuple[str, str | None, str] | None, str, str | None
     "robin-map": (("github", "tessil", "robin-map"), "v", None),
 }
 Component = dict[str, Any]
-
-
-class FactError(ValueError):
-    """A module's `.activekv_sbom` facts cannot be read one way only."""
-
-
-def module_facts(data: bytes) -> dict[str, str]:
-    """The `name=value` facts a native module recorded; empty when it recorded none.
-
-    Raises FactError for an entry that is not UTF-8 `name=value`, a fact of unknown name or
-    form, a fact recorded twice with two values, or a module without the facts every one has."""
-    try:
-        section = ELFFile(io.BytesIO(data)).get_section_by_name(FACT_SECTION)
-    except ELFError:
-        return {}
-    if section is None:
-        return {}
-    facts: dict[str, str] = {}
-    for entry in section.data().split(b"\0"):
-        if entry:
-            name, value = _fact(entry)
-            if facts.setdefault(name, value) != value:
-                raise FactError(f"{name}: expected one value; got {facts[name]!r} and {value!r}")
-    if missing := [name for name in REQUIRED_FACTS if name not in facts]:
-        raise FactError(f"expected the facts {missing} (bindings/common.h); missing")
-    return facts
-
-
-def _fact(entry: bytes) -> tuple[str, str]:
-    try:
-        text = entry.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise FactError(f"expected UTF-8 name=value; got {entry!r} ({error.reason})") from None
-    name, separator, value = text.partition("=")
-    if not separator:
-        raise FactError(f"expected name=value; got {text!r}")
-    if name not in FACT_FORMS:
-        raise FactError(f"expected only the facts {sorted(FACT_FORMS)}; got {name!r}")
-    pattern, form = FACT_FORMS[name]
-    if not pattern.fullmatch(value):
-        raise FactError(f"{name}: expected {form}; got {value!r}")
-    return name, value
-
-
-def expected_components(facts: dict[str, str]) -> dict[str, str]:
-    """Component name -> version, for what the facts (of the forms FACT_FORMS says) say a
-    module links in."""
-    expected: dict[str, str] = {}
-    runtime, _, number = facts.get("cxx_runtime", "").partition(" ")
-    if runtime == "libc++":
-        value = int(number)  # _LIBCPP_VERSION: MMmmpp
-        version = f"{value // 10000}.{value // 100 % 100}.{value % 100}"
-        expected.update(dict.fromkeys(("libc++", "libc++abi", "libunwind"), version))
-    elif runtime == "libstdc++":
-        expected["libstdc++"] = number
-    if cuda := facts.get("cuda_runtime"):
-        expected["cudart"] = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}"  # CUDART_VERSION
-    for fact, name in (("nanobind", "nanobind"), ("robin_map", "robin-map")):
-        if fact in facts:
-            expected[name] = facts[fact]
-    return expected
 
 
 # --- the document: unambiguous JSON, valid CycloneDX 1.6 ---
