@@ -15,8 +15,11 @@ BlockStore::BlockStore(std::size_t capacity_bytes, std::size_t slot_bytes)
     : pool_(capacity_bytes, slot_bytes),
       by_slot_(pool_.num_slots(), nullptr),
       extents_(pool_.num_slots()) {
-  // At most one block per slot: buckets sized once, so steady steps never rehash.
-  blocks_.reserve(pool_.num_slots());
+  // At most one block per slot, and a new one briefly beside its victim: buckets sized once, so
+  // steady steps never rehash.
+  blocks_.reserve(pool_.num_slots() + 1);
+  // A step evicts each block at most once: recording them never allocates.
+  evicted_by_step_.reserve(pool_.num_slots());
   // Every extent entry free, the lowest index taken first.
   free_extents_.reserve(pool_.num_slots());
   for (std::size_t index = pool_.num_slots(); index > 0; --index) {
@@ -76,6 +79,7 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
   // free for the blocks after it.
   std::size_t uncounted = pool_.free_slots();
   std::optional<std::uint64_t> inserted_now;
+  evicted_by_step_.clear();
   try {
     for (const std::uint64_t hash : hashes) {
       // Pinned from allocation until commit or drop; not evictable meanwhile (not committed).
@@ -106,6 +110,7 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
           Block& block = blocks_.at(evicted);
           release_block(block);  // first: a bad_alloc here leaves this block as it was
           blocks_.erase(evicted);  // another key: `entry` stays valid
+          evicted_by_step_.push_back(evicted);
         }
         uncounted += allocation.evicted.size() - 1;
       } else {
@@ -127,6 +132,7 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
     }
     throw;
   }
+  evicted_by_step_.clear();  // reported by `result`
   if (placed.empty()) return result;
   pool_.take(placed.size(), result.runs);
   std::size_t next = 0;

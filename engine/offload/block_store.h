@@ -90,8 +90,20 @@ class BlockStore {
   // least recently used extent that has any, else are refused.
   // The allocated blocks are then placed in runs of consecutive slots by FreeRuns::take, over the
   // free runs the evictions left. Never blocks. A bad_alloc leaves this step's blocks unallocated
-  // (blocks evicted before it stay evicted) and every invariant holding.
+  // (blocks evicted before it stay evicted: drain_evictions_of_failed_step names them) and every
+  // invariant holding.
   StepAllocation allocate_step(const std::vector<std::uint64_t>& hashes);
+
+  // The blocks a step evicted before its allocate_step failed (bad_alloc): they are gone from
+  // the store, and no Allocation reports them. `visit(hash)` for each, in the order evicted (the
+  // engine logs their events), then forgotten; nothing after an allocate_step that returned.
+  template <typename Visit>
+  void drain_evictions_of_failed_step(Visit&& visit) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (const std::uint64_t hash : evicted_by_step_) visit(hash);
+    evicted_by_step_.clear();
+  }
+
   // A step of one block.
   Allocation allocate_for_store(std::uint64_t hash);
   // A fully stored block becomes committed: stamped, its store pin released.
@@ -165,6 +177,7 @@ class BlockStore {
   std::vector<Block*> by_slot_;
   std::vector<Extent> extents_;            // num_slots entries
   std::vector<std::size_t> free_extents_;  // indexes of unused entries, taken from the back
+  std::vector<std::uint64_t> evicted_by_step_;  // this allocate_step's evictions, so far
   // Stamped extents from least to most recently used (stamps are unique, from one counter): a
   // stamp always moves its extent to the newest end, O(1); eviction takes the oldest extent that
   // has an evictable block, skipping those whose blocks are all pinned.

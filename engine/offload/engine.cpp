@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <new>
 #include <unordered_map>
 
 namespace activekv::offload {
@@ -589,7 +590,21 @@ void Engine::allocate_stores() {
   std::vector<std::uint64_t> hashes;
   hashes.reserve(stores_.size());
   for (const StoreEntry& entry : stores_) hashes.push_back(entry.hash);
-  const StepAllocation step = store_.allocate_step(hashes);
+  // Room for everything below, so that nothing fails once the store has changed: an evict or
+  // refuse event per store, plus one extent's (region_blocks) surplus evictions.
+  events_.reserve(events_.size() + 2 * stores_.size() + staging_.region_blocks());
+  run_transfers_.reserve(stores_.size());
+  run_scratch_.reserve(stores_.size());
+  const StepAllocation step = [&] {
+    try {
+      return store_.allocate_step(hashes);
+    } catch (const std::bad_alloc&) {
+      // What it evicted before failing is gone all the same: logged as any eviction is.
+      store_.drain_evictions_of_failed_step(
+          [this](std::uint64_t hash) { log(EventKind::evict, hash); });
+      throw;
+    }
+  }();
   run_transfers_.clear();
   for (std::size_t index = 0; index < stores_.size(); ++index) {
     StoreEntry& entry = stores_[index];

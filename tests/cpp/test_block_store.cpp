@@ -13,7 +13,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <random>
 #include <set>
@@ -38,6 +40,20 @@ using activekv::offload::StepAllocation;
 
 using activekv::testing::contains;
 using activekv::testing::error_message;
+
+// Allocation failure on demand, for the exception-safety cases: the countdown-th allocation from
+// now throws bad_alloc (0: none). The test binary's own operator new, a pass-through otherwise.
+namespace {
+thread_local long failing_allocation = 0;
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+  if (failing_allocation > 0 && --failing_allocation == 0) throw std::bad_alloc();
+  if (void* memory = std::malloc(bytes == 0 ? 1 : bytes)) return memory;
+  throw std::bad_alloc();
+}
+void operator delete(void* memory) noexcept { std::free(memory); }
+void operator delete(void* memory, std::size_t) noexcept { std::free(memory); }
 
 namespace {
 
@@ -636,4 +652,38 @@ TEST_CASE("a hash evicted earlier in the same step is stored again") {
   CHECK(step.runs == Runs{{0, 2}});
   CHECK(store.info(1)->state == BlockState::storing);
   CHECK(store.check_invariants() == "");
+}
+
+TEST_CASE("a step that fails at any allocation names every block it evicted and leaves the store whole") {
+  bool failed_after_evicting = false;
+  for (long at = 1;; ++at) {
+    CAPTURE(at);
+    BlockStore store = store_of(8);
+    store_step(store, {1, 2, 3, 4});  // extent of stamps 1..4, the least recently used
+    store_step(store, {5, 6, 7, 8});
+    failing_allocation = at;
+    bool threw = false;
+    try {
+      store.allocate_step({10, 11, 12, 13, 14, 15});
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    failing_allocation = 0;
+    CHECK(store.check_invariants() == "");
+    std::set<std::uint64_t> drained;
+    store.drain_evictions_of_failed_step([&](std::uint64_t hash) { drained.insert(hash); });
+    if (!threw) {
+      CHECK(drained.empty());  // a step that returned reports its evictions itself
+      break;
+    }
+    // Every block gone from the store is named, and none of the step's own blocks stayed.
+    std::set<std::uint64_t> gone;
+    for (std::uint64_t hash = 1; hash <= 8; ++hash) {
+      if (!store.info(hash).has_value()) gone.insert(hash);
+    }
+    CHECK(drained == gone);
+    for (std::uint64_t hash = 10; hash <= 15; ++hash) CHECK_FALSE(store.info(hash).has_value());
+    failed_after_evicting |= !drained.empty();
+  }
+  CHECK(failed_after_evicting);  // some failure point came after an eviction
 }
