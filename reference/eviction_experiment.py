@@ -123,6 +123,26 @@ class ExtentGrow(ref.Engine):
     def _owners(self) -> dict[int, int]:
         return {block["slot"]: h for h, block in self._blocks.items() if block["slot"] is not None}
 
+    def _old_extent_at(self, slot: int, owner: dict[int, int], horizon: int) -> int | None:
+        """The extent of the block in `slot` if that block is evictable and the extent old
+        (stamp at most `horizon`); None for a free slot, a pool edge or any other block."""
+        block = self._blocks[owner[slot]] if slot in owner else None
+        if block is None or block["state"] != "committed" or block["pins"]:
+            return None
+        extent = block["extent"]
+        return extent if self._extent_stamps[extent] <= horizon else None
+
+    def _walk_inputs(
+        self,
+    ) -> tuple[dict[int, list[tuple[int, int]]], int, dict[int, int], set[int], int] | None:
+        """What a walk over the slots starts from (sweep, window): the old extents' evictable
+        blocks, the horizon, slot -> hash, the free slots and the step's stores; None when no
+        block is evictable."""
+        members, order, horizon = self._old_extents()
+        if not order:
+            return None
+        return members, horizon, self._owners(), set(self._free), self._need()
+
     def _victims(self) -> list[int]:
         members, order, horizon = self._old_extents()
         if not order:
@@ -170,11 +190,8 @@ class ExtentGrow(ref.Engine):
         while end - start < need:
             sides = []
             for slot in (start - 1, end):
-                block = self._blocks[owner[slot]] if slot in owner else None
-                if block is None or block["state"] != "committed" or block["pins"]:
-                    continue  # a pool edge or a block that is not evictable
-                extent = block["extent"]
-                if extent not in taken and self._extent_stamps[extent] <= horizon:
+                extent = self._old_extent_at(slot, owner, horizon)
+                if extent is not None and extent not in taken:
                     sides.append((self._extent_stamps[extent], extent))
             if not sides:
                 break
@@ -199,12 +216,9 @@ class ExtentSweep(ExtentGrow):
     _cursor = 0
 
     def _victims(self) -> list[int]:
-        members, order, horizon = self._old_extents()
-        if not order:
+        if (walk := self._walk_inputs()) is None:
             return []
-        owner = self._owners()
-        free = set(self._free)
-        need = self._need()
+        members, horizon, owner, free, need = walk
         victims: list[int] = []
         gone: set[int] = set()
         run_start, run = self._cursor, 0
@@ -212,9 +226,8 @@ class ExtentSweep(ExtentGrow):
         for _ in range(self._num_slots):
             if slot == 0:
                 run_start, run = 0, 0
-            block = self._blocks[owner[slot]] if slot in owner else None
-            extent = None if block is None or block["pins"] else block["extent"]
-            if extent in members and self._extent_stamps[extent] <= horizon:
+            extent = self._old_extent_at(slot, owner, horizon)
+            if extent in members:  # not evicted by this walk yet
                 more = sorted(members.pop(extent))
                 victims += [h for _, h in more]
                 gone |= {s for s, _ in more}
@@ -241,26 +254,19 @@ class ExtentWindow(ExtentGrow):
     _cursor = 0
 
     def _victims(self) -> list[int]:
-        members, order, horizon = self._old_extents()
-        if not order:
+        if (walk := self._walk_inputs()) is None:
             return []
-        owner = self._owners()
-        free = set(self._free)
-        need = self._need()
+        members, horizon, owner, free, need = walk
         best: tuple[int, int, list[int]] = (0, 0, [])  # length, first slot, extents
         start, extents = self._cursor, []
         slot = self._cursor
         for _ in range(self._num_slots + 1):
             if slot == 0:
                 start, extents = 0, []
-            extent = self._blocks[owner[slot]]["extent"] if slot in owner else None
+            extent = self._old_extent_at(slot, owner, horizon)
             if slot in free:
                 pass
-            elif (
-                self._blocks[owner[slot]]["state"] == "committed"
-                and self._blocks[owner[slot]]["pins"] == 0
-                and self._extent_stamps[extent] <= horizon
-            ):
+            elif extent is not None:
                 if not extents or extents[-1] != extent:
                     extents.append(extent)
             else:
