@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_sbom_writer import writer_arguments
 
 from release.gates.payload import list_wheel
 from release.gates.sbom_facts import FactError, expected_components, module_facts
@@ -501,33 +502,8 @@ def _write_sbom(tmp_path: Path, wheel: Path, *extra: str) -> subprocess.Complete
                 archive.extract(name, tmp_path / "modules")
                 import_name = name.split(".")[0].replace("/", ".")
                 modules += ["--module", f"{import_name}={name}={tmp_path / 'modules' / name}"]
-    tool = sys.executable  # stands in for every binary: only its digest is taken
-    command = [
-        sys.executable,
-        REPO / "cmake" / "write_sbom.py",
-        "--out",
-        tmp_path / "sbom.json",
-        "--name",
-        "activekv",
-        "--version",
-        "0.1.0",
-        *modules,
-        "--cmake",
-        tool,
-        "--cmake-version",
-        "4.4.5",
-        "--nvcc",
-        tool,
-        "--nvcc-version",
-        "13.0.88",
-        "--cxx-compiler",
-        tool,
-        "--cxx-compiler-version",
-        "Clang 22.1.8",
-        "--scikit-build-core",
-        "1.1.2",
-        *extra,
-    ]
+    command = [sys.executable, REPO / "cmake" / "write_sbom.py"]
+    command += writer_arguments(tmp_path / "sbom.json", modules, extra)
     return subprocess.run(
         list(map(str, command)),
         capture_output=True,

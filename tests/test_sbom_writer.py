@@ -14,7 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -92,26 +92,18 @@ def _section(facts: dict[str, str]) -> bytes:
     return b"".join(f"{name}={value}".encode() + b"\0" for name, value in facts.items())
 
 
-def _arguments(out: Path, *modules: Path | str, extra: tuple[str, ...] = ()) -> list[str]:
-    """The command line CMake gives the writer; sys.executable stands in for every binary."""
-    given = []
-    for number, built in enumerate(modules):
-        spec = (
-            built
-            if isinstance(built, str)
-            else f"activekv._m{number}=activekv/m{number}.so={built}"
-        )
-        given += ["--module", spec]
+def writer_arguments(out: Path, modules: list[str], extra: Sequence[str] = ()) -> list[str]:
+    """The arguments CMake gives the writer after `--module NAME=PATH=FILE` ones (`modules`);
+    sys.executable stands in for every tool binary (only its digest is taken)."""
     tool = sys.executable
     return [
-        "write_sbom.py",
         "--out",
         str(out),
         "--name",
         "activekv",
         "--version",
         "0.1.0",
-        *given,
+        *modules,
         "--cmake",
         tool,
         "--cmake-version",
@@ -128,6 +120,19 @@ def _arguments(out: Path, *modules: Path | str, extra: tuple[str, ...] = ()) -> 
         "1.1.2",
         *extra,
     ]
+
+
+def _arguments(out: Path, *modules: Path | str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The writer's command line over these modules (a Path: a made-up import name for it)."""
+    given = []
+    for number, built in enumerate(modules):
+        spec = (
+            built
+            if isinstance(built, str)
+            else f"activekv._m{number}=activekv/m{number}.so={built}"
+        )
+        given += ["--module", spec]
+    return ["write_sbom.py", *writer_arguments(out, given, extra)]
 
 
 def _write(
