@@ -123,8 +123,14 @@ def test_the_versions_come_from_the_modules_themselves(built_wheel):
 
 
 def _set_version(name: str, version: str) -> Callable[[Document], Document]:
+    return _update(name, version=version)
+
+
+def _update(name: str, **fields: Any) -> Callable[[Document], Document]:
+    """A change that sets `fields` on the component `name`."""
+
     def change(document: Document) -> Document:
-        _component(document, name)["version"] = version
+        _component(document, name).update(fields)
         return document
 
     return change
@@ -277,7 +283,7 @@ def _nested(depth: int) -> list[Document]:
             id="nested-too-deep",
         ),
         pytest.param(
-            _edit(lambda d: _component(d, ENGINE).update(components=_nested(300))),
+            _update(ENGINE, components=_nested(300)),
             "schema: expected a document the validator can read; got nesting too deep",
             id="nested-too-deep-to-validate",
         ),
@@ -288,7 +294,7 @@ def _nested(depth: int) -> list[Document]:
         ),
         # every component seen, every ref resolved
         pytest.param(
-            _edit(lambda d: _component(d, ENGINE).update(components=[ZLIB])),
+            _update(ENGINE, components=[ZLIB]),
             f"components[0] ({ENGINE}): expected no nested components",
             id="nested-component",
         ),
@@ -332,30 +338,22 @@ def _nested(depth: int) -> list[Document]:
         ),
         # identifiers and versions agree
         pytest.param(
-            _edit(lambda d: _component(d, "nanobind").update(purl="pkg:pypi/nanobind@2.0.0")),
+            _update("nanobind", purl="pkg:pypi/nanobind@2.0.0"),
             "(nanobind): purl: expected the version 3.1.0; got 'pkg:pypi/nanobind@2.0.0'",
             id="purl-of-another-version",
         ),
         pytest.param(
-            _edit(
-                lambda d: _component(d, "libc++").update(
-                    purl="pkg:github/llvm/llvm-project@llvmorg-17.0.6#libcxx"
-                )
-            ),
+            _update("libc++", purl="pkg:github/llvm/llvm-project@llvmorg-17.0.6#libcxx"),
             "(libc++): purl: expected the version llvmorg-22.",
             id="release-tag-of-another-version",
         ),
         pytest.param(
-            _edit(
-                lambda d: _component(d, "cudart").update(
-                    cpe="cpe:2.3:a:nvidia:cuda_toolkit:12.4:*:*:*:*:*:*:*"
-                )
-            ),
+            _update("cudart", cpe="cpe:2.3:a:nvidia:cuda_toolkit:12.4:*:*:*:*:*:*:*"),
             "(cudart): cpe: expected the version 13.",
             id="cpe-of-another-version",
         ),
         pytest.param(
-            _edit(lambda d: _component(d, "nanobind").update(purl="pkg:pypi/evil@3.1.0")),
+            _update("nanobind", purl="pkg:pypi/evil@3.1.0"),
             "(nanobind): purl: expected pkg:pypi/nanobind; got 'pkg:pypi/evil@3.1.0'",
             id="purl-of-another-package",
         ),
@@ -365,23 +363,17 @@ def _nested(depth: int) -> list[Document]:
             id="purl-left-out",
         ),
         pytest.param(
-            _edit(
-                lambda d: _component(d, "cudart").update(
-                    cpe="cpe:2.3:a:evil:cuda_toolkit:13.0:*:*:*:*:*:*:*"
-                )
-            ),
+            _update("cudart", cpe="cpe:2.3:a:evil:cuda_toolkit:13.0:*:*:*:*:*:*:*"),
             "(cudart): cpe: expected vendor:product nvidia:cuda_toolkit; got",
             id="cpe-of-another-product",
         ),
         pytest.param(
-            _edit(
-                lambda d: _component(d, "robin-map").update(cpe="cpe:2.3:a:x:y:1.4.0:*:*:*:*:*:*:*")
-            ),
+            _update("robin-map", cpe="cpe:2.3:a:x:y:1.4.0:*:*:*:*:*:*:*"),
             "(robin-map): cpe: expected no CPE for robin-map; got",
             id="cpe-where-none-is",
         ),
         pytest.param(
-            _edit(lambda d: _component(d, ENGINE).update(version="9.9.9")),
+            _update(ENGINE, version="9.9.9"),
             f"{ENGINE}: version: expected 0.1.0 (the wheel's); got 9.9.9",
             id="module-of-another-version",
         ),
