@@ -368,13 +368,15 @@ def _module_parts(built: Path) -> tuple[dict[str, str], list[Component]]:
 
 
 def _merge_facts(all_facts: dict[str, str], facts: dict[str, str], built: Path) -> None:
-    """The facts the tools are checked by (nanobind), which every module must agree on."""
-    for name in ("nanobind",):
-        if name in facts and all_facts.setdefault(name, facts[name]) != facts[name]:
-            raise SbomError(
-                f"{built}: {FACT_SECTION}: {name}: expected {all_facts[name]!r}, "
-                f"as the modules before it record; got {facts[name]!r}"
-            )
+    """The fact the tools are checked by (nanobind), which every module must agree on."""
+    if (
+        "nanobind" in facts
+        and all_facts.setdefault("nanobind", facts["nanobind"]) != facts["nanobind"]
+    ):
+        raise SbomError(
+            f"{built}: {FACT_SECTION}: nanobind: expected {all_facts['nanobind']!r}, "
+            f"as the modules before it record; got {facts['nanobind']!r}"
+        )
 
 
 def read_record(argument: str) -> dict[str, object] | None:
