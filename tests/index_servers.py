@@ -88,7 +88,7 @@ class DevpiServer(Server):
         self.volatile = volatile
         self.client_dir = folder.with_name(folder.name + ".client")
         subprocess.run([_tool("devpi-init"), "--serverdir", str(folder), "--no-root-pypi",
-                        "--root-passwd", secrets.token_urlsafe(16)],
+                        f"--root-passwd={secrets.token_urlsafe(16)}"],
                        check=True, capture_output=True)  # fmt: skip
 
     def command(self) -> list[str]:
@@ -100,7 +100,7 @@ class DevpiServer(Server):
         if not (self.client_dir / "created").exists():
             self._client("use", self.base_url)
             self._client("user", "-c", self.username, f"password={self.password}")
-            self._client("login", self.username, "--password", self.password)
+            self._client("login", self.username, f"--password={self.password}")
             self._client("index", "-c", "releases", f"volatile={self.volatile}", "bases=")
             (self.client_dir / "created").touch()
 
