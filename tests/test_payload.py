@@ -155,6 +155,7 @@ def test_clean_native_wheel_passes(manifest: Manifest, tmp_path: Path) -> None:
         ("activekv/x/../", "the name has a '..' part; expected"),  # a folder's entry too
         ("/activekv/_engine.pyi", "the name is absolute; expected a path relative"),
         ("activekv\\_engine.pyi", "the name holds a backslash; expected '/'"),
+        ("activekv/_engine.pyi\n", "the name holds a control character; expected printable"),
         # an SBOM no manifest asks for is never judged, so never shipped
         (f"{DIST_INFO}/sboms/other.cdx.json", "an SBOM the manifest does not ask for; expected"),
     ],
@@ -182,6 +183,35 @@ def test_two_members_of_one_name_fail_both(manifest: Manifest, tmp_path: Path) -
     bad = [(entry.path, entry.problem) for entry in list_wheel(wheel, manifest) if entry.problem]
     problem = "the wheel holds 2 members of this name; expected one (installers keep one)"
     assert bad == [("activekv/_engine.pyi", problem)] * 2
+
+
+@pytest.mark.parametrize(
+    "twin",
+    [
+        "activekv/_Engine.pyi",  # one file on a case-insensitive filesystem
+        "ACTIVEKV/_engine.pyi",  # a folder that differs in case only
+        "activekv/_engine.pyi/",  # a folder's entry of the file's name
+    ],
+)
+def test_names_one_filesystem_takes_for_one_fail_both(
+    manifest: Manifest, tmp_path: Path, twin: str
+) -> None:
+    """A case-insensitive filesystem keeps one of two names that differ only in case: which one
+    is the installer's choice, not the gate's."""
+    wheel = make_wheel(tmp_path, {twin: b""})
+    bad = sorted(
+        (entry.path, entry.problem) for entry in list_wheel(wheel, manifest) if entry.problem
+    )
+    assert [path for path, _ in bad] == sorted(["activekv/_engine.pyi", twin])
+    assert all("2 members whose names differ only in case or Unicode" in why for _, why in bad)
+
+
+def test_names_that_normalise_to_one_fail_both(manifest: Manifest, tmp_path: Path) -> None:
+    """macOS and a normalising filesystem store "é" and "e" + combining acute as one name."""
+    composed, decomposed = "activekv/caf\u00e9.pyi", "activekv/cafe\u0301.pyi"
+    wheel = make_wheel(tmp_path, {composed: b"", decomposed: b""})
+    bad = {entry.path for entry in list_wheel(wheel, manifest) if entry.problem}
+    assert bad == {composed, decomposed}
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -97,10 +98,12 @@ def list_wheel(
     sbom = _sbom_member(wheel, manifest)
     listing: list[PayloadFile] = []
     with zipfile.ZipFile(wheel) as archive:
-        counts = Counter(info.filename for info in archive.infolist())
+        names = [info.filename for info in archive.infolist()]
+        counts, alike = Counter(names), Counter(map(_filesystem_key, names))
         for info in archive.infolist():
             kind = "directory" if info.is_dir() else classify(info.filename)
-            problem = member_name_problem(info.filename, counts[info.filename])
+            name = info.filename
+            problem = member_name_problem(name, counts[name], alike[_filesystem_key(name)])
             if kind == "directory" and not problem:
                 continue
             if not problem and kind in ("python", "bytecode", "sbom"):
@@ -140,11 +143,25 @@ def _content_problem(
 _ODD_PARTS = {"": "an empty", ".": "a '.'", "..": "a '..'"}
 
 
-def member_name_problem(name: str, count: int = 1) -> str:
+def _filesystem_key(name: str) -> str:
+    """What a case-insensitive or Unicode-normalising filesystem makes of a member's name."""
+    return unicodedata.normalize("NFC", name.removesuffix("/")).casefold()
+
+
+def member_name_problem(name: str, count: int = 1, alike: int = 1) -> str:
     """Why an installer could put the member `name` somewhere other than where the gate judged
-    it (`count`: how many members of the archive carry that name); empty when nothing."""
+    it (`count`: how many members of the archive carry that name; `alike`: how many carry a name
+    a case-insensitive or normalising filesystem takes for it); empty when nothing."""
     if count > 1:
         return f"the wheel holds {count} members of this name; expected one (installers keep one)"
+    if alike > 1:
+        return (
+            f"the wheel holds {alike} members whose names differ only in case or Unicode "
+            "normalisation; expected names distinct on every filesystem (a case-insensitive or "
+            "normalising one keeps one)"
+        )
+    if any(unicodedata.category(char) == "Cc" for char in name):
+        return "the name holds a control character; expected printable characters only"
     if "\\" in name:
         return "the name holds a backslash; expected '/' between the parts of a path"
     if name.startswith("/"):
