@@ -19,7 +19,13 @@ import pytest
 from test_sbom_writer import writer_arguments
 
 from release.gates.payload import list_wheel
-from release.gates.sbom_facts import FactError, expected_components, module_facts
+from release.gates.sbom_facts import (
+    FactError,
+    expected_components,
+    expected_linkage,
+    module_facts,
+    module_needed,
+)
 from release.manifest import Manifest, load_manifest
 from release.util.paths import DEFAULT_MANIFEST
 
@@ -236,6 +242,16 @@ def _nested(depth: int) -> list[Document]:
         ),
         pytest.param(_architectures, "activekv:cuda_architectures: expected", id="architectures"),
         pytest.param(
+            _update("cudart", properties=[{"name": "activekv:linkage", "value": "dynamic"}]),
+            "activekv:linkage: expected static (activekv/_engine.",
+            id="linkage-that-lies",
+        ),
+        pytest.param(
+            _update("nanobind", properties=[]),
+            "(nanobind@3.1.0:static): activekv:linkage: expected static",
+            id="linkage-left-out",
+        ),
+        pytest.param(
             _other_package, "metadata.component: expected activekv 0.1.0", id="another-package"
         ),
         # one reading only: no ref, file, key, property or dependency entry given twice
@@ -385,6 +401,28 @@ def test_a_planted_lie_fails_the_payload_gate(built_wheel, manifest, tmp_path, c
     assert any(named in problem for problem in problems), problems
     if "the SBOM says" in named:  # a lying version is reported as that, not as a made-up part
         assert "no module of the wheel records it" not in " ".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("component", "needed", "linkage"),
+    [
+        ("cudart", ["libcudart.so.13", "libc.so.6"], "dynamic"),
+        ("cudart", ["libcudart-1a2b3c4d.so.13.0.48"], "dynamic"),  # as auditwheel vendors it
+        ("cudart", ["libcudart_static.so", "libcudartx.so.13"], "static"),
+        ("libunwind", ["libc++.so.1"], "dynamic"),  # one LLVM runtime, linked one way
+        ("libc++", ["libc++abi.so.1"], "static"),
+        ("libstdc++", ["libstdc++.so.6"], "dynamic"),
+        ("nanobind", ["libnanobind.so"], "static"),  # header code: always compiled in
+    ],
+)
+def test_linkage_is_read_from_dt_needed(component, needed, linkage):
+    assert expected_linkage(component, needed) == linkage
+
+
+def test_the_gate_reads_dt_needed_from_the_module(engine_bytes):
+    needed = module_needed(engine_bytes)
+    assert "libc.so.6" in needed
+    assert not any(name.startswith("libcudart") for name in needed)  # cudart linked in
 
 
 @pytest.fixture(scope="module")

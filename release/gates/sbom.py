@@ -26,7 +26,14 @@ from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 from packaging.utils import parse_wheel_filename
 
-from release.gates.sbom_facts import FACT_SECTION, FactError, expected_components, module_facts
+from release.gates.sbom_facts import (
+    FACT_SECTION,
+    FactError,
+    expected_components,
+    expected_linkage,
+    module_facts,
+    module_needed,
+)
 
 # Who each library a module may link is to scanners (cmake/write_sbom.py writes these): the
 # package URL's (type, namespace, name) and the prefix of its version (a release tag), and the
@@ -296,6 +303,7 @@ def _module_entry(reading: _Reading, path: str, data: bytes) -> list[str]:
     listed = [reading.by_ref[ref] for ref in reading.depends.get(module.get("bom-ref"), [])]
     return _module_problems(module, path, import_name, facts, reading.version) + (
         _linked_problems(listed, path, import_name, facts, reading.checked)
+        + _linkage_problems(listed, path, facts, module_needed(data))
     )
 
 
@@ -341,6 +349,27 @@ def _linked_problems(
     for part, truth in truths.items():
         if part not in names:
             problems.append(f"{import_name}: expected the component {part} {truth}; missing")
+    return problems
+
+
+def _linkage_problems(
+    listed: list[Component], path: str, facts: dict[str, str], needed: list[str]
+) -> list[str]:
+    """Each part its facts name, its activekv:linkage against the module's DT_NEEDED: "dynamic"
+    only where the module loads that library at run time."""
+    problems: list[str] = []
+    parts = expected_components(facts)
+    for component in listed:
+        part = component.get("name")
+        if part not in parts:
+            continue  # _linked_problems refuses it
+        said, truth = _properties(component).get("activekv:linkage"), expected_linkage(part, needed)
+        if said != truth:
+            how = "names" if truth == "dynamic" else "does not name"
+            problems.append(
+                f"{part} ({component.get('bom-ref')}): activekv:linkage: expected {truth} "
+                f"({path} {how} it in DT_NEEDED {needed}); got {said!r}"
+            )
     return problems
 
 

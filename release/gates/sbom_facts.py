@@ -1,7 +1,8 @@
 """What a native module says it links in: the `name=value` facts its code recorded in the ELF
 section `.activekv_sbom` (engine/common/sbom_facts.h, bindings/common.h), read here from the
-module's bytes independently of cmake/write_sbom.py, and the components (name -> version) they
-imply. The SBOM gate (release/gates/sbom.py) judges a wheel's SBOM against them."""
+module's bytes independently of cmake/write_sbom.py, the components (name -> version) they
+imply, and how each is linked (its `DT_NEEDED` entries). The SBOM gate (release/gates/sbom.py)
+judges a wheel's SBOM against them."""
 
 from __future__ import annotations
 
@@ -26,6 +27,19 @@ FACT_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
 }
 # bindings/common.h, compiled into every module, records these.
 REQUIRED_FACTS = ("cxx_runtime", "nanobind", "robin_map")
+# The shared library each component is loaded from when a module does not link it in; zig links
+# libc++, libc++abi and libunwind of one LLVM release, one way. nanobind and robin-map are
+# header code, always compiled in.
+_SHARED_LIBRARY = {
+    "libc++": "libc++",
+    "libc++abi": "libc++",
+    "libunwind": "libc++",
+    "libstdc++": "libstdc++",
+    "cudart": "libcudart",
+}
+# A DT_NEEDED name's library: "libcudart.so.13", or as auditwheel renames what it vendors,
+# "libcudart-1a2b3c4d.so.13".
+_SONAME = re.compile(r"(?P<library>.+?)(?:-[0-9a-f]{8})?\.so(?:\.[0-9.]*)?")
 
 
 class FactError(ValueError):
@@ -52,6 +66,25 @@ def module_facts(data: bytes) -> dict[str, str]:
     if missing := [name for name in REQUIRED_FACTS if name not in facts]:
         raise FactError(f"expected the facts {missing} (bindings/common.h); missing")
     return facts
+
+
+def module_needed(data: bytes) -> list[str]:
+    """The shared libraries a native module names in its DT_NEEDED entries (none when it is not
+    ELF or has no dynamic section)."""
+    try:
+        dynamic = ELFFile(io.BytesIO(data)).get_section_by_name(".dynamic")
+    except ELFError:
+        return []
+    if dynamic is None or not hasattr(dynamic, "iter_tags"):
+        return []
+    return [tag.needed for tag in dynamic.iter_tags("DT_NEEDED")]
+
+
+def expected_linkage(component: str, needed: list[str]) -> str:
+    """ "dynamic" when a module's DT_NEEDED names the shared library of `component`, else
+    "static" (the code is in the module)."""
+    loaded = {m.group("library") for name in needed if (m := _SONAME.fullmatch(name))}
+    return "dynamic" if _SHARED_LIBRARY.get(component) in loaded else "static"
 
 
 def _fact(entry: bytes) -> tuple[str, str]:
