@@ -536,6 +536,19 @@ int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// Exact mode's staging buffer <-> device KV: the plain exact kernels with the staging buffer in
+// the pool's place (its offsets are the entries' slot_offset, multiples of the stored layer's
+// bytes, so the unit launch_bus picks holds for them too). Device memory on both sides: the bulk
+// copy kernel's shared-memory detour buys nothing here.
+int launch_scatter(const akv_stage_args& a, cudaStream_t stream, bool in) {
+  if (a.count == 0 || a.mode != AKV_MODE_EXACT) return static_cast<int>(cudaSuccess);
+  akv_stage_args staged = a;
+  staged.pool = a.scratch;
+  staged.layer_offset = 0;
+  staged.bulk_piece = 0;
+  return launch_bus(staged, stream, in);
+}
+
 // Whether every group's codes and words allow the four-wide kernels: head_dim a multiple of 4
 // (so codes, scales' region and each group's words start 4-aligned inside the layer), and the
 // device KV and staging buffer aligned for the widest access.
@@ -572,4 +585,8 @@ extern "C" int akv_stage_bus(const akv_stage_args* args, int in, void* stream) {
 
 extern "C" int akv_stage_codec(const akv_stage_args* args, int in, void* stream) {
   return activekv_cuda_staging::launch_codec(*args, static_cast<cudaStream_t>(stream), in != 0);
+}
+
+extern "C" int akv_stage_scatter(const akv_stage_args* args, int in, void* stream) {
+  return activekv_cuda_staging::launch_scatter(*args, static_cast<cudaStream_t>(stream), in != 0);
 }

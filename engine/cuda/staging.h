@@ -42,6 +42,7 @@ typedef struct akv_stage_args {
   // Compressed modes: the region's device staging buffer (count * stored layer bytes). The
   // stored bytes cross PCIe as one wide bulk copy into it (or out of it), and the codes are
   // decoded (encoded) in device memory, so the narrow per-group accesses never touch the bus.
+  // Exact mode crossing by runs: the same buffer, which akv_stage_scatter reads or writes.
   uint8_t* scratch;
   uint64_t layer_bytes;  // stored bytes of one layer of one block
   // Upper bound on the thread blocks of a bus-crossing launch, so that a load and a store
@@ -63,6 +64,12 @@ enum { AKV_BULK_PIECE = 16384, AKV_BULK_STAGES = 2 };
 // KV (exact) or -> the staging buffer (compressed), out the reverse. Returns the cudaError_t of
 // the launch (0 is success).
 int akv_stage_bus(const akv_stage_args* args, int in, void* stream);
+// Exact mode, the device half of a crossing by runs (SPEC.md §4, "The CUDA route"): the layer's
+// K then V of transfer t sit in the region's staging buffer at scratch + transfers[t].slot_offset
+// (a staging offset here, not a slot's), and move into the device KV (in: a scatter after the
+// runs were copied in) or out of it (a gather before they are copied out), on `stream`. Returns
+// the launch's cudaError_t.
+int akv_stage_scatter(const akv_stage_args* args, int in, void* stream);
 // Compressed modes, the device half: decode the staging buffer into the device KV (in), or encode
 // the device KV into it (out). Nothing for exact mode. On its own stream, the codec of one layer
 // overlaps the bus transfer of the next.

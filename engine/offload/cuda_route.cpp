@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "cuda/staging.h"
+#include "offload/transfer_runs.h"
 
 namespace activekv::offload {
 
@@ -192,6 +194,22 @@ constexpr std::size_t kCopyEngineMinBytes = std::size_t{128} << 10;
 // stores reached 1.70-1.71x exact's tokens/s on the copy engines against 1.80x through the
 // kernels; with 528 KiB ones 1.84-1.85x against 1.81x (same bench, engine rows, two runs).
 constexpr std::size_t kCompressedStoreCopyEngineMinBytes = std::size_t{256} << 10;
+// Runs of consecutive slots (SPEC.md §4): each run crosses as one pitched copy on the copy
+// engines, so the copy engines' cost per copy is paid per run. The thresholds of the path rule,
+// all here, to be tuned from the benchmark's forced-path rows (tests/gpu/staging_bench.cpp).
+// The issue's design probe on an H200, both ways at once: 16 KiB blocks in runs of 16 (256 KiB
+// copies) 37 GB/s, of 64 (1 MiB) 76; 64 KiB in runs of 16 (1 MiB) 77, of 64 (4 MiB) 91; 256 KiB
+// in runs of 8 (2 MiB) 85; the bulk copy kernel 69-75 at every size. So runs win from copies of
+// about 1 MiB on average.
+constexpr std::size_t kRunCopyMinBytes = std::size_t{1} << 20;
+// Where the blocks take the copy engines anyway (per-block copies), runs of this many blocks on
+// average already mean fewer, larger copies (one per run, K and V together, against two per
+// block).
+constexpr std::size_t kRunCopyOverBlockCopiesMinBlocks = 2;
+// A run whose device blocks are consecutive too crosses directly (two pitched copies, K and V,
+// no staging) from this many blocks; a shorter one goes through the staging buffer as one copy.
+constexpr std::size_t kDirectRunMinBlocks = 2;
+constexpr const char* kTransferPathVariable = "ACTIVEKV_CUDA_TRANSFER_PATH";
 // The highest priority a stream can have: bus transfers are the bottleneck, so their thread
 // blocks go first and the codec kernels fill in around them.
 int bus_priority() {
@@ -232,6 +250,56 @@ BulkPlan bulk_plan(int device, std::uint32_t processors) {
 
 }  // namespace
 
+const char* transfer_path_name(TransferPath path) {
+  switch (path) {
+    case TransferPath::kernels:
+      return "kernels";
+    case TransferPath::block_copies:
+      return "block-copies";
+    case TransferPath::runs:
+      return "runs";
+    case TransferPath::runs_staged:
+      return "runs-staged";
+  }
+  return "unknown";
+}
+
+std::optional<TransferPath> transfer_path_override() {
+  const char* value = std::getenv(kTransferPathVariable);
+  if (value == nullptr || *value == '\0' || std::string(value) == "auto") return std::nullopt;
+  for (const TransferPath path : {TransferPath::kernels, TransferPath::block_copies,
+                                  TransferPath::runs, TransferPath::runs_staged}) {
+    if (std::string(value) == transfer_path_name(path)) return path;
+  }
+  throw CudaRouteError(std::string("CUDA route: ") + kTransferPathVariable +
+                       ": expected auto, kernels, block-copies, runs or runs-staged; got \"" +
+                       value + "\"");
+}
+
+TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode mode,
+                                  Direction direction, const LayerTransfer& layer,
+                                  std::optional<TransferPath> forced) {
+  // Per-block copies move whole K and V tensors: only where each is one contiguous run (compressed
+  // modes too, as before runs existed).
+  const bool block_copies = layer.contiguous && crosses_on_copy_engines(layout, mode, direction);
+  if (forced.has_value()) {
+    const bool possible = *forced == TransferPath::kernels ||
+                          (*forced == TransferPath::block_copies ? layer.contiguous
+                                                                 : layer.runs_possible);
+    if (possible) return *forced;
+  }
+  if (layer.blocks == 0 || layer.runs == 0) return TransferPath::kernels;
+  if (layer.runs_possible) {
+    const std::size_t bytes = layer.blocks * stored_layer_bytes(layout, mode);
+    // Mean bytes (blocks) per run, compared without dividing: bytes / runs >= threshold.
+    if (bytes >= kRunCopyMinBytes * layer.runs ||
+        (block_copies && layer.blocks >= kRunCopyOverBlockCopiesMinBlocks * layer.runs)) {
+      return TransferPath::runs;
+    }
+  }
+  return block_copies ? TransferPath::block_copies : TransferPath::kernels;
+}
+
 bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
                              Direction direction) {
   // Exact mode copies K and V of a block apart (they are apart in the device KV); compressed
@@ -255,6 +323,7 @@ struct CudaRoute::Resources {
             std::size_t pool_bytes, std::size_t slot_size, std::size_t num_regions,
             std::size_t blocks_per_region)
       : kv_layout(layout),
+        compression_mode(compression),
         device(current_device()),
         mode(kernel_mode(compression)),
         dtype(kernel_dtype(layout.dtype())),
@@ -266,25 +335,38 @@ struct CudaRoute::Resources {
         processors(processor_count(device)),
         max_blocks(2 * processors),
         bulk(bulk_plan(device, processors)),
-        load_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::load)),
-        store_on_copy_engines(crosses_on_copy_engines(layout, compression, Direction::store)),
+        max_pitch(static_cast<std::size_t>(device_attribute(cudaDevAttrMaxPitch, device))),
+        // A pitched copy steps through the pool a slot at a time.
+        runs_possible(slot_size <= max_pitch),
+        forced(transfer_path_override()),
         pinned(pool, pool_bytes),
         load_bus(bus_priority()),
         store_bus(bus_priority()) {
-    const std::size_t staged = mode == AKV_MODE_EXACT ? 0 : blocks_per_region * layer_bytes;
+    // Exact mode stages only for runs: its buffer is made unless the benchmark forced a path
+    // that never stages (compressed modes always stage).
+    const bool may_stage =
+        mode != AKV_MODE_EXACT ||
+        (runs_possible && forced != TransferPath::kernels && forced != TransferPath::block_copies);
+    const std::size_t staged = may_stage ? blocks_per_region * layer_bytes : 0;
     regions.reserve(num_regions);
     for (std::size_t index = 0; index < num_regions; ++index) {
       regions.push_back(std::make_unique<Region>(blocks_per_region, staged));
     }
-    if (load_on_copy_engines || store_on_copy_engines) {
-      const std::size_t most = (mode == AKV_MODE_EXACT ? 2 : 1) * blocks_per_region;
-      destinations.reserve(most);
-      sources.reserve(most);
-      sizes.reserve(most);
-    }
+    runs.reserve(blocks_per_region);
+    const std::size_t most = (mode == AKV_MODE_EXACT ? 2 : 1) * blocks_per_region;
+    destinations.reserve(most);
+    sources.reserve(most);
+    sizes.reserve(most);
+  }
+
+  // The path of one layer (choose_transfer_path over the runs just merged into `runs`).
+  TransferPath path_for(Direction direction, std::size_t blocks, bool contiguous) const {
+    return choose_transfer_path(kv_layout, compression_mode, direction,
+                                {blocks, runs.size(), contiguous, runs_possible}, forced);
   }
 
   const KvBlockLayout kv_layout;
+  const CompressionMode compression_mode;
   const int device;
   const int mode;
   const int dtype;
@@ -297,9 +379,9 @@ struct CudaRoute::Resources {
   // Two bus-crossing launches (a load and a store) must fit on the GPU together.
   const std::uint32_t max_blocks;
   const BulkPlan bulk;
-  // Whether bus transfers go on the copy engines (large copies) or through the staging kernels.
-  const bool load_on_copy_engines;
-  const bool store_on_copy_engines;
+  const std::size_t max_pitch;  // the largest pitch a pitched copy takes
+  const bool runs_possible;
+  const std::optional<TransferPath> forced;  // the benchmark's override, or the rule
   PinnedRegistration pinned;
   std::vector<std::unique_ptr<Region>> regions;
   Event compute_ready;
@@ -308,16 +390,63 @@ struct CudaRoute::Resources {
   Stream load_codec;
   Stream store_bus;
   Stream store_codec;
+  // One layer's transfer list as runs, reused (nothing is allocated per step).
+  std::vector<TransferRun> runs;
   // One layer's copies for cudaMemcpyBatchAsync (read during the call), reused.
   std::vector<void*> destinations;
   std::vector<const void*> sources;
   std::vector<std::size_t> sizes;
 
+  // Whether `run` crosses directly between its slots and its device blocks (exact mode, path
+  // runs, contiguous device tensors whose block stride a pitched copy can step).
+  bool direct(const TransferRun& run, TransferPath path, const akv_stage_args& args) const {
+    return mode == AKV_MODE_EXACT && path == TransferPath::runs && args.contiguous != 0 &&
+           run.device_consecutive && run.count >= kDirectRunMinBlocks &&
+           args.block_stride >= tensor_bytes && args.block_stride <= max_pitch;
+  }
+
+  // One pitched copy: `height` rows of `width` bytes, a slot apart in the pool, `device_pitch`
+  // apart on the device; in, pool to device, out the reverse.
+  void pitched(std::uint8_t* stored, std::uint8_t* on_device, std::size_t device_pitch,
+               std::size_t width, std::size_t height, bool in, cudaStream_t stream) const {
+    check(in ? cudaMemcpy2DAsync(on_device, device_pitch, stored, slot_bytes, width, height,
+                                 cudaMemcpyHostToDevice, stream)
+             : cudaMemcpy2DAsync(stored, slot_bytes, on_device, device_pitch, width, height,
+                                 cudaMemcpyDeviceToHost, stream),
+          in ? "cudaMemcpy2DAsync (load)" : "cudaMemcpy2DAsync (store)");
+  }
+
+  // One layer by runs (`runs`, merged from its list) on `stream`: each run one pitched copy
+  // between its slots and the staging buffer (the staged runs side by side in list order, as the
+  // region's device list numbers them), or, direct, K and V each one pitched copy to or from the
+  // device blocks.
+  void copy_runs(const akv_stage_args& args, TransferPath path, bool in, cudaStream_t stream) {
+    auto* host = static_cast<std::uint8_t*>(pinned.host) + args.layer_offset;
+    std::size_t position = 0;  // staged blocks so far
+    for (const TransferRun& run : runs) {
+      std::uint8_t* const stored = host + run.slot * slot_bytes;
+      if (direct(run, path, args)) {
+        std::uint8_t* const keys = args.kv + run.device_block * args.block_stride;
+        pitched(stored, keys, args.block_stride, tensor_bytes, run.count, in, stream);
+        pitched(stored + tensor_bytes, keys + args.value_offset, args.block_stride, tensor_bytes,
+                run.count, in, stream);
+        continue;
+      }
+      pitched(stored, args.scratch + position * layer_bytes, layer_bytes, layer_bytes, run.count,
+              in, stream);
+      position += run.count;
+    }
+  }
+
   // One layer of a lease across PCIe on `stream`: in, pool slots to the device KV (exact) or to
   // the staging buffer; out, the reverse.
   void cross_bus(const akv_stage_args& args, const std::vector<BlockTransfer>& transfers,
-                 bool in, bool on_copy_engines, cudaStream_t stream) {
-    if (!on_copy_engines) {
+                 bool in, TransferPath path, cudaStream_t stream) {
+    if (path == TransferPath::runs || path == TransferPath::runs_staged) {
+      copy_runs(args, path, in, stream);
+      return;
+    }
+    if (path == TransferPath::kernels) {
       check(static_cast<cudaError_t>(akv_stage_bus(&args, in ? 1 : 0, stream)),
             in ? "staging (load)" : "staging (store)");
       return;
@@ -394,13 +523,46 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   Region& region = *r.regions.at(region_index);
   const bool exact = r.mode == AKV_MODE_EXACT;
   const bool load = direction == Direction::load;
-  // The copy engines move whole K and V tensors: only where each is one contiguous run.
   const bool contiguous = tensors_contiguous(r.kv_layout, device_kv.strides);
-  const bool on_copy_engines =
-      contiguous && (load ? r.load_on_copy_engines : r.store_on_copy_engines);
+  transfer_runs(transfers, r.runs);
+  const TransferPath path = r.path_for(direction, transfers.size(), contiguous);
+  const bool by_runs = path == TransferPath::runs || path == TransferPath::runs_staged;
+  akv_stage_args args{static_cast<const akv_transfer*>(region.transfers.data),
+                      static_cast<std::uint32_t>(transfers.size()),
+                      static_cast<std::uint8_t*>(r.pinned.device),
+                      layer * r.layer_bytes,
+                      static_cast<std::uint8_t*>(device_kv.data),
+                      device_kv.strides.block,
+                      device_kv.strides.token,
+                      device_kv.strides.head,
+                      device_kv.strides.value,
+                      r.kv_layout.num_kv_heads(),
+                      contiguous ? 1u : 0u,
+                      r.groups,
+                      r.head_dim,
+                      r.mode,
+                      r.dtype,
+                      static_cast<std::uint8_t*>(region.staged.data),
+                      r.layer_bytes,
+                      r.max_blocks,
+                      r.bulk.piece,
+                      r.bulk.stages,
+                      r.bulk.blocks};
+  // Exact mode by runs lists only the staged blocks, each with its offset in the staging buffer
+  // (akv_stage_scatter); every other path lists every block with its slot's offset in the pool.
+  const bool exact_runs = exact && by_runs;
+  std::size_t listed = transfers.size();
+  if (exact_runs) {
+    listed = 0;
+    for (const TransferRun& run : r.runs) listed += r.direct(run, path, args) ? 0 : run.count;
+  }
+  // Whether the layer goes through the region's device staging buffer (a kernel on the codec
+  // stream between it and the device KV), and whether kernels read the list.
+  const bool staged = !exact || (exact_runs && listed > 0);
+  const bool kernels_read_list = staged || path == TransferPath::kernels;
   // The first stream of the layer's work: the copy of a changed transfer list goes there.
   const cudaStream_t first =
-      load ? r.load_bus.handle : (exact ? r.store_bus.handle : r.store_codec.handle);
+      load ? r.load_bus.handle : (staged ? r.store_codec.handle : r.store_bus.handle);
   if (!load) {
     // The layer's KV is final once the forward has written it: wait for the compute stream.
     check(cudaEventRecord(r.compute_ready.handle, static_cast<cudaStream_t>(compute_stream)),
@@ -408,70 +570,70 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
     check(cudaStreamWaitEvent(first, r.compute_ready.handle, 0), "cudaStreamWaitEvent (compute)");
   }
   // The region is free (its last fence was observed), so nothing still reads its list. Kernels
-  // need it (the copy engines take host pointers instead).
-  const bool kernels_read_list = !exact || !on_copy_engines;
+  // need it (the copies take host pointers instead).
   if (kernels_read_list) {
     auto* list = static_cast<akv_transfer*>(region.listed.data);
-    bool changed = transfers.size() != region.listed_count;
-    for (std::size_t i = 0; i < transfers.size(); ++i) {
-      const akv_transfer entry{transfers[i].slot * r.slot_bytes, transfers[i].device_block};
-      if (changed || std::memcmp(&list[i], &entry, sizeof entry) != 0) {
-        list[i] = entry;
+    bool changed = listed != region.listed_count;
+    std::size_t at = 0;
+    const auto put = [&](const akv_transfer& entry) {
+      if (changed || std::memcmp(&list[at], &entry, sizeof entry) != 0) {
+        list[at] = entry;
         changed = true;
+      }
+      ++at;
+    };
+    if (exact_runs) {
+      for (const TransferRun& run : r.runs) {
+        if (r.direct(run, path, args)) continue;
+        for (std::size_t i = 0; i < run.count; ++i) {
+          put({at * r.layer_bytes, transfers[run.first + i].device_block});
+        }
+      }
+    } else {
+      for (const BlockTransfer& transfer : transfers) {
+        put({transfer.slot * r.slot_bytes, transfer.device_block});
       }
     }
     if (changed) {
       region.listed_count = 0;  // the device copy is stale until the copy below is enqueued
-      check(cudaMemcpyAsync(region.transfers.data, list, transfers.size() * sizeof(akv_transfer),
+      check(cudaMemcpyAsync(region.transfers.data, list, listed * sizeof(akv_transfer),
                             cudaMemcpyHostToDevice, first),
             "cudaMemcpyAsync (transfer list)");
-      region.listed_count = transfers.size();
+      region.listed_count = listed;
     }
   }
-  const akv_stage_args args{static_cast<const akv_transfer*>(region.transfers.data),
-                            static_cast<std::uint32_t>(transfers.size()),
-                            static_cast<std::uint8_t*>(r.pinned.device),
-                            layer * r.layer_bytes,
-                            static_cast<std::uint8_t*>(device_kv.data),
-                            device_kv.strides.block,
-                            device_kv.strides.token,
-                            device_kv.strides.head,
-                            device_kv.strides.value,
-                            r.kv_layout.num_kv_heads(),
-                            contiguous ? 1u : 0u,
-                            r.groups,
-                            r.head_dim,
-                            r.mode,
-                            r.dtype,
-                            static_cast<std::uint8_t*>(region.staged.data),
-                            r.layer_bytes,
-                            r.max_blocks,
-                            r.bulk.piece,
-                            r.bulk.stages,
-                            r.bulk.blocks};
+  args.count = static_cast<std::uint32_t>(listed);
+  // The device half: exact mode's scatter (gather) by runs, or the compressed modes' codec.
+  const auto device_half = [&](bool in, cudaStream_t stream) {
+    if (exact) {
+      check(static_cast<cudaError_t>(akv_stage_scatter(&args, in ? 1 : 0, stream)),
+            in ? "scattering (load)" : "gathering (store)");
+    } else {
+      check(static_cast<cudaError_t>(akv_stage_codec(&args, in ? 1 : 0, stream)),
+            in ? "decoding (load)" : "encoding (store)");
+    }
+  };
   if (load) {
-    // bus -> (staged) -> codec -> fence; the codec stream runs one layer behind the bus.
-    r.cross_bus(args, transfers, true, on_copy_engines, r.load_bus.handle);
+    // bus -> (staged) -> codec stream -> fence; the codec stream runs one layer behind the bus.
+    r.cross_bus(args, transfers, true, path, r.load_bus.handle);
     cudaStream_t last = r.load_bus.handle;
-    if (!exact) {
+    if (staged) {
       check(cudaEventRecord(region.handed_over.handle, r.load_bus.handle), "cudaEventRecord (staged)");
       check(cudaStreamWaitEvent(r.load_codec.handle, region.handed_over.handle, 0),
             "cudaStreamWaitEvent (staged)");
-      check(static_cast<cudaError_t>(akv_stage_codec(&args, 1, r.load_codec.handle)),
-            "decoding (load)");
+      device_half(true, r.load_codec.handle);
       last = r.load_codec.handle;
     }
     check(cudaEventRecord(region.fence.handle, last), "cudaEventRecord (fence)");
     return;
   }
-  if (!exact) {
-    check(static_cast<cudaError_t>(akv_stage_codec(&args, 0, r.store_codec.handle)),
-          "encoding (store)");
+  if (staged) {
+    device_half(false, r.store_codec.handle);
     check(cudaEventRecord(region.handed_over.handle, r.store_codec.handle), "cudaEventRecord (staged)");
     check(cudaStreamWaitEvent(r.store_bus.handle, region.handed_over.handle, 0),
           "cudaStreamWaitEvent (staged)");
   }
-  r.cross_bus(args, transfers, false, on_copy_engines, r.store_bus.handle);
+  r.cross_bus(args, transfers, false, path, r.store_bus.handle);
   check(cudaEventRecord(region.fence.handle, r.store_bus.handle), "cudaEventRecord (fence)");
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -33,6 +34,41 @@ FenceQuery classify_fence_query(int cuda_status);
 // or more). SPEC.md §4; the measurements are in cuda_route.cpp.
 bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
                              Direction direction);
+
+// How one layer of a lease crosses PCIe (SPEC.md §4, "The CUDA route"):
+//   kernels       the zero-copy staging kernels over the mapped pool (bulk copy kernel where it
+//                 can, else the plain kernels), one launch;
+//   block_copies  one cudaMemcpyBatchAsync of one copy per block (K and V apart in exact mode);
+//   runs          one pitched copy per run of consecutive slots between the pool and the region's
+//                 device staging buffer, a kernel scattering (gathering) the device blocks, and
+//                 runs whose device blocks are consecutive too copied directly, no staging;
+//   runs_staged   runs, never directly (for the benchmark: the staging's own cost).
+enum class TransferPath : std::uint8_t { kernels, block_copies, runs, runs_staged };
+const char* transfer_path_name(TransferPath path);
+
+// What a layer looks like to the path rule: its blocks, the runs of its transfer list, whether
+// the device KV holds each block's K (and V) as one contiguous run, whether the pool can be read
+// by pitched copies at all (its slot size within the device's largest pitch).
+struct LayerTransfer {
+  std::size_t blocks = 0;
+  std::size_t runs = 0;
+  bool contiguous = true;
+  bool runs_possible = true;
+};
+
+// The rule the route applies per layer (thresholds in cuda_route.cpp, one place): run copies once
+// the mean run holds kRunCopyMinBytes or more, or once it holds two blocks or more where the
+// blocks would take the copy engines anyway; else per-block copies where crosses_on_copy_engines
+// (and, exact mode, the tensors are contiguous); else the kernels. `forced` (the benchmark's
+// ACTIVEKV_CUDA_TRANSFER_PATH) wins wherever that path can move the layer at all.
+TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode mode,
+                                  Direction direction, const LayerTransfer& layer,
+                                  std::optional<TransferPath> forced = std::nullopt);
+
+// The benchmark's knob, read once per route at construction: ACTIVEKV_CUDA_TRANSFER_PATH unset,
+// empty or "auto" is the rule; "kernels", "block-copies", "runs" or "runs-staged" forces that path
+// (CudaRouteError for anything else). Not for serving: the rule is what is measured and tuned.
+std::optional<TransferPath> transfer_path_override();
 
 class CudaRoute {
  public:

@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "offload/cuda_route.h"
 #include "offload/engine.h"
 
+using activekv::offload::choose_transfer_path;
 using activekv::offload::classify_fence_query;
 using activekv::offload::CompressionMode;
 using activekv::offload::crosses_on_copy_engines;
@@ -31,8 +34,11 @@ using activekv::offload::EventKind;
 using activekv::offload::FenceQuery;
 using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
+using activekv::offload::LayerTransfer;
 using activekv::offload::Route;
 using activekv::offload::stored_block_bytes;
+using activekv::offload::transfer_path_override;
+using activekv::offload::TransferPath;
 
 using activekv::testing::contains;
 using activekv::testing::error_message;
@@ -127,6 +133,15 @@ class Rig {
   std::vector<void*> device_;
 };
 
+// Sets ACTIVEKV_CUDA_TRANSFER_PATH for the scope (the route reads it at construction).
+class ForcedPath {
+ public:
+  explicit ForcedPath(const char* value) { setenv("ACTIVEKV_CUDA_TRANSFER_PATH", value, 1); }
+  ~ForcedPath() { unsetenv("ACTIVEKV_CUDA_TRANSFER_PATH"); }
+  ForcedPath(const ForcedPath&) = delete;
+  ForcedPath& operator=(const ForcedPath&) = delete;
+};
+
 std::vector<std::vector<std::uint8_t>> random_kv(std::size_t layer_bytes, std::uint32_t seed) {
   std::mt19937 random(seed);
   std::vector<std::vector<std::uint8_t>> words(kLayers, std::vector<std::uint8_t>(layer_bytes));
@@ -176,6 +191,57 @@ TEST_CASE("blocks cross on the copy engines from 128 KiB copies, compressed stor
   CHECK(crosses(64, CompressionMode::int8, Direction::load));
   CHECK_FALSE(crosses(64, CompressionMode::int8, Direction::store));
   CHECK_FALSE(crosses(32, CompressionMode::fp8_e4m3, Direction::load));
+}
+
+TEST_CASE("a layer crosses by runs from 1 MiB runs on average, or 2 blocks where blocks take the copy engines") {
+  const auto path = [](std::uint32_t tokens, CompressionMode mode, LayerTransfer layer,
+                       std::optional<TransferPath> forced = std::nullopt) {
+    return choose_transfer_path(KvBlockLayout(kLayers, tokens, 8, 128, KvDtype::fp16), mode,
+                                Direction::load, layer, forced);
+  };
+  // 4 tokens: 16 KiB stored layers (8 KiB K, 8 KiB V), kernels by block.
+  CHECK(path(4, CompressionMode::exact, {64, 1}) == TransferPath::runs);  // 1 MiB runs
+  CHECK(path(4, CompressionMode::exact, {64, 2}) == TransferPath::kernels);  // 512 KiB runs
+  CHECK(path(4, CompressionMode::exact, {128, 2, false}) == TransferPath::runs);  // any strides
+  CHECK(path(4, CompressionMode::exact, {64, 1, true, false}) == TransferPath::kernels);
+  CHECK(path(4, CompressionMode::exact, {0, 0}) == TransferPath::kernels);
+  // 64 tokens: 128 KiB tensors, on the copy engines by block; runs of 2 blocks already win.
+  CHECK(path(64, CompressionMode::exact, {8, 8}) == TransferPath::block_copies);
+  CHECK(path(64, CompressionMode::exact, {8, 4}) == TransferPath::runs);
+  CHECK(path(64, CompressionMode::exact, {8, 4, false}) == TransferPath::kernels);  // 512 KiB
+  CHECK(path(64, CompressionMode::exact, {8, 4, true, false}) == TransferPath::block_copies);
+  // Compressed: 4 tokens of int8 are 8.25 KiB stored layers; 128 of them in one run is > 1 MiB.
+  CHECK(path(4, CompressionMode::int8, {128, 1}) == TransferPath::runs);
+  CHECK(path(4, CompressionMode::int8, {128, 2}) == TransferPath::kernels);
+  // Forced: wherever the path can move the layer.
+  CHECK(path(4, CompressionMode::exact, {8, 8}, TransferPath::runs) == TransferPath::runs);
+  CHECK(path(64, CompressionMode::exact, {8, 1}, TransferPath::kernels) == TransferPath::kernels);
+  CHECK(path(4, CompressionMode::exact, {8, 8}, TransferPath::block_copies) ==
+        TransferPath::block_copies);
+  CHECK(path(4, CompressionMode::exact, {8, 8, false}, TransferPath::block_copies) ==
+        TransferPath::kernels);
+  CHECK(path(4, CompressionMode::exact, {64, 1, true, false}, TransferPath::runs_staged) ==
+        TransferPath::kernels);
+}
+
+TEST_CASE("ACTIVEKV_CUDA_TRANSFER_PATH forces a path, auto or unset is the rule, anything else is refused") {
+  CHECK_FALSE(transfer_path_override().has_value());
+  {
+    const ForcedPath forced("runs-staged");
+    CHECK(transfer_path_override() == TransferPath::runs_staged);
+  }
+  {
+    const ForcedPath forced("block-copies");
+    CHECK(transfer_path_override() == TransferPath::block_copies);
+  }
+  {
+    const ForcedPath forced("auto");
+    CHECK_FALSE(transfer_path_override().has_value());
+  }
+  const ForcedPath forced("fastest");
+  CHECK(contains(error_message<CudaRouteError>([] { transfer_path_override(); }),
+                 "ACTIVEKV_CUDA_TRANSFER_PATH: expected auto, kernels, block-copies, runs or "
+                 "runs-staged; got \"fastest\""));
 }
 
 TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mode and dtype") {
@@ -241,4 +307,51 @@ TEST_CASE("on a GPU an injected fence fault quarantines the region on the CUDA r
   CHECK(cuda.engine().quarantined_regions() == 1);
   // Dropped, never committed: nothing is found.
   CHECK(cuda.engine().lookup({1, 2}) == 0);
+}
+
+TEST_CASE("on a GPU every transfer path matches the CPU route bit for bit, runs direct, staged and split") {
+  if (!gpu_present()) {
+    MESSAGE("not run: no GPU");
+    return;
+  }
+  // Each step stores 4 new blocks (one extent of the 16 slots) and, from the second, loads 4
+  // earlier ones: a chain in order into consecutive device blocks (one direct run), a chain into
+  // scattered device blocks (one staged run), a chain backwards (runs of one), and two half
+  // chains (a direct run of two beside a staged one).
+  const std::vector<std::vector<std::uint64_t>> loads{
+      {}, {100, 101, 102, 103}, {203, 202, 201, 200}, {100, 101, 202, 203}, {300, 301, 302, 303}};
+  const std::vector<std::vector<std::int64_t>> load_blocks{
+      {}, {4, 5, 6, 7}, {4, 5, 6, 7}, {4, 5, 7, 6}, {7, 4, 6, 5}};
+  const std::vector<std::int64_t> store_blocks{0, 1, 2, 3};
+  const std::uint32_t shapes[][3] = {{4, 2, 32}, {3, 1, 6}, {16, 8, 128}};
+  for (const char* forced : {"kernels", "block-copies", "runs", "runs-staged", "auto"}) {
+    const ForcedPath scope(forced);
+    for (const auto& shape : shapes) {
+      for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
+        for (const CompressionMode mode :
+             {CompressionMode::exact, CompressionMode::int8, CompressionMode::fp8_e4m3}) {
+          const KvBlockLayout layout(kLayers, shape[0], shape[1], shape[2], dtype);
+          CAPTURE(forced);
+          CAPTURE(shape[0]);
+          CAPTURE(shape[2]);
+          CAPTURE(static_cast<int>(dtype));
+          CAPTURE(static_cast<int>(mode));
+          Rig cpu(layout, mode, Route::cpu);
+          Rig cuda(layout, mode, Route::cuda);
+          const std::size_t layer_bytes = 2 * kDeviceBlocks * layout.bytes_per_tensor();
+          for (std::uint32_t step = 0; step < loads.size(); ++step) {
+            const auto words = random_kv(layer_bytes, 11 * step + static_cast<std::uint32_t>(dtype));
+            cpu.fill(words);
+            cuda.fill(words);
+            std::vector<std::uint64_t> stores;
+            for (std::uint64_t i = 0; i < 4; ++i) stores.push_back(100 * (step + 1) + i);
+            const auto cpu_events = cpu.step(loads[step], load_blocks[step], stores, store_blocks, false);
+            const auto cuda_events = cuda.step(loads[step], load_blocks[step], stores, store_blocks, false);
+            CHECK(cpu_events == cuda_events);
+            CHECK(cpu.read() == cuda.read());
+          }
+        }
+      }
+    }
+  }
 }
