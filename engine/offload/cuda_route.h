@@ -1,7 +1,7 @@
 // The CUDA route of the engine (SPEC.md §4 "CUDA route"): the host pool pinned and mapped at
-// construction (warm-up), one layer of a lease moved by one kernel launch or one batch of copies
-// on a stream the engine owns (loads and stores on separate streams), and each region's fence a
-// CUDA event.
+// construction (warm-up), one layer of a lease moved by one kernel launch, one batch of copies,
+// or one pitched copy per run of consecutive slots (TransferPath) on streams the engine owns
+// (loads and stores on separate streams), and each region's fence a CUDA event.
 #pragma once
 
 #include <cstddef>
