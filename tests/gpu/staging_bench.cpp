@@ -6,7 +6,24 @@
 //             engine path issues);
 //   kernels   the plain staging kernels alone, and (sm_90 and up) the bulk copy kernel alone, as
 //             the engine launches them (its zero-copy paths);
-//   engine    whole engine steps (plans, hooks, kernels or copies, fences) moving the same bytes.
+//   engine    whole engine steps (plans, hooks, kernels or copies, fences) moving the same bytes,
+//             in two scenarios on the same engine, each loads alone, stores alone and both at
+//             once, as GB/s and as a fraction of this run's ceiling:
+//               random    blocks loaded in random order from all over the full pool (runs of one:
+//                         the worst case), new blocks stored where the allocator puts them;
+//               requests  request-shaped: chains of 16-64 blocks, each new request sharing a
+//                         prefix (a quarter to three quarters of its chain) of a recent earlier
+//                         request's chain, which it loads back (as far as still committed) while
+//                         the step stores its own blocks; loads alone read earlier chains back
+//                         whole. Measured after request-shaped warm-up steps have turned the full
+//                         pool over once, so eviction has fragmented it (the engine frees slots
+//                         only by LRU eviction, so a warm pool is full; each step's stores take
+//                         the slots its evictions free). Device blocks are shuffled per step (a
+//                         fragmented vLLM free-block queue) unless ACTIVEKV_BENCH_DEVICE_RUNS=1;
+//             with the rule's path (auto) and, per forced path (ACTIVEKV_CUDA_TRANSFER_PATH:
+//             kernels, block-copies, runs, runs-staged; ACTIVEKV_BENCH_PATHS=0 leaves them out),
+//             so the rule's thresholds (cuda_route.cpp) can be chosen from one run; int8 against
+//             exact tokens/s per scenario.
 // Loads and stores overlapped are measured for the contiguous copy, the raw paths and the engine.
 // On request, on stderr only: ACTIVEKV_BENCH_BULK_SWEEP=1 sweeps the bulk copy kernel's plan;
 // ACTIVEKV_BENCH_RUNS=1 measures runs of consecutive slots (a layout the engine does not have);
@@ -40,7 +57,7 @@
 namespace {
 
 using activekv::offload::CompressionMode;
-using activekv::offload::crosses_on_copy_engines;
+using activekv::offload::choose_transfer_path;
 using activekv::offload::dense_kv_strides;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Engine;
@@ -49,6 +66,7 @@ using activekv::offload::KvDtype;
 using activekv::offload::Route;
 using activekv::offload::stored_block_bytes;
 using activekv::offload::stored_layer_bytes;
+using activekv::offload::transfer_path_name;
 
 constexpr std::size_t kGiB = std::size_t{1} << 30;
 constexpr std::size_t kKiB = 1024;
@@ -375,6 +393,47 @@ double kernels_both_ways(const KernelPlan& in, const KernelPlan& out, const BusL
 
 // ---- the engine ----
 
+// Device blocks are handed out shuffled (as vLLM's free-block queue hands them out once it is
+// fragmented), unless ACTIVEKV_BENCH_DEVICE_RUNS=1: then in order, so a run of slots meets a run
+// of device blocks (the route's direct copies).
+bool device_blocks_in_order() { return std::getenv("ACTIVEKV_BENCH_DEVICE_RUNS") != nullptr; }
+
+// Sets ACTIVEKV_CUDA_TRANSFER_PATH while an engine is made (the route reads it then).
+class ForcedPath {
+ public:
+  explicit ForcedPath(const char* path) : set_(path != nullptr) {
+    if (set_) setenv("ACTIVEKV_CUDA_TRANSFER_PATH", path, 1);
+  }
+  ~ForcedPath() {
+    if (set_) unsetenv("ACTIVEKV_CUDA_TRANSFER_PATH");
+  }
+  ForcedPath(const ForcedPath&) = delete;
+  ForcedPath& operator=(const ForcedPath&) = delete;
+
+ private:
+  bool set_;
+};
+
+// What one measured step moved, and its runs (the engine's count, SPEC.md §2).
+struct StepResult {
+  double seconds = 0;
+  std::size_t loaded = 0;  // blocks
+  std::size_t stored = 0;
+  activekv::offload::StepRuns runs;
+};
+
+// Median GB/s of a scenario's steps: loads alone, stores alone, both at once; and the mean
+// blocks per run of the loads and of the stores.
+struct Rates {
+  double load = 0;
+  double store = 0;
+  double both = 0;
+  double load_run = 0;
+  double store_run = 0;
+  double load_tokens = 0;   // tokens/s, loads alone
+  double store_tokens = 0;  // tokens/s, stores alone
+};
+
 struct EngineRig {
   KvBlockLayout layout;
   std::size_t blocks;  // per step, per direction
@@ -384,11 +443,21 @@ struct EngineRig {
   std::vector<std::uint64_t> stored;  // committed hashes
   std::unordered_map<std::uint64_t, std::size_t> position;  // hash -> index in `stored`
   std::mt19937_64 random{7};
+  // Request-shaped traffic: every request's chain of hashes, oldest first, and how many of them
+  // were made before the current step (a prefix is shared only with those).
+  std::vector<std::vector<std::uint64_t>> requests;
+  std::size_t settled_requests = 0;
+  std::vector<std::int64_t> load_devices;
+  std::vector<std::int64_t> store_devices;
 
-  EngineRig(std::uint32_t tokens, CompressionMode mode, std::size_t pool_bytes, std::size_t blocks_per_step)
+  EngineRig(std::uint32_t tokens, CompressionMode mode, std::size_t pool_bytes,
+            std::size_t blocks_per_step, const char* forced_path)
       : layout(kLayers, tokens, kHeads, kHeadDim, KvDtype::fp16), blocks(blocks_per_step) {
-    // Room for a load step and a store step side by side in the device KV.
-    engine = std::make_unique<Engine>(layout, mode, pool_bytes, 4, blocks, 2 * blocks, Route::cuda);
+    {
+      const ForcedPath forced(forced_path);
+      // Room for a load step and a store step side by side in the device KV.
+      engine = std::make_unique<Engine>(layout, mode, pool_bytes, 4, blocks, 2 * blocks, Route::cuda);
+    }
     std::vector<DeviceKvLayer> views;
     for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
       kv.push_back(std::make_unique<DeviceBuffer>(2 * 2 * blocks * layout.bytes_per_tensor()));
@@ -397,23 +466,27 @@ struct EngineRig {
       views.push_back({kv.back()->data, 2 * blocks, dense_kv_strides(layout, 2 * blocks)});
     }
     engine->register_kv_caches(views);
+    // Loads into the first `blocks` device blocks, stores from the others.
+    load_devices.resize(blocks);
+    std::iota(load_devices.begin(), load_devices.end(), std::int64_t{0});
+    store_devices.resize(blocks);
+    std::iota(store_devices.begin(), store_devices.end(), static_cast<std::int64_t>(blocks));
     // Fill the pool, so that loads come from slots scattered over all of it.
-    while (stored.size() < engine->num_slots()) step(false, true);
+    while (stored.size() < engine->num_slots()) random_step(false, true);
   }
 
-  // One step: `load` loads `blocks` random committed blocks, `store` stores as many new ones.
-  // Returns the seconds of the engine's calls alone (plans through wait_for_save).
-  double step(bool load, bool store) {
-    std::vector<std::uint64_t> loads;
-    std::sample(stored.begin(), stored.end(), std::back_inserter(loads), load ? blocks : 0,
-                random);
-    std::vector<std::uint64_t> stores(store ? blocks : 0);
-    std::iota(stores.begin(), stores.end(), next_hash);
-    next_hash += stores.size();
-    std::vector<std::int64_t> load_blocks(loads.size());
-    std::iota(load_blocks.begin(), load_blocks.end(), std::int64_t{0});
-    std::vector<std::int64_t> store_blocks(stores.size());
-    std::iota(store_blocks.begin(), store_blocks.end(), static_cast<std::int64_t>(blocks));
+  // One step of `loads` and `stores` through the engine API; the seconds of the engine's calls
+  // alone (plans through wait_for_save).
+  StepResult run(const std::vector<std::uint64_t>& loads,
+                 const std::vector<std::uint64_t>& stores) {
+    if (!device_blocks_in_order()) {
+      std::shuffle(load_devices.begin(), load_devices.end(), random);
+      std::shuffle(store_devices.begin(), store_devices.end(), random);
+    }
+    const std::vector<std::int64_t> load_blocks(load_devices.begin(),
+                                                load_devices.begin() + static_cast<std::ptrdiff_t>(loads.size()));
+    const std::vector<std::int64_t> store_blocks(
+        store_devices.begin(), store_devices.begin() + static_cast<std::ptrdiff_t>(stores.size()));
     const auto start = std::chrono::steady_clock::now();
     if (!loads.empty()) engine->plan_load(loads, load_blocks);
     if (!stores.empty()) engine->plan_store(stores, store_blocks);
@@ -424,8 +497,11 @@ struct EngineRig {
       engine->save_kv_layer(layer);
     }
     engine->wait_for_save();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    StepResult result;
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.runs = engine->last_step_runs();
+    result.loaded = result.runs.load_blocks;
+    result.stored = result.runs.store_blocks;
     // Track what is committed, so that later loads pick committed blocks only.
     for (const auto& event : engine->take_events()) {
       if (event.kind == activekv::offload::EventKind::commit) {
@@ -439,19 +515,115 @@ struct EngineRig {
         position.erase(event.value);
       }
     }
-    return seconds;
+    settled_requests = requests.size();
+    return result;
   }
 
-  double median_step(int repeats, bool load, bool store) {
-    std::vector<double> times;
-    for (int i = 0; i < repeats; ++i) times.push_back(step(load, store));
-    return median(times);
+  // Random scatter (the worst case): `blocks` committed blocks in random order, `blocks` new
+  // ones stored (where the allocator puts them).
+  StepResult random_step(bool load, bool store) {
+    std::vector<std::uint64_t> loads;
+    std::sample(stored.begin(), stored.end(), std::back_inserter(loads), load ? blocks : 0,
+                random);
+    std::shuffle(loads.begin(), loads.end(), random);
+    std::vector<std::uint64_t> stores(store ? blocks : 0);
+    std::iota(stores.begin(), stores.end(), next_hash);
+    next_hash += stores.size();
+    return run(loads, stores);
   }
 
-  std::size_t stored_bytes_per_step() const {
-    return blocks * kLayers * stored_layer_bytes(layout, engine->mode());
+  // Request-shaped: requests of 16-64 blocks, each (where it loads) sharing a prefix of an earlier
+  // request's chain, loaded as far as it is still committed, and storing its own blocks after
+  // it, until `blocks` are loaded (if `load`) and `blocks` stored (if `store`). Loads alone are
+  // earlier requests' chains read back whole (as far as committed).
+  StepResult request_step(bool load, bool store) {
+    std::vector<std::uint64_t> loads;
+    std::vector<std::uint64_t> stores;
+    std::uniform_int_distribution<std::size_t> length(16, 64);
+    std::size_t attempts = 0;
+    while (((load && loads.size() < blocks) || (store && stores.size() < blocks)) &&
+           attempts++ < 64 * blocks) {
+      const std::size_t chain = length(random);
+      std::vector<std::uint64_t> hashes;
+      if (load && loads.size() < blocks && settled_requests > 0) {
+        // A recent earlier request (those are the ones still committed, mostly).
+        const std::size_t recent = std::min<std::size_t>(settled_requests, engine->num_slots() / 64 + 1);
+        std::uniform_int_distribution<std::size_t> pick(settled_requests - recent, settled_requests - 1);
+        const std::vector<std::uint64_t>& parent = requests[pick(random)];
+        const std::size_t shared = store ? std::uniform_int_distribution<std::size_t>(
+                                               chain / 4, 3 * chain / 4)(random)
+                                         : chain;
+        hashes.assign(parent.begin(),
+                      parent.begin() + static_cast<std::ptrdiff_t>(std::min(shared, parent.size())));
+        hashes.resize(std::min(hashes.size(), engine->lookup(hashes)));
+        hashes.resize(std::min(hashes.size(), blocks - loads.size()));
+        loads.insert(loads.end(), hashes.begin(), hashes.end());
+      }
+      if (store && stores.size() < blocks) {
+        const std::size_t own = std::min(chain - std::min(chain, hashes.size()), blocks - stores.size());
+        for (std::size_t i = 0; i < own; ++i) {
+          hashes.push_back(next_hash);
+          stores.push_back(next_hash++);
+        }
+      }
+      if (store && !hashes.empty()) requests.push_back(std::move(hashes));
+    }
+    engine->take_events();  // the lookups'
+    return run(loads, stores);
   }
-  std::size_t tokens_per_step() const { return blocks * kLayers * layout.block_size(); }
+
+  // Request-shaped steps until the pool has turned over (every slot stored again at least once,
+  // the order of eviction mixed by the loads' refreshes): the fragmented pool the measured steps
+  // allocate in.
+  void warm_requests() {
+    std::size_t turned = 0;
+    while (turned < engine->num_slots()) turned += request_step(true, true).stored;
+  }
+
+  template <typename Step>
+  Rates measure(int repeats, Step&& step) {
+    std::vector<double> load;
+    std::vector<double> store;
+    std::vector<double> both;
+    std::vector<double> load_tokens;
+    std::vector<double> store_tokens;
+    double load_blocks = 0;
+    double load_runs = 0;
+    double store_blocks = 0;
+    double store_runs = 0;
+    const double block_bytes = static_cast<double>(kLayers * stored_layer_bytes(layout, engine->mode()));
+    const double block_tokens = static_cast<double>(kLayers * layout.block_size());
+    for (int i = 0; i < repeats; ++i) {
+      const StepResult in = step(true, false);
+      load.push_back(static_cast<double>(in.loaded) * block_bytes / in.seconds / 1e9);
+      load_tokens.push_back(static_cast<double>(in.loaded) * block_tokens / in.seconds);
+      const StepResult out = step(false, true);
+      store.push_back(static_cast<double>(out.stored) * block_bytes / out.seconds / 1e9);
+      store_tokens.push_back(static_cast<double>(out.stored) * block_tokens / out.seconds);
+      const StepResult at_once = step(true, true);
+      both.push_back(static_cast<double>(at_once.loaded + at_once.stored) * block_bytes /
+                     at_once.seconds / 1e9);
+      load_blocks += static_cast<double>(at_once.runs.load_blocks);
+      load_runs += static_cast<double>(at_once.runs.load_runs);
+      store_blocks += static_cast<double>(at_once.runs.store_blocks);
+      store_runs += static_cast<double>(at_once.runs.store_runs);
+    }
+    return {median(load),
+            median(store),
+            median(both),
+            load_runs > 0 ? load_blocks / load_runs : 0,
+            store_runs > 0 ? store_blocks / store_runs : 0,
+            median(load_tokens),
+            median(store_tokens)};
+  }
+
+  Rates measure_random(int repeats) {
+    return measure(repeats, [this](bool load, bool store) { return random_step(load, store); });
+  }
+  Rates measure_requests(int repeats) {
+    warm_requests();
+    return measure(repeats, [this](bool load, bool store) { return request_step(load, store); });
+  }
 };
 
 std::string number(double value) {
@@ -613,66 +785,130 @@ int main(int argc, char** argv) {
       }
     }
 
-    const auto bus = [&](const KvBlockLayout& layout, CompressionMode mode) {
-      const auto way = [&](activekv::offload::Direction direction) {
-        if (crosses_on_copy_engines(layout, mode, direction)) return std::string("copy engines");
-        return std::string(has_bulk ? "bulk copy kernel" : "kernels");
-      };
-      const std::string load = way(activekv::offload::Direction::load);
-      const std::string store = way(activekv::offload::Direction::store);
+    // The path the rule picks for a layer of `blocks` blocks in runs of `per_run` on average.
+    const auto picked = [](const KvBlockLayout& layout, CompressionMode mode,
+                           activekv::offload::Direction direction, double blocks, double per_run) {
+      const auto runs = static_cast<std::size_t>(per_run > 0 ? blocks / per_run + 0.5 : 0);
+      return std::string(transfer_path_name(choose_transfer_path(
+          layout, mode, direction, {static_cast<std::size_t>(blocks), runs, true, true})));
+    };
+    const auto bus = [&](const KvBlockLayout& layout, CompressionMode mode, const Rates& rates,
+                         double blocks) {
+      const std::string load =
+          picked(layout, mode, activekv::offload::Direction::load, blocks, rates.load_run);
+      const std::string store =
+          picked(layout, mode, activekv::offload::Direction::store, blocks, rates.store_run);
       return load == store ? load : "loads: " + load + ", stores: " + store;
     };
+    // Forced paths (ACTIVEKV_CUDA_TRANSFER_PATH) beside the rule, so the thresholds can be chosen
+    // from this one run; ACTIVEKV_BENCH_PATHS=0 leaves them out.
+    const char* const paths_setting = std::getenv("ACTIVEKV_BENCH_PATHS");
+    const bool forced_rows = paths_setting == nullptr || std::string(paths_setting) != "0";
+    const char* const forced_paths[] = {"kernels", "block-copies", "runs", "runs-staged"};
     std::string overlapped;
     std::string compressed;
+    std::string scenarios;
+    std::string ratios;
+    const auto started = std::chrono::steady_clock::now();
+    const auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    };
+    // One scenario row: GB/s and the fraction of the same run's ceiling.
+    const auto scenario_row = [&](std::size_t block, const char* scenario, const std::string& path,
+                                  const std::string& picks, const Rates& r) {
+      scenarios += std::string(scenarios.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
+                   std::to_string(block) + ", \"scenario\": \"" + scenario + "\", \"path\": \"" +
+                   path + "\", \"bus\": \"" + picks + "\", \"load_gbps\": " + number(r.load) +
+                   ", \"store_gbps\": " + number(r.store) + ", \"both_ways_gbps\": " +
+                   number(r.both) + ", \"load_of_ceiling\": " + number(r.load / ceiling.h2d) +
+                   ", \"store_of_ceiling\": " + number(r.store / ceiling.d2h) +
+                   ", \"both_ways_of_ceiling\": " + number(r.both / ceiling_both) +
+                   ", \"load_blocks_per_run\": " + number(r.load_run) +
+                   ", \"store_blocks_per_run\": " + number(r.store_run) + "}";
+      std::fprintf(stderr,
+                   "%8zu KiB  %-8s %-12s load %6.2f (%.2f)  store %6.2f (%.2f)  both %6.2f (%.2f) "
+                   "GB/s (of ceiling)  blocks/run %.1f / %.1f  [%s]  t=%.0fs\n",
+                   block / kKiB, scenario, path.c_str(), r.load, r.load / ceiling.h2d, r.store,
+                   r.store / ceiling.d2h, r.both, r.both / ceiling_both, r.load_run, r.store_run,
+                   picks.c_str(), elapsed());
+    };
     for (const std::size_t block : kBlockSizes) {
       // block = K + V of one layer: tokens * 2 * (heads * head_dim * 2 bytes).
       const auto tokens = static_cast<std::uint32_t>(block / (2 * kHeads * kHeadDim * 2));
       const std::size_t blocks = moved / (block * kLayers);
-      EngineRig exact(tokens, CompressionMode::exact, pool_bytes, blocks);
-      const std::size_t bytes = exact.stored_bytes_per_step();
-      const double load = exact.median_step(repeats, true, false);
-      const double store = exact.median_step(repeats, false, true);
-      const double both = exact.median_step(repeats, true, true);
-      row(block, "engine", {gbps(bytes, load), gbps(bytes, store)});
-      overlapped += std::string(overlapped.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
-                    std::to_string(block) + ", \"bus\": \"" +
-                    bus(exact.layout, CompressionMode::exact) + "\", \"engine_both_ways_gbps\": " +
-                    number(gbps(2 * bytes, both)) + ", \"kernels_both_ways_gbps\": " +
-                    number(raw_both.at(block).kernels) + ", \"bulk_both_ways_gbps\": " +
-                    number(raw_both.at(block).bulk) + ", \"batches_both_ways_gbps\": " +
-                    number(raw_both.at(block).batches) + "}";
-      std::fprintf(stderr, "%8zu KiB  engine (%s), loads and stores overlapped: %.2f GB/s\n",
-                   block / kKiB, bus(exact.layout, CompressionMode::exact).c_str(),
-                   gbps(2 * bytes, both));
-
-      EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks);
-      const double int8_load = int8.median_step(repeats, true, false);
-      const double int8_store = int8.median_step(repeats, false, true);
-      const double tokens_exact = static_cast<double>(exact.tokens_per_step()) / load;
-      const double tokens_int8 = static_cast<double>(int8.tokens_per_step()) / int8_load;
-      const double store_ratio = (static_cast<double>(int8.tokens_per_step()) / int8_store) /
-                                 (static_cast<double>(exact.tokens_per_step()) / store);
-      compressed += std::string(compressed.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
-                    std::to_string(block) + ", \"bus\": \"" +
-                    bus(int8.layout, CompressionMode::int8) + "\", \"exact_load_tokens_per_s\": " +
-                    number(tokens_exact) + ", \"int8_load_tokens_per_s\": " +
-                    number(tokens_int8) + ", \"int8_over_exact_load\": " +
-                    number(tokens_int8 / tokens_exact) + ", \"int8_over_exact_store\": " +
-                    number(store_ratio) + "}";
-      std::fprintf(stderr, "%8zu KiB  int8 / exact tokens/s: load %.2fx  store %.2fx\n",
-                   block / kKiB, tokens_int8 / tokens_exact, store_ratio);
+      const auto per_step = static_cast<double>(blocks);
+      Rates exact_random;
+      Rates exact_requests;
+      {
+        EngineRig exact(tokens, CompressionMode::exact, pool_bytes, blocks, nullptr);
+        exact_random = exact.measure_random(repeats);
+        exact_requests = exact.measure_requests(repeats);
+        const std::string random_bus = bus(exact.layout, CompressionMode::exact, exact_random, per_step);
+        row(block, "engine", {exact_random.load, exact_random.store});
+        overlapped += std::string(overlapped.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
+                      std::to_string(block) + ", \"bus\": \"" + random_bus +
+                      "\", \"engine_both_ways_gbps\": " + number(exact_random.both) +
+                      ", \"kernels_both_ways_gbps\": " + number(raw_both.at(block).kernels) +
+                      ", \"bulk_both_ways_gbps\": " + number(raw_both.at(block).bulk) +
+                      ", \"batches_both_ways_gbps\": " + number(raw_both.at(block).batches) +
+                      "}";
+        scenario_row(block, "random", "auto", random_bus, exact_random);
+        scenario_row(block, "requests", "auto",
+                     bus(exact.layout, CompressionMode::exact, exact_requests, per_step),
+                     exact_requests);
+      }
+      {
+        EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks, nullptr);
+        const Rates int8_random = int8.measure_random(repeats);
+        const Rates int8_requests = int8.measure_requests(repeats);
+        const std::string random_bus = bus(int8.layout, CompressionMode::int8, int8_random, per_step);
+        const double load_ratio = int8_random.load_tokens / exact_random.load_tokens;
+        const double store_ratio = int8_random.store_tokens / exact_random.store_tokens;
+        compressed += std::string(compressed.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
+                      std::to_string(block) + ", \"bus\": \"" + random_bus +
+                      "\", \"exact_load_tokens_per_s\": " + number(exact_random.load_tokens) +
+                      ", \"int8_load_tokens_per_s\": " + number(int8_random.load_tokens) +
+                      ", \"int8_over_exact_load\": " + number(load_ratio) +
+                      ", \"int8_over_exact_store\": " + number(store_ratio) + "}";
+        const auto ratio_row = [&](const char* scenario, const Rates& exact_rates,
+                                   const Rates& int8_rates, const std::string& picks) {
+          const double load = int8_rates.load_tokens / exact_rates.load_tokens;
+          const double store = int8_rates.store_tokens / exact_rates.store_tokens;
+          ratios += std::string(ratios.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
+                    std::to_string(block) + ", \"scenario\": \"" + scenario + "\", \"bus\": \"" +
+                    picks + "\", \"int8_over_exact_load\": " + number(load) +
+                    ", \"int8_over_exact_store\": " + number(store) + "}";
+          std::fprintf(stderr,
+                       "%8zu KiB  %-8s int8 / exact tokens/s: load %.2fx  store %.2fx  [%s]  t=%.0fs\n",
+                       block / kKiB, scenario, load, store, picks.c_str(), elapsed());
+        };
+        ratio_row("random", exact_random, int8_random, random_bus);
+        ratio_row("requests", exact_requests, int8_requests,
+                  bus(int8.layout, CompressionMode::int8, int8_requests, per_step));
+      }
+      if (!forced_rows) continue;
+      for (const char* path : forced_paths) {
+        EngineRig forced(tokens, CompressionMode::exact, pool_bytes, blocks, path);
+        const Rates random_rates = forced.measure_random(repeats);
+        const Rates request_rates = forced.measure_requests(repeats);
+        scenario_row(block, "random", path, path, random_rates);
+        scenario_row(block, "requests", path, path, request_rates);
+      }
     }
     cudaStreamDestroy(stream);
     cudaStreamDestroy(other);
 
     std::printf(
         "{\n  \"gpu\": \"%s\",\n  \"pool_bytes\": %zu,\n  \"moved_bytes\": %zu,\n"
-        "  \"layers\": %u,\n  \"repeats\": %d,\n"
+        "  \"layers\": %u,\n  \"repeats\": %d,\n  \"device_blocks\": \"%s\",\n"
         "  \"ceiling_gbps\": {\"h2d\": %s, \"d2h\": %s},\n  \"both_ways_ceiling_gbps\": %s,\n"
         "  \"rows\": [\n    %s\n  ],\n"
-        "  \"overlapped\": [\n    %s\n  ],\n  \"int8_vs_exact\": [\n    %s\n  ]\n}\n",
-        properties.name, pool_bytes, moved, kLayers, repeats, number(ceiling.h2d).c_str(),
-        number(ceiling.d2h).c_str(), number(ceiling_both).c_str(), rows.c_str(), overlapped.c_str(), compressed.c_str());
+        "  \"overlapped\": [\n    %s\n  ],\n  \"int8_vs_exact\": [\n    %s\n  ],\n"
+        "  \"scenarios\": [\n    %s\n  ],\n  \"int8_vs_exact_by_scenario\": [\n    %s\n  ]\n}\n",
+        properties.name, pool_bytes, moved, kLayers, repeats,
+        device_blocks_in_order() ? "in order" : "shuffled", number(ceiling.h2d).c_str(),
+        number(ceiling.d2h).c_str(), number(ceiling_both).c_str(), rows.c_str(),
+        overlapped.c_str(), compressed.c_str(), scenarios.c_str(), ratios.c_str());
     return 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "staging bench: %s\n", error.what());
