@@ -15,8 +15,8 @@
 //                         prefix (a quarter to three quarters of its chain) of a recent earlier
 //                         request's chain, which it loads back (as far as still committed) while
 //                         the step stores its own blocks; loads alone read earlier chains back
-//                         whole. Measured after request-shaped warm-up steps have turned the full
-//                         pool over once, so eviction has fragmented it (the engine frees slots
+//                         whole. Measured first on a freshly filled pool, after request-shaped
+//                         warm-up steps have turned it over twice, so eviction has fragmented it (the engine frees slots
 //                         only by LRU eviction, so a warm pool is full; each step's stores take
 //                         the slots its evictions free). Device blocks are shuffled per step (a
 //                         fragmented vLLM free-block queue) unless ACTIVEKV_BENCH_DEVICE_RUNS=1;
@@ -572,12 +572,13 @@ struct EngineRig {
     return run(loads, stores);
   }
 
-  // Request-shaped steps until the pool has turned over (every slot stored again at least once,
-  // the order of eviction mixed by the loads' refreshes): the fragmented pool the measured steps
-  // allocate in.
+  // Request-shaped steps until the pool has turned over twice (the order of eviction mixed by
+  // the loads' refreshes of shared prefixes): the fragmented pool the measured steps allocate in.
+  // Twice: on the host-only route, the runs per step settle by then (about 5 blocks per load run
+  // and 5-8 per store run with 64-2048 blocks per step and a pool of 4 steps).
   void warm_requests() {
     std::size_t turned = 0;
-    while (turned < engine->num_slots()) turned += request_step(true, true).stored;
+    while (turned < 2 * engine->num_slots()) turned += request_step(true, true).stored;
   }
 
   template <typename Step>
@@ -841,8 +842,9 @@ int main(int argc, char** argv) {
       Rates exact_requests;
       {
         EngineRig exact(tokens, CompressionMode::exact, pool_bytes, blocks, nullptr);
-        exact_random = exact.measure_random(repeats);
+        // Requests first: the random loads' refreshes would leave the pool scrambled for them.
         exact_requests = exact.measure_requests(repeats);
+        exact_random = exact.measure_random(repeats);
         const std::string random_bus = bus(exact.layout, CompressionMode::exact, exact_random, per_step);
         row(block, "engine", {exact_random.load, exact_random.store});
         overlapped += std::string(overlapped.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
@@ -859,8 +861,8 @@ int main(int argc, char** argv) {
       }
       {
         EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks, nullptr);
-        const Rates int8_random = int8.measure_random(repeats);
         const Rates int8_requests = int8.measure_requests(repeats);
+        const Rates int8_random = int8.measure_random(repeats);
         const std::string random_bus = bus(int8.layout, CompressionMode::int8, int8_random, per_step);
         const double load_ratio = int8_random.load_tokens / exact_random.load_tokens;
         const double store_ratio = int8_random.store_tokens / exact_random.store_tokens;
@@ -889,8 +891,8 @@ int main(int argc, char** argv) {
       if (!forced_rows) continue;
       for (const char* path : forced_paths) {
         EngineRig forced(tokens, CompressionMode::exact, pool_bytes, blocks, path);
-        const Rates random_rates = forced.measure_random(repeats);
         const Rates request_rates = forced.measure_requests(repeats);
+        const Rates random_rates = forced.measure_random(repeats);
         scenario_row(block, "random", path, path, random_rates);
         scenario_row(block, "requests", path, path, request_rates);
       }

@@ -1,0 +1,298 @@
+"""The CUDA route's staging throughput through the Python API, as vLLM's connector drives it.
+
+Standard library only, plus the wheel (put on `sys.path` by `--site`, or importable): the device
+KV is the wheel's own `DeviceKvCache`, so no framework is needed. Whole engine steps through
+`activekv._engine.Engine(..., device="cuda")` (plans, `build_step`, the per-layer hooks,
+`wait_for_save`, the events read back), per block size (K and V of one layer: 16 KiB to 1 MiB),
+each loads alone, stores alone and both at once, in two scenarios (the same as
+tests/gpu/staging_bench.cpp's):
+
+  random    blocks loaded in random order from all over the full pool, new blocks stored;
+  requests  chains of 16-64 blocks, each new request sharing a prefix of a recent earlier
+            request's chain, which it loads back (as far as still committed) while the step
+            stores its own blocks; loads alone read earlier chains back whole; measured first,
+            after request-shaped steps have turned the freshly filled pool over twice.
+
+Device blocks are shuffled per step (a fragmented free-block queue) unless --device-runs.
+`--paths` adds rows with a forced transfer path (ACTIVEKV_CUDA_TRANSFER_PATH, read when an engine
+is made). `--ceiling` takes the C++ bench's record (gpu-staging.json) of the same machine for the
+fractions of the ceiling. Progress on stderr; one JSON object to --out (and stdout).
+
+    python -m release.scripts.staging_bench_py --site SITE --out staging-py.json \
+        [--ceiling gpu-staging.json] [--paths kernels,runs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KIB = 1024
+GIB = 1 << 30
+LAYERS = 32
+HEADS = 8
+HEAD_DIM = 128  # fp16: 2 KiB of K (and of V) per token
+BLOCK_SIZES = (16 * KIB, 64 * KIB, 128 * KIB, 256 * KIB, 1024 * KIB)
+PATH_VARIABLE = "ACTIVEKV_CUDA_TRANSFER_PATH"
+PATHS = ("kernels", "block-copies", "runs", "runs-staged")
+WAYS = ("load", "store", "both_ways")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Step:
+    seconds: float
+    loaded: int
+    stored: int
+    load_runs: int
+    store_runs: int
+
+
+@dataclass
+class Rig:
+    """One engine with its device KV; loads land in the first `blocks` device blocks, stores are
+    read from the others."""
+
+    engine: Any
+    kv: Any
+    blocks: int
+    block_bytes: int  # stored bytes of one block, all layers
+    block_tokens: int
+    device_runs: bool
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+    next_hash: int = 1
+    stored: list[int] = field(default_factory=list)
+    position: dict[int, int] = field(default_factory=dict)
+    requests: list[list[int]] = field(default_factory=list)
+    settled: int = 0
+
+    def run(self, loads: list[int], stores: list[int]) -> Step:
+        load_devices = list(range(self.blocks))
+        store_devices = list(range(self.blocks, 2 * self.blocks))
+        if not self.device_runs:
+            self.rng.shuffle(load_devices)
+            self.rng.shuffle(store_devices)
+        engine = self.engine
+        start = time.perf_counter()
+        if loads:
+            engine.plan_load(loads, load_devices[: len(loads)])
+        if stores:
+            engine.plan_store(stores, store_devices[: len(stores)])
+        engine.build_step()
+        engine.start_load()
+        for layer in range(LAYERS):
+            engine.wait_for_layer_load(layer)
+            engine.save_kv_layer(layer)
+        engine.wait_for_save()
+        events = engine.events()
+        seconds = time.perf_counter() - start
+        stats = engine.extent_stats
+        for kind, value in events:
+            if kind == "commit":
+                self.position[value] = len(self.stored)
+                self.stored.append(value)
+            elif kind == "evict":
+                at = self.position.pop(value)
+                last = self.stored.pop()
+                if last != value:
+                    self.stored[at] = last
+                    self.position[last] = at
+        self.settled = len(self.requests)
+        return Step(
+            seconds,
+            stats["last_load_blocks"],
+            stats["last_store_blocks"],
+            stats["last_load_runs"],
+            stats["last_store_runs"],
+        )
+
+    def fresh(self, count: int) -> list[int]:
+        hashes = list(range(self.next_hash, self.next_hash + count))
+        self.next_hash += count
+        return hashes
+
+    def random_step(self, load: bool, store: bool) -> Step:
+        loads = self.rng.sample(self.stored, self.blocks) if load else []
+        return self.run(loads, self.fresh(self.blocks) if store else [])
+
+    def request_step(self, load: bool, store: bool) -> Step:
+        loads: list[int] = []
+        stores: list[int] = []
+        attempts = 0
+        while (load and len(loads) < self.blocks) or (store and len(stores) < self.blocks):
+            attempts += 1
+            if attempts > 64 * self.blocks:
+                break
+            chain = self.rng.randint(16, 64)
+            hashes: list[int] = []
+            if load and len(loads) < self.blocks and self.settled > 0:
+                recent = min(self.settled, self.engine.num_slots // 64 + 1)
+                parent = self.requests[self.rng.randint(self.settled - recent, self.settled - 1)]
+                shared = self.rng.randint(chain // 4, 3 * chain // 4) if store else chain
+                hashes = parent[: min(shared, len(parent))]
+                hashes = hashes[: self.engine.lookup(hashes)][: self.blocks - len(loads)]
+                loads += hashes
+            if store and len(stores) < self.blocks:
+                own = self.fresh(min(chain - min(chain, len(hashes)), self.blocks - len(stores)))
+                stores += own
+                hashes = hashes + own
+            if store and hashes:
+                self.requests.append(hashes)
+        self.engine.events()  # the lookups'
+        return self.run(loads, stores)
+
+    def measure(self, repeats: int, requests: bool) -> dict[str, float]:
+        step = self.request_step if requests else self.random_step
+        if requests:
+            turned = 0
+            while turned < 2 * self.engine.num_slots:
+                turned += step(True, True).stored
+        rows: dict[str, list[float]] = {"load": [], "store": [], "both": [], "lt": [], "st": []}
+        runs = [0, 0, 0, 0]
+        for _ in range(repeats):
+            one = step(True, False)
+            rows["load"].append(one.loaded * self.block_bytes / one.seconds / 1e9)
+            rows["lt"].append(one.loaded * self.block_tokens / one.seconds)
+            two = step(False, True)
+            rows["store"].append(two.stored * self.block_bytes / two.seconds / 1e9)
+            rows["st"].append(two.stored * self.block_tokens / two.seconds)
+            both = step(True, True)
+            rows["both"].append((both.loaded + both.stored) * self.block_bytes / both.seconds / 1e9)
+            runs = [runs[0] + both.loaded, runs[1] + both.load_runs,
+                    runs[2] + both.stored, runs[3] + both.store_runs]  # fmt: skip
+        median = {name: statistics.median(values) for name, values in rows.items()}
+        return {
+            "load_gbps": median["load"],
+            "store_gbps": median["store"],
+            "both_ways_gbps": median["both"],
+            "load_tokens_per_s": median["lt"],
+            "store_tokens_per_s": median["st"],
+            "load_blocks_per_run": runs[0] / runs[1] if runs[1] else 0.0,
+            "store_blocks_per_run": runs[2] / runs[3] if runs[3] else 0.0,
+        }
+
+
+def make_rig(
+    engine_module: Any, block: int, mode: str, pool: int, moved: int, path: str | None,
+    device_runs: bool,
+) -> Rig:  # fmt: skip
+    tokens = block // (2 * HEADS * HEAD_DIM * 2)
+    blocks = moved // (block * LAYERS)
+    dtype = engine_module.KvDtype.fp16
+    layout = engine_module.KvBlockLayout(LAYERS, tokens, HEADS, HEAD_DIM, dtype)
+    previous = os.environ.get(PATH_VARIABLE)
+    if path is not None:
+        os.environ[PATH_VARIABLE] = path
+    try:
+        engine = engine_module.Engine(layout, mode, pool, 4, blocks, 2 * blocks, device="cuda")
+    finally:
+        if path is not None:
+            if previous is None:
+                del os.environ[PATH_VARIABLE]
+            else:
+                os.environ[PATH_VARIABLE] = previous
+    kv = engine_module.DeviceKvCache(layout, 2 * blocks)
+    engine.register_kv_caches(kv.layers)
+    slot = engine.slot_bytes
+    rig = Rig(engine, kv, blocks, slot, LAYERS * tokens, device_runs)
+    while len(rig.stored) < engine.num_slots:  # a full pool: loads come from all over it
+        rig.random_step(False, True)
+    return rig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--site", type=Path, help="where the wheel is installed (pip --target)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ceiling", type=Path, help="the C++ bench's gpu-staging.json")
+    parser.add_argument("--pool-gib", type=int, default=4)
+    parser.add_argument("--moved-gib", type=int, default=1, help="per step, each way")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--block-kib", default=",".join(str(b // KIB) for b in BLOCK_SIZES))
+    parser.add_argument("--paths", default="", help=f"forced paths, of {','.join(PATHS)}")
+    parser.add_argument("--device-runs", action="store_true", help="device blocks in order")
+    args = parser.parse_args(argv)
+    if args.site is not None:
+        sys.path.insert(0, str(args.site))
+    import activekv._engine as engine_module
+
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(paths) - set(PATHS))
+    if unknown:
+        parser.error(f"--paths: unknown {unknown}; expected some of {list(PATHS)}")
+    ceiling: dict[str, float] = {}
+    if args.ceiling is not None:
+        record = json.loads(args.ceiling.read_text())
+        ceiling = {"load": record["ceiling_gbps"]["h2d"], "store": record["ceiling_gbps"]["d2h"],
+                   "both_ways": record["both_ways_ceiling_gbps"]}  # fmt: skip
+    pool, moved = args.pool_gib * GIB, args.moved_gib * GIB
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    ratios: list[dict[str, Any]] = []
+
+    def add(block: int, scenario: str, path: str, figures: dict[str, float]) -> None:
+        row: dict[str, Any] = {"block_bytes": block, "scenario": scenario, "path": path}
+        row.update({k: round(v, 2) for k, v in figures.items()})
+        for way in WAYS:
+            if ceiling:
+                row[f"{way}_of_ceiling"] = round(figures[f"{way}_gbps"] / ceiling[way], 3)
+        rows.append(row)
+        gbps = " ".join(f"{way} {figures[f'{way}_gbps']:6.2f}" for way in WAYS)
+        per_run = f"{figures['load_blocks_per_run']:.1f} / {figures['store_blocks_per_run']:.1f}"
+        elapsed = time.perf_counter() - started
+        _log(f"{block // KIB:6d} KiB  {scenario:8s} {path:12s} {gbps} GB/s  blocks/run {per_run}  "
+             f"t={elapsed:.0f}s")  # fmt: skip
+
+    for block in (int(b) * KIB for b in args.block_kib.split(",")):
+        measured: dict[tuple[str, str], dict[str, float]] = {}
+        for mode in ("exact", "int8"):
+            rig = make_rig(engine_module, block, mode, pool, moved, None, args.device_runs)
+            for scenario in ("requests", "random"):  # random loads would scramble the pool
+                measured[mode, scenario] = rig.measure(args.repeats, scenario == "requests")
+                if mode == "exact":
+                    add(block, scenario, "auto", measured[mode, scenario])
+            del rig
+        for scenario in ("random", "requests"):
+            exact, int8 = measured["exact", scenario], measured["int8", scenario]
+            load = int8["load_tokens_per_s"] / exact["load_tokens_per_s"]
+            store = int8["store_tokens_per_s"] / exact["store_tokens_per_s"]
+            ratios.append({"block_bytes": block, "scenario": scenario,
+                           "int8_over_exact_load": round(load, 3),
+                           "int8_over_exact_store": round(store, 3)})  # fmt: skip
+            _log(f"{block // KIB:6d} KiB  {scenario:8s} int8 / exact tokens/s: load {load:.2f}x  "
+                 f"store {store:.2f}x")  # fmt: skip
+        for path in paths:
+            rig = make_rig(engine_module, block, "exact", pool, moved, path, args.device_runs)
+            for scenario in ("requests", "random"):
+                add(block, scenario, path, rig.measure(args.repeats, scenario == "requests"))
+            del rig
+    result = {
+        "api": "python (activekv._engine.Engine, device='cuda', DeviceKvCache)",
+        "engine_module": engine_module.__file__,
+        "build_info": engine_module.build_info(),
+        "pool_bytes": pool, "moved_bytes": moved, "layers": LAYERS, "repeats": args.repeats,
+        "device_blocks": "in order" if args.device_runs else "shuffled",
+        "ceiling_gbps": ceiling or None,
+        "rows": rows, "int8_vs_exact_by_scenario": ratios,
+        "seconds": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
+    text = json.dumps(result, indent=2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
