@@ -113,6 +113,16 @@ class EngineStaging:
         self.stored: list[int] = []
         self.next_hash = 1
         self.status = "ready"
+        # Request-shaped loads: the previous step's chain (one extent of slots) read back as its
+        # first half, its last quarter, then its third quarter; the first half into device
+        # blocks in order (a run the CUDA route copies directly), the rest into shuffled ones
+        # (runs it stages and scatters). Entry k loads chain block picks[k] into targets[k].
+        half, quarter = blocks // 2, blocks // 4
+        self.picks = [*range(half), *range(half + quarter, blocks), *range(half, half + quarter)]
+        self.targets = list(range(blocks))
+        tail = self.targets[half:]
+        random.Random(3).shuffle(tail)
+        self.targets[half:] = tail
 
     def run(self, steps: int) -> dict[str, Any]:
         if self.status != "ready":
@@ -122,7 +132,7 @@ class EngineStaging:
         mark = time.perf_counter()
         for _ in range(steps):
             if self.stored:
-                self.engine.plan_load(self.stored, list(range(blocks)))
+                self.engine.plan_load([self.stored[i] for i in self.picks], self.targets)
             fresh = list(range(self.next_hash, self.next_hash + blocks))
             self.next_hash += blocks
             self.engine.plan_store(fresh, list(range(blocks, 2 * blocks)))
@@ -150,15 +160,19 @@ class EngineStaging:
 
     def verify(self, result: dict[str, Any]) -> dict[str, Any]:
         """After the judged phase: every loaded block holds the bytes it was stored with. A layer
-        is [2, 2 * blocks, T, H, D] words: in each of its K and V planes, the first half (loaded)
-        must equal the second (stored)."""
+        is [2, 2 * blocks, T, H, D] words: in each of its K and V planes, device block
+        targets[k] (loaded) must equal device block blocks + picks[k] (stored)."""
         if result["status"] != "pass":
             return result
         wrong = []
+        blocks = STAGING["blocks"]
         for layer in range(STAGING["layers"]):
             words = self.kv.download(layer)
-            plane, half = len(words) // 2, len(words) // 4
-            if any(words[p : p + half] != words[p + half : p + plane] for p in (0, plane)):
+            plane = len(words) // 2
+            size = plane // (2 * blocks)  # one block of one plane
+            pairs = list(zip(self.targets, self.picks, strict=True))
+            at = [(p + t * size, p + (blocks + i) * size) for p in (0, plane) for t, i in pairs]
+            if any(words[a : a + size] != words[b : b + size] for a, b in at):
                 wrong.append(layer)
         if wrong:
             result["status"] = f"fail: loaded blocks differ from the stored ones in layers {wrong}"
