@@ -209,6 +209,10 @@ constexpr std::size_t kRunCopyOverBlockCopiesMinBlocks = 2;
 // A run whose device blocks are consecutive too crosses directly (two pitched copies, K and V,
 // no staging) from this many blocks; a shorter one goes through the staging buffer as one copy.
 constexpr std::size_t kDirectRunMinBlocks = 2;
+// Whether the rule's runs submit a layer's pitched copies as one cudaMemcpy3DBatchAsync (one call
+// into the driver per layer) rather than one cudaMemcpy2DAsync each. Off until the benchmark's
+// runs-batched rows measure it faster.
+constexpr bool kBatchRunCopies = false;
 constexpr const char* kTransferPathVariable = "ACTIVEKV_CUDA_TRANSFER_PATH";
 // The highest priority a stream can have: bus transfers are the bottleneck, so their thread
 // blocks go first and the codec kernels fill in around them.
@@ -260,6 +264,8 @@ const char* transfer_path_name(TransferPath path) {
       return "runs";
     case TransferPath::runs_staged:
       return "runs-staged";
+    case TransferPath::runs_batched:
+      return "runs-batched";
   }
   return "unknown";
 }
@@ -268,11 +274,13 @@ std::optional<TransferPath> transfer_path_override() {
   const char* value = std::getenv(kTransferPathVariable);
   if (value == nullptr || *value == '\0' || std::string(value) == "auto") return std::nullopt;
   for (const TransferPath path : {TransferPath::kernels, TransferPath::block_copies,
-                                  TransferPath::runs, TransferPath::runs_staged}) {
+                                  TransferPath::runs, TransferPath::runs_staged,
+                                  TransferPath::runs_batched}) {
     if (std::string(value) == transfer_path_name(path)) return path;
   }
   throw CudaRouteError(std::string("CUDA route: ") + kTransferPathVariable +
-                       ": expected auto, kernels, block-copies, runs or runs-staged; got \"" +
+                       ": expected auto, kernels, block-copies, runs, runs-staged or "
+                       "runs-batched; got \"" +
                        value + "\"");
 }
 
@@ -294,7 +302,7 @@ TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode m
     // Mean bytes (blocks) per run, compared without dividing: bytes / runs >= threshold.
     if (bytes >= kRunCopyMinBytes * layer.runs ||
         (block_copies && layer.blocks >= kRunCopyOverBlockCopiesMinBlocks * layer.runs)) {
-      return TransferPath::runs;
+      return kBatchRunCopies ? TransferPath::runs_batched : TransferPath::runs;
     }
   }
   return block_copies ? TransferPath::block_copies : TransferPath::kernels;
@@ -353,6 +361,7 @@ struct CudaRoute::Resources {
       regions.push_back(std::make_unique<Region>(blocks_per_region, staged));
     }
     runs.reserve(blocks_per_region);
+    batch.reserve(2 * blocks_per_region);  // a direct run of two blocks or more: two copies
     const std::size_t most = (mode == AKV_MODE_EXACT ? 2 : 1) * blocks_per_region;
     destinations.reserve(most);
     sources.reserve(most);
@@ -390,8 +399,10 @@ struct CudaRoute::Resources {
   Stream load_codec;
   Stream store_bus;
   Stream store_codec;
-  // One layer's transfer list as runs, reused (nothing is allocated per step).
+  // One layer's transfer list as runs, and its pitched copies when batched, reused (nothing is
+  // allocated per step).
   std::vector<TransferRun> runs;
+  std::vector<cudaMemcpy3DBatchOp> batch;
   // One layer's copies for cudaMemcpyBatchAsync (read during the call), reused.
   std::vector<void*> destinations;
   std::vector<const void*> sources;
@@ -400,15 +411,33 @@ struct CudaRoute::Resources {
   // Whether `run` crosses directly between its slots and its device blocks (exact mode, path
   // runs, contiguous device tensors whose block stride a pitched copy can step).
   bool direct(const TransferRun& run, TransferPath path, const akv_stage_args& args) const {
-    return mode == AKV_MODE_EXACT && path == TransferPath::runs && args.contiguous != 0 &&
+    const bool may = path == TransferPath::runs || path == TransferPath::runs_batched;
+    return mode == AKV_MODE_EXACT && may && args.contiguous != 0 &&
            run.device_consecutive && run.count >= kDirectRunMinBlocks &&
            args.block_stride >= tensor_bytes && args.block_stride <= max_pitch;
   }
 
   // One pitched copy: `height` rows of `width` bytes, a slot apart in the pool, `device_pitch`
-  // apart on the device; in, pool to device, out the reverse.
+  // apart on the device; in, pool to device, out the reverse. Batched: added to `batch`.
   void pitched(std::uint8_t* stored, std::uint8_t* on_device, std::size_t device_pitch,
-               std::size_t width, std::size_t height, bool in, cudaStream_t stream) const {
+               std::size_t width, std::size_t height, bool in, bool batched, cudaStream_t stream) {
+    if (batched) {
+      // Pointer operands: elements of one byte, rows `rowLength` bytes apart.
+      cudaMemcpy3DBatchOp op{};
+      cudaMemcpy3DOperand& from = op.src;
+      cudaMemcpy3DOperand& to = op.dst;
+      from.type = cudaMemcpyOperandTypePointer;
+      to.type = cudaMemcpyOperandTypePointer;
+      from.op.ptr.ptr = in ? static_cast<void*>(stored) : on_device;
+      from.op.ptr.rowLength = in ? slot_bytes : device_pitch;
+      to.op.ptr.ptr = in ? static_cast<void*>(on_device) : stored;
+      to.op.ptr.rowLength = in ? device_pitch : slot_bytes;
+      op.extent = make_cudaExtent(width, height, 1);
+      op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      op.flags = cudaMemcpyFlagDefault;
+      batch.push_back(op);
+      return;
+    }
     check(in ? cudaMemcpy2DAsync(on_device, device_pitch, stored, slot_bytes, width, height,
                                  cudaMemcpyHostToDevice, stream)
              : cudaMemcpy2DAsync(stored, slot_bytes, on_device, device_pitch, width, height,
@@ -422,19 +451,25 @@ struct CudaRoute::Resources {
   // device blocks.
   void copy_runs(const akv_stage_args& args, TransferPath path, bool in, cudaStream_t stream) {
     auto* host = static_cast<std::uint8_t*>(pinned.host) + args.layer_offset;
+    const bool batched = path == TransferPath::runs_batched;
+    batch.clear();
     std::size_t position = 0;  // staged blocks so far
     for (const TransferRun& run : runs) {
       std::uint8_t* const stored = host + run.slot * slot_bytes;
       if (direct(run, path, args)) {
         std::uint8_t* const keys = args.kv + run.device_block * args.block_stride;
-        pitched(stored, keys, args.block_stride, tensor_bytes, run.count, in, stream);
+        pitched(stored, keys, args.block_stride, tensor_bytes, run.count, in, batched, stream);
         pitched(stored + tensor_bytes, keys + args.value_offset, args.block_stride, tensor_bytes,
-                run.count, in, stream);
+                run.count, in, batched, stream);
         continue;
       }
       pitched(stored, args.scratch + position * layer_bytes, layer_bytes, layer_bytes, run.count,
-              in, stream);
+              in, batched, stream);
       position += run.count;
+    }
+    if (batched && !batch.empty()) {
+      check(cudaMemcpy3DBatchAsync(batch.size(), batch.data(), 0, stream),
+            in ? "cudaMemcpy3DBatchAsync (load)" : "cudaMemcpy3DBatchAsync (store)");
     }
   }
 
@@ -442,7 +477,8 @@ struct CudaRoute::Resources {
   // the staging buffer; out, the reverse.
   void cross_bus(const akv_stage_args& args, const std::vector<BlockTransfer>& transfers,
                  bool in, TransferPath path, cudaStream_t stream) {
-    if (path == TransferPath::runs || path == TransferPath::runs_staged) {
+    if (path == TransferPath::runs || path == TransferPath::runs_staged ||
+        path == TransferPath::runs_batched) {
       copy_runs(args, path, in, stream);
       return;
     }
@@ -526,7 +562,8 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   const bool contiguous = tensors_contiguous(r.kv_layout, device_kv.strides);
   transfer_runs(transfers, r.runs);
   const TransferPath path = r.path_for(direction, transfers.size(), contiguous);
-  const bool by_runs = path == TransferPath::runs || path == TransferPath::runs_staged;
+  const bool by_runs = path == TransferPath::runs || path == TransferPath::runs_staged ||
+                       path == TransferPath::runs_batched;
   akv_stage_args args{static_cast<const akv_transfer*>(region.transfers.data),
                       static_cast<std::uint32_t>(transfers.size()),
                       static_cast<std::uint8_t*>(r.pinned.device),

@@ -42,8 +42,9 @@ bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
 //   runs          one pitched copy per run of consecutive slots between the pool and the region's
 //                 device staging buffer, a kernel scattering (gathering) the device blocks, and
 //                 runs whose device blocks are consecutive too copied directly, no staging;
-//   runs_staged   runs, never directly (for the benchmark: the staging's own cost).
-enum class TransferPath : std::uint8_t { kernels, block_copies, runs, runs_staged };
+//   runs_staged   runs, never directly (for the benchmark: the staging's own cost);
+//   runs_batched  runs, the layer's pitched copies submitted as one cudaMemcpy3DBatchAsync.
+enum class TransferPath : std::uint8_t { kernels, block_copies, runs, runs_staged, runs_batched };
 const char* transfer_path_name(TransferPath path);
 
 // What a layer looks like to the path rule: its blocks, the runs of its transfer list, whether
@@ -66,7 +67,8 @@ TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode m
                                   std::optional<TransferPath> forced = std::nullopt);
 
 // The benchmark's knob, read once per route at construction: ACTIVEKV_CUDA_TRANSFER_PATH unset,
-// empty or "auto" is the rule; "kernels", "block-copies", "runs" or "runs-staged" forces that path
+// empty or "auto" is the rule; "kernels", "block-copies", "runs", "runs-staged" or "runs-batched"
+// forces that path
 // (CudaRouteError for anything else). Not for serving: the rule is what is measured and tuned.
 std::optional<TransferPath> transfer_path_override();
 

@@ -42,7 +42,7 @@ HEADS = 8
 HEAD_DIM = 128  # fp16: 2 KiB of K (and of V) per token
 BLOCK_SIZES = (16 * KIB, 64 * KIB, 128 * KIB, 256 * KIB, 1024 * KIB)
 PATH_VARIABLE = "ACTIVEKV_CUDA_TRANSFER_PATH"
-PATHS = ("kernels", "block-copies", "runs", "runs-staged")
+PATHS = ("kernels", "block-copies", "runs", "runs-staged", "runs-batched")
 WAYS = ("load", "store", "both_ways")
 
 

@@ -222,6 +222,8 @@ TEST_CASE("a layer crosses by runs from 1 MiB runs on average, or 2 blocks where
         TransferPath::kernels);
   CHECK(path(4, CompressionMode::exact, {64, 1, true, false}, TransferPath::runs_staged) ==
         TransferPath::kernels);
+  CHECK(path(4, CompressionMode::int8, {8, 8}, TransferPath::runs_batched) ==
+        TransferPath::runs_batched);
 }
 
 TEST_CASE("ACTIVEKV_CUDA_TRANSFER_PATH forces a path, auto or unset is the rule, anything else is refused") {
@@ -235,13 +237,17 @@ TEST_CASE("ACTIVEKV_CUDA_TRANSFER_PATH forces a path, auto or unset is the rule,
     CHECK(transfer_path_override() == TransferPath::block_copies);
   }
   {
+    const ForcedPath forced("runs-batched");
+    CHECK(transfer_path_override() == TransferPath::runs_batched);
+  }
+  {
     const ForcedPath forced("auto");
     CHECK_FALSE(transfer_path_override().has_value());
   }
   const ForcedPath forced("fastest");
   CHECK(contains(error_message<CudaRouteError>([] { transfer_path_override(); }),
-                 "ACTIVEKV_CUDA_TRANSFER_PATH: expected auto, kernels, block-copies, runs or "
-                 "runs-staged; got \"fastest\""));
+                 "ACTIVEKV_CUDA_TRANSFER_PATH: expected auto, kernels, block-copies, runs, "
+                 "runs-staged or runs-batched; got \"fastest\""));
 }
 
 TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mode and dtype") {
@@ -324,7 +330,8 @@ TEST_CASE("on a GPU every transfer path matches the CPU route bit for bit, runs 
       {}, {4, 5, 6, 7}, {4, 5, 6, 7}, {4, 5, 7, 6}, {7, 4, 6, 5}};
   const std::vector<std::int64_t> store_blocks{0, 1, 2, 3};
   const std::uint32_t shapes[][3] = {{4, 2, 32}, {3, 1, 6}, {16, 8, 128}};
-  for (const char* forced : {"kernels", "block-copies", "runs", "runs-staged", "auto"}) {
+  for (const char* forced :
+       {"kernels", "block-copies", "runs", "runs-staged", "runs-batched", "auto"}) {
     const ForcedPath scope(forced);
     for (const auto& shape : shapes) {
       for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {

@@ -21,7 +21,8 @@
 //                         the slots its evictions free). Device blocks are shuffled per step (a
 //                         fragmented vLLM free-block queue) unless ACTIVEKV_BENCH_DEVICE_RUNS=1;
 //             with the rule's path (auto) and, per forced path (ACTIVEKV_CUDA_TRANSFER_PATH:
-//             kernels, block-copies, runs, runs-staged; ACTIVEKV_BENCH_PATHS=0 leaves them out),
+//             kernels, block-copies, runs, runs-staged, runs-batched; ACTIVEKV_BENCH_PATHS=0
+//             leaves them out, ACTIVEKV_BENCH_PATHS=runs,kernels picks some),
 //             so the rule's thresholds (cuda_route.cpp) can be chosen from one run; int8 against
 //             exact tokens/s per scenario.
 // Loads and stores overlapped are measured for the contiguous copy, the raw paths and the engine.
@@ -802,10 +803,21 @@ int main(int argc, char** argv) {
       return load == store ? load : "loads: " + load + ", stores: " + store;
     };
     // Forced paths (ACTIVEKV_CUDA_TRANSFER_PATH) beside the rule, so the thresholds can be chosen
-    // from this one run; ACTIVEKV_BENCH_PATHS=0 leaves them out.
+    // from this one run; ACTIVEKV_BENCH_PATHS=0 leaves them out, a comma-separated list picks.
     const char* const paths_setting = std::getenv("ACTIVEKV_BENCH_PATHS");
-    const bool forced_rows = paths_setting == nullptr || std::string(paths_setting) != "0";
-    const char* const forced_paths[] = {"kernels", "block-copies", "runs", "runs-staged"};
+    std::vector<std::string> forced_paths{"kernels", "block-copies", "runs", "runs-staged",
+                                          "runs-batched"};
+    if (paths_setting != nullptr) {
+      forced_paths.clear();
+      std::string list = paths_setting;
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        const std::string name = list.substr(at, comma - at);
+        if (!name.empty() && name != "0") forced_paths.push_back(name);
+        at = comma + 1;
+      }
+    }
+    const bool forced_rows = !forced_paths.empty();
     std::string overlapped;
     std::string compressed;
     std::string scenarios;
@@ -889,7 +901,8 @@ int main(int argc, char** argv) {
                   bus(int8.layout, CompressionMode::int8, int8_requests, per_step));
       }
       if (!forced_rows) continue;
-      for (const char* path : forced_paths) {
+      for (const std::string& name : forced_paths) {
+        const char* const path = name.c_str();
         EngineRig forced(tokens, CompressionMode::exact, pool_bytes, blocks, path);
         const Rates request_rates = forced.measure_requests(repeats);
         const Rates random_rates = forced.measure_random(repeats);
