@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Issue 19 (GPU half) on the H200, from the repository root of a checkout of branch issue19-gpu
+# with .activekv/gpu-carry carried (this folder: the wheel, the wheelhouse, two binaries).
+#   bash .activekv/gpu-carry/gpu_run.sh check   route tests, gpu-gates, parity per forced path
+#   bash .activekv/gpu-carry/gpu_run.sh bench   C++ staging bench, then the Python-API bench
+# Everything lands under $OUT; each step's exit status is in $OUT/status.txt (a failing step does
+# not stop the ones after it).
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+cd "$ROOT"
+: "${OUT:?set OUT}"
+mkdir -p "$OUT"
+WHEEL=$(ls "$HERE"/activekv-*.whl | head -1)
+VENV=$ROOT/.activekv/gpu-venv
+SITE=$ROOT/.activekv/gpu-site
+export ACTIVEKV_WHEELHOUSE=$HERE/wheelhouse
+START=$(date +%s)
+
+note() { echo "[gpu_run $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/status.txt" >&2; }
+step() {  # step NAME COMMAND...: runs it, its output teed to $OUT/NAME.log
+  local name=$1; shift
+  note "start $name"
+  "$@" > >(tee "$OUT/$name.log") 2>&1
+  note "end $name rc=$?"
+}
+
+setup() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV" || { note "python3 -m venv failed"; exit 1; }
+    "$VENV/bin/python" -m pip install -q --no-index --find-links "$HERE/wheelhouse" \
+      pydantic==2.14.4 rich==15.0.0 packaging==26.4 'securesystemslib[crypto]==1.6.0' \
+      numpy==2.2.6 ninja || { note "pip install from the wheelhouse failed"; exit 1; }
+  fi
+  export PATH=$VENV/bin:$PATH  # ninja, for building the bench here if it comes to that
+  rm -rf "$SITE"
+  "$VENV/bin/python" -m pip install -q --no-deps --no-index --target "$SITE" "$WHEEL"
+  PY=$VENV/bin/python
+  {
+    nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
+    sha256sum "$WHEEL"
+    git -C "$ROOT" log --oneline -1 2>/dev/null || true
+  } > "$OUT/identity.txt" 2>&1
+}
+
+# The GPU cells and the request-shaped cells: where the forced paths differ from the rule's.
+CELLS=(gpu-exact-bf16-t16-h8d128-l8 gpu-exact-fp16-t16-h8d128-l8-faults-pressure
+       gpu-int8-bf16-t16-h8d128-l8-faults gpu-fp8-bf16-t16-h8d96-l8-faults-pressure
+       requests-exact-bf16-t16-h2d64-l2-fragmented requests-int8-fp16-t8-h2d32-l3-faults
+       requests-exact-fp32-t4-h2d16-l2-tight requests-fp8-bf16-t16-h2d32-l2-fragmented
+       exact-bf16-t32-h2d128-l2 exact-bf16-t1-h1d8-l1)
+
+check() {
+  # Every transfer path (forced in turn) against the CPU route, bit for bit, every mode x dtype.
+  step test_cuda_route "$HERE/bin/test_cuda_route"
+  # The warm-up gate (CUPTI: zero allocations, syncs, captures over the steady steps, now with
+  # request-shaped staging loads) and GPU parity (all cells, the rule's paths).
+  step gpu-gates "$PY" -m release gpu-gates --wheel "$WHEEL" --out "$OUT/gates"
+  local cell_args=() path
+  for cell in "${CELLS[@]}"; do cell_args+=(--cell "$cell"); done
+  for path in runs runs-staged runs-batched block-copies; do
+    ACTIVEKV_CUDA_TRANSFER_PATH=$path step "parity-$path" "$PY" -m release parity \
+      --device cuda --wheel "$WHEEL" --out "$OUT/parity-$path" "${cell_args[@]}"
+  done
+}
+
+bench() {
+  # The C++ bench (the binary built from these sources on the workstation; unset
+  # ACTIVEKV_STAGING_BENCH to build it here instead, ~1-2 min more).
+  # Forced-path rows: runs-staged only differs from runs where device blocks are consecutive
+  # (ACTIVEKV_BENCH_DEVICE_RUNS=1), so it is left out unless asked for.
+  ACTIVEKV_STAGING_BENCH=${ACTIVEKV_STAGING_BENCH-$HERE/bin/activekv_staging_bench} \
+  ACTIVEKV_BENCH_PATHS=${ACTIVEKV_BENCH_PATHS-kernels,block-copies,runs,runs-batched} \
+    step gpu-staging "$PY" -m release gpu-staging --wheel "$WHEEL" --out "$OUT"
+  local ceiling=()
+  [ -f "$OUT/gpu-staging.json" ] && ceiling=(--ceiling "$OUT/gpu-staging.json")
+  # The Python API: the rule's path only, unless PY_BENCH_PATHS names forced ones (~+5 s each
+  # per block size).
+  step staging-py "$PY" -m release.scripts.staging_bench_py --site "$SITE" \
+    --out "$OUT/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}"
+}
+
+setup
+case "${1:-}" in
+  check) check ;;
+  bench) bench ;;
+  all) check; bench ;;
+  *) echo "usage: $0 check|bench|all" >&2; exit 2 ;;
+esac
+note "done"
