@@ -3,26 +3,35 @@
 # with .activekv/gpu-carry carried (this folder: the wheel, the wheelhouse, two binaries).
 #   bash .activekv/gpu-carry/gpu_run.sh check   route tests, gpu-gates, parity per forced path
 #   bash .activekv/gpu-carry/gpu_run.sh bench   C++ staging bench, then the Python-API bench
-# Everything lands under $OUT; each step's exit status is in $OUT/status.txt (a failing step does
-# not stop the ones after it).
+# Each step's exit status goes to status.txt (a failing step does not stop the ones after it).
+# The device tool brings back at most 8 files from $OUT, so the results are kept in $WORK and
+# packed into $OUT/results.tar.gz after every step (what a timeout cut short still comes back);
+# $OUT/status.txt and $OUT/current.log (the running step's output) travel beside it.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 cd "$ROOT"
 : "${OUT:?set OUT}"
-mkdir -p "$OUT"
+WORK=$ROOT/.activekv/gpu-out
+rm -rf "$WORK"
+mkdir -p "$OUT" "$WORK"
 WHEEL=$(ls "$HERE"/activekv-*.whl | head -1)
 VENV=$ROOT/.activekv/gpu-venv
 SITE=$ROOT/.activekv/gpu-site
 export ACTIVEKV_WHEELHOUSE=$HERE/wheelhouse
 START=$(date +%s)
 
-note() { echo "[gpu_run $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/status.txt" >&2; }
-step() {  # step NAME COMMAND...: runs it, its output teed to $OUT/NAME.log
+note() {
+  echo "[gpu_run $(( $(date +%s) - START ))s] $*" | tee -a "$WORK/status.txt" >&2
+  cp "$WORK/status.txt" "$OUT/status.txt"
+}
+step() {  # step NAME COMMAND...: runs it, its output in $WORK/NAME.log, then packs $WORK
   local name=$1; shift
   note "start $name"
-  "$@" > >(tee "$OUT/$name.log") 2>&1
-  note "end $name rc=$?"
+  "$@" 2>&1 | tee "$OUT/current.log"
+  note "end $name rc=${PIPESTATUS[0]}"
+  cp "$OUT/current.log" "$WORK/$name.log"
+  tar -czf "$OUT/results.tar.gz" -C "$WORK" .
 }
 
 setup() {
@@ -40,14 +49,14 @@ setup() {
     nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
     sha256sum "$WHEEL"
     git -C "$ROOT" log --oneline -1 2>/dev/null || true
-  } > "$OUT/identity.txt" 2>&1
+  } > "$WORK/identity.txt" 2>&1
 }
 
 # The GPU cells and the request-shaped cells: where the forced paths differ from the rule's.
 CELLS=(gpu-exact-bf16-t16-h8d128-l8 gpu-exact-fp16-t16-h8d128-l8-faults-pressure
        gpu-int8-bf16-t16-h8d128-l8-faults gpu-fp8-bf16-t16-h8d96-l8-faults-pressure
-       requests-exact-bf16-t16-h2d64-l2-fragmented requests-int8-fp16-t8-h2d32-l3-faults
-       requests-exact-fp32-t4-h2d16-l2-tight requests-fp8-bf16-t16-h2d32-l2-fragmented
+       exact-bf16-t16-h2d64-l2-requests-fragmented int8-fp16-t8-h2d32-l3-requests-faults
+       exact-fp32-t4-h2d16-l2-requests-tight fp8-bf16-t16-h2d32-l2-requests-fragmented
        exact-bf16-t32-h2d128-l2 exact-bf16-t1-h1d8-l1)
 
 check() {
@@ -55,12 +64,12 @@ check() {
   step test_cuda_route "$HERE/bin/test_cuda_route"
   # The warm-up gate (CUPTI: zero allocations, syncs, captures over the steady steps, now with
   # request-shaped staging loads) and GPU parity (all cells, the rule's paths).
-  step gpu-gates "$PY" -m release gpu-gates --wheel "$WHEEL" --out "$OUT/gates"
+  step gpu-gates "$PY" -m release gpu-gates --wheel "$WHEEL" --out "$WORK/gates"
   local cell_args=() path
   for cell in "${CELLS[@]}"; do cell_args+=(--cell "$cell"); done
   for path in runs runs-staged runs-batched block-copies; do
     ACTIVEKV_CUDA_TRANSFER_PATH=$path step "parity-$path" "$PY" -m release parity \
-      --device cuda --wheel "$WHEEL" --out "$OUT/parity-$path" "${cell_args[@]}"
+      --device cuda --wheel "$WHEEL" --out "$WORK/parity-$path" "${cell_args[@]}"
   done
 }
 
@@ -71,13 +80,13 @@ bench() {
   # (ACTIVEKV_BENCH_DEVICE_RUNS=1), so it is left out unless asked for.
   ACTIVEKV_STAGING_BENCH=${ACTIVEKV_STAGING_BENCH-$HERE/bin/activekv_staging_bench} \
   ACTIVEKV_BENCH_PATHS=${ACTIVEKV_BENCH_PATHS-kernels,block-copies,runs,runs-batched} \
-    step gpu-staging "$PY" -m release gpu-staging --wheel "$WHEEL" --out "$OUT"
+    step gpu-staging "$PY" -m release gpu-staging --wheel "$WHEEL" --out "$WORK"
   local ceiling=()
-  [ -f "$OUT/gpu-staging.json" ] && ceiling=(--ceiling "$OUT/gpu-staging.json")
+  [ -f "$WORK/gpu-staging.json" ] && ceiling=(--ceiling "$WORK/gpu-staging.json")
   # The Python API: the rule's path only, unless PY_BENCH_PATHS names forced ones (~+5 s each
   # per block size).
   step staging-py "$PY" -m release.scripts.staging_bench_py --site "$SITE" \
-    --out "$OUT/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}"
+    --out "$WORK/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}"
 }
 
 setup
