@@ -132,7 +132,7 @@ struct PinnedBuffer {
 };
 
 // Device memory of the route's own (a region's transfer list as the kernels read it, and its
-// staging buffer for compressed modes).
+// staging buffer: compressed modes' stored layers, exact mode's staged runs).
 struct DeviceBuffer {
   void* data = nullptr;
   explicit DeviceBuffer(std::size_t bytes) {
@@ -165,8 +165,8 @@ struct PinnedRegistration {
 
 struct Region {
   Event fence;
-  // Compressed modes: the stored layers of one lease in device memory, and the event that hands
-  // them between the bus and codec streams.
+  // The staged layer of a lease in device memory (compressed modes' stored layers, exact mode's
+  // staged runs), and the event that hands it between the bus and codec streams.
   Event handed_over;
   // Set when a CUDA call of the lease's issue failed: its outcome is unknown (observe).
   bool issue_failed = false;
@@ -347,15 +347,13 @@ struct CudaRoute::Resources {
         // A pitched copy steps through the pool a slot at a time.
         runs_possible(slot_size <= max_pitch),
         forced(transfer_path_override()),
+        // Exact mode stages only for runs: its buffer is made unless the benchmark forced
+        // kernels, the one path that never falls back to runs (compressed modes always stage).
+        stages(mode != AKV_MODE_EXACT || (runs_possible && forced != TransferPath::kernels)),
         pinned(pool, pool_bytes),
         load_bus(bus_priority()),
         store_bus(bus_priority()) {
-    // Exact mode stages only for runs: its buffer is made unless the benchmark forced a path
-    // that never stages (compressed modes always stage).
-    const bool may_stage =
-        mode != AKV_MODE_EXACT ||
-        (runs_possible && forced != TransferPath::kernels && forced != TransferPath::block_copies);
-    const std::size_t staged = may_stage ? blocks_per_region * layer_bytes : 0;
+    const std::size_t staged = stages ? blocks_per_region * layer_bytes : 0;
     regions.reserve(num_regions);
     for (std::size_t index = 0; index < num_regions; ++index) {
       regions.push_back(std::make_unique<Region>(blocks_per_region, staged));
@@ -370,8 +368,10 @@ struct CudaRoute::Resources {
 
   // The path of one layer (choose_transfer_path over the runs just merged into `runs`).
   TransferPath path_for(Direction direction, std::size_t blocks, bool contiguous) const {
+    // Runs need the staging buffer (exact mode too: a run that cannot cross directly is staged).
     return choose_transfer_path(kv_layout, compression_mode, direction,
-                                {blocks, runs.size(), contiguous, runs_possible}, forced);
+                                {blocks, runs.size(), contiguous, runs_possible && stages},
+                                forced);
   }
 
   const KvBlockLayout kv_layout;
@@ -391,6 +391,8 @@ struct CudaRoute::Resources {
   const std::size_t max_pitch;  // the largest pitch a pitched copy takes
   const bool runs_possible;
   const std::optional<TransferPath> forced;  // the benchmark's override, or the rule
+  const bool stages;  // the regions have device staging buffers
+  RouteCounts counts;
   PinnedRegistration pinned;
   std::vector<std::unique_ptr<Region>> regions;
   Event compute_ready;
@@ -457,6 +459,7 @@ struct CudaRoute::Resources {
     for (const TransferRun& run : runs) {
       std::uint8_t* const stored = host + run.slot * slot_bytes;
       if (direct(run, path, args)) {
+        ++counts.direct_runs;
         std::uint8_t* const keys = args.kv + run.device_block * args.block_stride;
         pitched(stored, keys, args.block_stride, tensor_bytes, run.count, in, batched, stream);
         pitched(stored + tensor_bytes, keys + args.value_offset, args.block_stride, tensor_bytes,
@@ -465,6 +468,7 @@ struct CudaRoute::Resources {
       }
       pitched(stored, args.scratch + position * layer_bytes, layer_bytes, layer_bytes, run.count,
               in, batched, stream);
+      ++counts.staged_runs;
       position += run.count;
     }
     if (batched && !batch.empty()) {
@@ -562,6 +566,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   const bool contiguous = tensors_contiguous(r.kv_layout, device_kv.strides);
   transfer_runs(transfers, r.runs);
   const TransferPath path = r.path_for(direction, transfers.size(), contiguous);
+  ++(load ? r.counts.load_layers : r.counts.store_layers)[static_cast<std::size_t>(path)];
   const bool by_runs = path == TransferPath::runs || path == TransferPath::runs_staged ||
                        path == TransferPath::runs_batched;
   akv_stage_args args{static_cast<const akv_transfer*>(region.transfers.data),
@@ -673,6 +678,8 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   r.cross_bus(args, transfers, false, path, r.store_bus.handle);
   check(cudaEventRecord(region.fence.handle, r.store_bus.handle), "cudaEventRecord (fence)");
 }
+
+RouteCounts CudaRoute::counts() const { return resources_->counts; }
 
 FenceOutcome CudaRoute::observe(Direction direction, std::size_t region_index, bool injected) {
   Resources& r = *resources_;

@@ -4,6 +4,7 @@
 // (loads and stores on separate streams), and each region's fence a CUDA event.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -45,7 +46,19 @@ bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
 //   runs_staged   runs, never directly (for the benchmark: the staging's own cost);
 //   runs_batched  runs, the layer's pitched copies submitted as one cudaMemcpy3DBatchAsync.
 enum class TransferPath : std::uint8_t { kernels, block_copies, runs, runs_staged, runs_batched };
+constexpr std::size_t kTransferPaths = 5;
 const char* transfer_path_name(TransferPath path);
+
+// What a route has issued since construction: the layers each path moved, per direction
+// (indexed by TransferPath), and the runs that crossed directly or through the staging buffer.
+// Which path really ran, for tests and the benchmark (a forced path the layer cannot take falls
+// back to the rule).
+struct RouteCounts {
+  std::array<std::size_t, kTransferPaths> load_layers{};
+  std::array<std::size_t, kTransferPaths> store_layers{};
+  std::size_t direct_runs = 0;
+  std::size_t staged_runs = 0;
+};
 
 // What a layer looks like to the path rule: its blocks, the runs of its transfer list, whether
 // the device KV holds each block's K (and V) as one contiguous run, whether the pool can be read
@@ -60,7 +73,7 @@ struct LayerTransfer {
 // The rule the route applies per layer (thresholds in cuda_route.cpp, one place): run copies once
 // the mean run holds kRunCopyMinBytes or more, or once it holds two blocks or more where the
 // blocks would take the copy engines anyway; else per-block copies where crosses_on_copy_engines
-// (and, exact mode, the tensors are contiguous); else the kernels. `forced` (the benchmark's
+// and each block's K (and V) is contiguous in the device KV; else the kernels. `forced` (the benchmark's
 // ACTIVEKV_CUDA_TRANSFER_PATH) wins wherever that path can move the layer at all.
 TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode mode,
                                   Direction direction, const LayerTransfer& layer,
@@ -102,6 +115,8 @@ class CudaRoute {
   // through the same reading. After an unknown outcome the direction's streams are drained, so
   // nothing of the lost lease can still write into memory the engine hands on.
   FenceOutcome observe(Direction direction, std::size_t region, bool injected);
+
+  RouteCounts counts() const;
 
  private:
   struct Resources;

@@ -160,6 +160,12 @@ StepRuns Engine::last_step_runs() const {
   return last_runs_;
 }
 
+std::optional<RouteCounts> Engine::cuda_route_counts() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!cuda_) return std::nullopt;
+  return cuda_->counts();
+}
+
 void Engine::register_kv_caches(const std::vector<DeviceKvLayer>& layers) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (layers.size() != layout_.num_layers()) {

@@ -120,6 +120,9 @@ class Engine {
   // The allocator's counts since construction and the last step's runs (SPEC.md §2, §7).
   ExtentCounts extent_counts() const;
   StepRuns last_step_runs() const;
+  // The CUDA route's counts of what it issued (which path moved each layer); none on the CPU
+  // route.
+  std::optional<RouteCounts> cuda_route_counts() const;
 
   // One view per layer (exactly num_layers, each of num_device_blocks blocks). Only between
   // steps; the views replace any registered before.

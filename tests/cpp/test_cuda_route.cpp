@@ -26,6 +26,7 @@ using activekv::offload::CompressionMode;
 using activekv::offload::crosses_on_copy_engines;
 using activekv::offload::CudaRouteError;
 using activekv::offload::dense_kv_strides;
+using activekv::offload::dtype_bytes;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Direction;
 using activekv::offload::Engine;
@@ -34,8 +35,10 @@ using activekv::offload::EventKind;
 using activekv::offload::FenceQuery;
 using activekv::offload::KvBlockLayout;
 using activekv::offload::KvDtype;
+using activekv::offload::KvStrides;
 using activekv::offload::LayerTransfer;
 using activekv::offload::Route;
+using activekv::offload::RouteCounts;
 using activekv::offload::stored_block_bytes;
 using activekv::offload::transfer_path_override;
 using activekv::offload::TransferPath;
@@ -56,10 +59,22 @@ bool gpu_present() {
   return present;
 }
 
+// How the rig's device KV is laid out: the engine's dense [2, B, N, H, D] form, or vLLM
+// 0.33.0's per-layer view under LBNHC ([B, N, H, C], C holding K's head_dim words then V's,
+// SPEC.md §1), where no block's K is one contiguous run.
+enum class View : std::uint8_t { dense, vllm };
+
+KvStrides view_strides(const KvBlockLayout& layout, View view) {
+  if (view == View::dense) return dense_kv_strides(layout, kDeviceBlocks);
+  const std::size_t row = layout.head_dim() * dtype_bytes(layout.dtype());
+  const std::size_t token = layout.num_kv_heads() * 2 * row;
+  return {layout.block_size() * token, token, 2 * row, row};
+}
+
 // One engine with its device KV: host vectors (cpu) or device buffers (cuda).
 class Rig {
  public:
-  Rig(const KvBlockLayout& layout, CompressionMode mode, Route route)
+  Rig(const KvBlockLayout& layout, CompressionMode mode, Route route, View view = View::dense)
       : layout_(layout),
         route_(route),
         layer_bytes_(2 * kDeviceBlocks * layout.bytes_per_tensor()),
@@ -73,7 +88,7 @@ class Rig {
         REQUIRE(cudaMalloc(&data, layer_bytes_) == cudaSuccess);
         device_.push_back(data);
       }
-      views.push_back({data, kDeviceBlocks, dense_kv_strides(layout, kDeviceBlocks)});
+      views.push_back({data, kDeviceBlocks, view_strides(layout, view)});
     }
     engine_.register_kv_caches(views);
   }
@@ -173,6 +188,12 @@ TEST_CASE("without a usable GPU the CUDA route is a construction error naming th
     Engine(layout, CompressionMode::exact, capacity, 4, 8, kDeviceBlocks, Route::cuda);
   });
   CHECK(contains(message, "CUDA route: cuda"));  // the first runtime call that failed
+}
+
+TEST_CASE("the CPU route has no CUDA route counts") {
+  const KvBlockLayout layout(kLayers, 2, 1, 4, KvDtype::fp16);
+  Rig cpu(layout, CompressionMode::exact, Route::cpu);
+  CHECK_FALSE(cpu.engine().cuda_route_counts().has_value());
 }
 
 TEST_CASE("blocks cross on the copy engines from 128 KiB copies, compressed stores from 256 KiB") {
@@ -320,42 +341,85 @@ TEST_CASE("on a GPU every transfer path matches the CPU route bit for bit, runs 
     MESSAGE("not run: no GPU");
     return;
   }
-  // Each step stores 4 new blocks (one extent of the 16 slots) and, from the second, loads 4
+  // Each step stores 4 new blocks (one extent of the 16 slots) and, from the second, loads
   // earlier ones: a chain in order into consecutive device blocks (one direct run), a chain into
-  // scattered device blocks (one staged run), a chain backwards (runs of one), and two half
-  // chains (a direct run of two beside a staged one).
+  // scattered device blocks (one staged run), a chain backwards (runs of one), two half chains
+  // (a direct run of two beside a staged one), a duplicate splitting a run, and two chains at
+  // once (8 blocks: the whole staging buffer, a run starting halfway). Stores go to device
+  // blocks in order (a direct run) or not (staged, gathered).
   const std::vector<std::vector<std::uint64_t>> loads{
-      {}, {100, 101, 102, 103}, {203, 202, 201, 200}, {100, 101, 202, 203}, {300, 301, 302, 303}};
+      {},
+      {100, 101, 102, 103},
+      {203, 202, 201, 200},
+      {100, 101, 202, 203},
+      {300, 301, 302, 303},
+      {400, 400, 401, 402},
+      {500, 501, 502, 503, 400, 401, 402, 403}};
   const std::vector<std::vector<std::int64_t>> load_blocks{
-      {}, {4, 5, 6, 7}, {4, 5, 6, 7}, {4, 5, 7, 6}, {7, 4, 6, 5}};
-  const std::vector<std::int64_t> store_blocks{0, 1, 2, 3};
-  const std::uint32_t shapes[][3] = {{4, 2, 32}, {3, 1, 6}, {16, 8, 128}};
+      {}, {4, 5, 6, 7}, {4, 5, 6, 7}, {4, 5, 7, 6}, {7, 4, 6, 5}, {4, 5, 6, 7},
+      {0, 1, 2, 3, 4, 5, 6, 7}};
+  const std::vector<std::vector<std::int64_t>> store_blocks{
+      {0, 1, 2, 3}, {0, 2, 1, 3}, {0, 1, 2, 3}, {3, 2, 1, 0}, {0, 1, 2, 3}, {1, 0, 2, 3}, {}};
+  // (tokens, heads, head_dim); the last one's stored layers are 256 KiB in exact fp16, so a run
+  // of 4 is 1 MiB and the rule takes runs even where the forced path cannot move the layer.
+  const std::uint32_t shapes[][3] = {{4, 2, 32}, {3, 1, 6}, {16, 8, 128}, {64, 8, 128}};
   for (const char* forced :
        {"kernels", "block-copies", "runs", "runs-staged", "runs-batched", "auto"}) {
     const ForcedPath scope(forced);
-    for (const auto& shape : shapes) {
-      for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
-        for (const CompressionMode mode :
-             {CompressionMode::exact, CompressionMode::int8, CompressionMode::fp8_e4m3}) {
-          const KvBlockLayout layout(kLayers, shape[0], shape[1], shape[2], dtype);
-          CAPTURE(forced);
-          CAPTURE(shape[0]);
-          CAPTURE(shape[2]);
-          CAPTURE(static_cast<int>(dtype));
-          CAPTURE(static_cast<int>(mode));
-          Rig cpu(layout, mode, Route::cpu);
-          Rig cuda(layout, mode, Route::cuda);
-          const std::size_t layer_bytes = 2 * kDeviceBlocks * layout.bytes_per_tensor();
-          for (std::uint32_t step = 0; step < loads.size(); ++step) {
-            const auto words = random_kv(layer_bytes, 11 * step + static_cast<std::uint32_t>(dtype));
-            cpu.fill(words);
-            cuda.fill(words);
-            std::vector<std::uint64_t> stores;
-            for (std::uint64_t i = 0; i < 4; ++i) stores.push_back(100 * (step + 1) + i);
-            const auto cpu_events = cpu.step(loads[step], load_blocks[step], stores, store_blocks, false);
-            const auto cuda_events = cuda.step(loads[step], load_blocks[step], stores, store_blocks, false);
-            CHECK(cpu_events == cuda_events);
-            CHECK(cpu.read() == cuda.read());
+    const std::optional<TransferPath> path = transfer_path_override();
+    for (const View view : {View::dense, View::vllm}) {
+      for (const auto& shape : shapes) {
+        for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
+          if (shape[0] == 64 && dtype != KvDtype::fp16) continue;  // the large shape once
+          for (const CompressionMode mode :
+               {CompressionMode::exact, CompressionMode::int8, CompressionMode::fp8_e4m3}) {
+            const KvBlockLayout layout(kLayers, shape[0], shape[1], shape[2], dtype);
+            CAPTURE(forced);
+            CAPTURE(static_cast<int>(view));
+            CAPTURE(shape[0]);
+            CAPTURE(shape[2]);
+            CAPTURE(static_cast<int>(dtype));
+            CAPTURE(static_cast<int>(mode));
+            Rig cpu(layout, mode, Route::cpu, view);
+            Rig cuda(layout, mode, Route::cuda, view);
+            const std::size_t layer_bytes = 2 * kDeviceBlocks * layout.bytes_per_tensor();
+            for (std::uint32_t step = 0; step < loads.size(); ++step) {
+              const auto words =
+                  random_kv(layer_bytes, 11 * step + static_cast<std::uint32_t>(dtype));
+              cpu.fill(words);
+              cuda.fill(words);
+              std::vector<std::uint64_t> stores;
+              for (std::uint64_t i = 0; i < store_blocks[step].size(); ++i) {
+                stores.push_back(100 * (step + 1) + i);
+              }
+              const auto cpu_events =
+                  cpu.step(loads[step], load_blocks[step], stores, store_blocks[step], false);
+              const auto cuda_events =
+                  cuda.step(loads[step], load_blocks[step], stores, store_blocks[step], false);
+              CHECK(cpu_events == cuda_events);
+              CHECK(cpu.read() == cuda.read());
+            }
+            // The path forced is the path taken wherever it can move the layer: block copies
+            // need each block's K contiguous (not so in vLLM's view), and fall back to the rule.
+            const RouteCounts counts = *cuda.engine().cuda_route_counts();
+            std::size_t layers = 0;
+            for (std::size_t p = 0; p < counts.load_layers.size(); ++p) {
+              layers += counts.load_layers[p] + counts.store_layers[p];
+            }
+            CHECK(layers == 2 * kLayers * loads.size() - 2 * kLayers);  // step 0 loads nothing
+            if (!path.has_value()) continue;
+            const auto taken = static_cast<std::size_t>(*path);
+            const std::size_t by_path = counts.load_layers[taken] + counts.store_layers[taken];
+            const bool movable = *path != TransferPath::block_copies || view == View::dense;
+            CHECK(by_path == (movable ? layers : 0));
+            const bool runs = *path == TransferPath::runs || *path == TransferPath::runs_batched;
+            const bool direct = runs && view == View::dense && mode == CompressionMode::exact;
+            CHECK((counts.direct_runs > 0) == direct);
+            // Where block copies cannot move it, the rule takes runs only for the large exact
+            // layers (1 MiB runs of 4 blocks).
+            const bool fallback_runs = !movable && shape[0] == 64 && mode == CompressionMode::exact;
+            CHECK((counts.staged_runs > 0) ==
+                  (runs || *path == TransferPath::runs_staged || fallback_runs));
           }
         }
       }

@@ -503,12 +503,24 @@ struct EngineRig {
     result.runs = engine->last_step_runs();
     result.loaded = result.runs.load_blocks;
     result.stored = result.runs.store_blocks;
-    // Track what is committed, so that later loads pick committed blocks only.
+    // Track what is committed, so that later loads pick committed blocks only. A lost fence
+    // (a path the GPU refused, a fault) makes the step's figures meaningless: stop there.
+    using activekv::offload::EventKind;
     for (const auto& event : engine->take_events()) {
-      if (event.kind == activekv::offload::EventKind::commit) {
+      if (event.kind == EventKind::quarantine || event.kind == EventKind::load_error ||
+          event.kind == EventKind::drop || event.kind == EventKind::fatal) {
+        const char* kind = event.kind == EventKind::quarantine ? "quarantine"
+                           : event.kind == EventKind::load_error ? "load_error"
+                           : event.kind == EventKind::drop       ? "drop"
+                                                                 : "fatal";
+        throw std::runtime_error(std::string("staging bench: a step lost a transfer (") + kind +
+                                 " " + std::to_string(event.value) +
+                                 "): nothing it measures counts");
+      }
+      if (event.kind == EventKind::commit) {
         position[event.value] = stored.size();
         stored.push_back(event.value);
-      } else if (event.kind == activekv::offload::EventKind::evict) {
+      } else if (event.kind == EventKind::evict) {
         const std::size_t at = position.at(event.value);
         position[stored.back()] = at;
         stored[at] = stored.back();
