@@ -43,6 +43,8 @@ HEAD_DIM = 128  # fp16: 2 KiB of K (and of V) per token
 BLOCK_SIZES = (16 * KIB, 64 * KIB, 128 * KIB, 256 * KIB, 1024 * KIB)
 PATH_VARIABLE = "ACTIVEKV_CUDA_TRANSFER_PATH"
 PATHS = ("kernels", "block-copies", "runs", "runs-staged", "runs-batched")
+# Events of a transfer that did not happen: a step that has one measured nothing.
+LOST = ("quarantine", "load_error", "drop", "fatal")
 WAYS = ("load", "store", "both_ways")
 
 
@@ -99,6 +101,10 @@ class Rig:
         seconds = time.perf_counter() - start
         stats = engine.extent_stats
         for kind, value in events:
+            if kind in LOST:
+                raise RuntimeError(
+                    f"a step lost a transfer ({kind} {value}): nothing it measured counts"
+                )
             if kind == "commit":
                 self.position[value] = len(self.stored)
                 self.stored.append(value)
@@ -206,7 +212,9 @@ def make_rig(
     engine.register_kv_caches(kv.layers)
     slot = engine.slot_bytes
     rig = Rig(engine, kv, blocks, slot, LAYERS * tokens, device_runs)
-    while len(rig.stored) < engine.num_slots:  # a full pool: loads come from all over it
+    # A full pool, so that loads come from all over it: one step more than it holds whole steps
+    # (eviction frees whole extents, so the count of stored blocks may never reach num_slots).
+    for _ in range(-(-engine.num_slots // blocks)):
         rig.random_step(False, True)
     return rig
 
@@ -254,17 +262,50 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"{block // KIB:6d} KiB  {scenario:8s} {path:12s} {gbps} GB/s  blocks/run {per_run}  "
              f"t={elapsed:.0f}s")  # fmt: skip
 
+    errors: list[dict[str, Any]] = []
+
+    def write() -> None:
+        result = {
+            "api": "python (activekv._engine.Engine, device='cuda', DeviceKvCache)",
+            "engine_module": engine_module.__file__,
+            "build_info": engine_module.build_info(),
+            "pool_bytes": pool, "moved_bytes": moved, "layers": LAYERS, "repeats": args.repeats,
+            "device_blocks": "in order" if args.device_runs else "shuffled",
+            "ceiling_gbps": ceiling or None,
+            "rows": rows, "int8_vs_exact_by_scenario": ratios, "errors": errors,
+            "seconds": round(time.perf_counter() - started, 1),
+        }  # fmt: skip
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+    def failed(block: int, what: str, error: Exception) -> None:
+        errors.append(
+            {"block_bytes": block, "what": what, "error": f"{type(error).__name__}: {error}"}
+        )
+        _log(f"{block // KIB:6d} KiB  {what}: failed: {type(error).__name__}: {error}")
+
+    def measure(block: int, mode: str, path: str | None) -> dict[str, dict[str, float]]:
+        """Both scenarios on one new engine (requests first: random loads would scramble the
+        pool), the engine released on return, whether or not it failed."""
+        rig = make_rig(engine_module, block, mode, pool, moved, path, args.device_runs)
+        return {s: rig.measure(args.repeats, s == "requests") for s in ("requests", "random")}
+
     for block in (int(b) * KIB for b in args.block_kib.split(",")):
         measured: dict[tuple[str, str], dict[str, float]] = {}
         for mode in ("exact", "int8"):
-            rig = make_rig(engine_module, block, mode, pool, moved, None, args.device_runs)
-            for scenario in ("requests", "random"):  # random loads would scramble the pool
-                measured[mode, scenario] = rig.measure(args.repeats, scenario == "requests")
+            try:
+                figures = measure(block, mode, None)
+            except Exception as error:  # one rig's failure is recorded; the others still run
+                failed(block, mode, error)
+                continue
+            for scenario, row in figures.items():
+                measured[mode, scenario] = row
                 if mode == "exact":
-                    add(block, scenario, "auto", measured[mode, scenario])
-            del rig
+                    add(block, scenario, "auto", row)
         for scenario in ("random", "requests"):
-            exact, int8 = measured["exact", scenario], measured["int8", scenario]
+            exact, int8 = measured.get(("exact", scenario)), measured.get(("int8", scenario))
+            if not (exact and int8 and exact["load_tokens_per_s"] and exact["store_tokens_per_s"]):
+                continue
             load = int8["load_tokens_per_s"] / exact["load_tokens_per_s"]
             store = int8["store_tokens_per_s"] / exact["store_tokens_per_s"]
             ratios.append({"block_bytes": block, "scenario": scenario,
@@ -273,25 +314,17 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"{block // KIB:6d} KiB  {scenario:8s} int8 / exact tokens/s: load {load:.2f}x  "
                  f"store {store:.2f}x")  # fmt: skip
         for path in paths:
-            rig = make_rig(engine_module, block, "exact", pool, moved, path, args.device_runs)
-            for scenario in ("requests", "random"):
-                add(block, scenario, path, rig.measure(args.repeats, scenario == "requests"))
-            del rig
-    result = {
-        "api": "python (activekv._engine.Engine, device='cuda', DeviceKvCache)",
-        "engine_module": engine_module.__file__,
-        "build_info": engine_module.build_info(),
-        "pool_bytes": pool, "moved_bytes": moved, "layers": LAYERS, "repeats": args.repeats,
-        "device_blocks": "in order" if args.device_runs else "shuffled",
-        "ceiling_gbps": ceiling or None,
-        "rows": rows, "int8_vs_exact_by_scenario": ratios,
-        "seconds": round(time.perf_counter() - started, 1),
-    }  # fmt: skip
-    text = json.dumps(result, indent=2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
-    print(text)
-    return 0
+            try:
+                figures = measure(block, "exact", path)
+            except Exception as error:
+                failed(block, path, error)
+                continue
+            for scenario, row in figures.items():
+                add(block, scenario, path, row)
+        write()  # what is measured so far survives a timeout
+    write()
+    print(args.out.read_text())
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -397,7 +397,10 @@ double kernels_both_ways(const KernelPlan& in, const KernelPlan& out, const BusL
 // Device blocks are handed out shuffled (as vLLM's free-block queue hands them out once it is
 // fragmented), unless ACTIVEKV_BENCH_DEVICE_RUNS=1: then in order, so a run of slots meets a run
 // of device blocks (the route's direct copies).
-bool device_blocks_in_order() { return std::getenv("ACTIVEKV_BENCH_DEVICE_RUNS") != nullptr; }
+bool device_blocks_in_order() {
+  const char* value = std::getenv("ACTIVEKV_BENCH_DEVICE_RUNS");
+  return value != nullptr && std::string(value) == "1";
+}
 
 // Sets ACTIVEKV_CUDA_TRANSFER_PATH while an engine is made (the route reads it then).
 class ForcedPath {
@@ -472,8 +475,12 @@ struct EngineRig {
     std::iota(load_devices.begin(), load_devices.end(), std::int64_t{0});
     store_devices.resize(blocks);
     std::iota(store_devices.begin(), store_devices.end(), static_cast<std::int64_t>(blocks));
-    // Fill the pool, so that loads come from slots scattered over all of it.
-    while (stored.size() < engine->num_slots()) random_step(false, true);
+    // Fill the pool, so that loads come from slots scattered over all of it: one step more than
+    // it holds whole steps (eviction frees whole extents, so the stored count may never reach
+    // num_slots).
+    for (std::size_t step = 0; step < (engine->num_slots() + blocks - 1) / blocks; ++step) {
+      random_step(false, true);
+    }
   }
 
   // One step of `loads` and `stores` through the engine API; the seconds of the engine's calls

@@ -25,30 +25,45 @@ note() {
   echo "[gpu_run $(( $(date +%s) - START ))s] $*" | tee -a "$WORK/status.txt" >&2
   cp "$WORK/status.txt" "$OUT/status.txt"
 }
-step() {  # step NAME COMMAND...: runs it, its output in $WORK/NAME.log, then packs $WORK
-  local name=$1; shift
-  note "start $name"
-  "$@" 2>&1 | tee "$OUT/current.log"
+step() {  # step NAME SECONDS COMMAND...: runs it for at most SECONDS (a hung step leaves the
+          # others their time), its output in $WORK/NAME.log, then packs $WORK
+  local name=$1 seconds=$2; shift 2
+  note "start $name (at most ${seconds}s)"
+  timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee "$OUT/current.log"
   note "end $name rc=${PIPESTATUS[0]}"
   cp "$OUT/current.log" "$WORK/$name.log"
   tar -czf "$OUT/results.tar.gz" -C "$WORK" .
 }
 
 setup() {
+  (cd "$HERE" && sha256sum -c --quiet SHA256SUMS) || { note "the carry's SHA256SUMS do not match"; exit 1; }
+  # CUPTI and cuBLAS of the image's torch venv (the new venv below does not see its site).
+  local torch_lib
+  torch_lib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13/lib
+  [ -f "$torch_lib/libcupti.so.13" ] && export ACTIVEKV_CUPTI_LIBRARY=$torch_lib/libcupti.so.13
+  [ -f "$torch_lib/libcublas.so.13" ] && export ACTIVEKV_CUBLAS_LIBRARY=$torch_lib/libcublas.so.13
   if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV" || { note "python3 -m venv failed"; exit 1; }
+    # Without ensurepip on the image, a venv without pip gets pip from the wheelhouse.
+    python3 -m venv "$VENV" 2>/dev/null || {
+      rm -rf "$VENV"
+      python3 -m venv --without-pip "$VENV" &&
+        "$VENV/bin/python" "$(ls "$HERE"/wheelhouse/pip-*.whl)/pip" install -q --no-index \
+          "$HERE"/wheelhouse/pip-*.whl
+    } || { note "python3 -m venv failed"; exit 1; }
     "$VENV/bin/python" -m pip install -q --no-index --find-links "$HERE/wheelhouse" \
       pydantic==2.14.4 rich==15.0.0 packaging==26.4 'securesystemslib[crypto]==1.6.0' \
       numpy==2.2.6 ninja || { note "pip install from the wheelhouse failed"; exit 1; }
   fi
   export PATH=$VENV/bin:$PATH  # ninja, for building the bench here if it comes to that
   rm -rf "$SITE"
-  "$VENV/bin/python" -m pip install -q --no-deps --no-index --target "$SITE" "$WHEEL"
+  "$VENV/bin/python" -m pip install -q --no-deps --no-index --target "$SITE" "$WHEEL" ||
+    { note "installing the wheel failed"; exit 1; }
   PY=$VENV/bin/python
   {
     nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
     sha256sum "$WHEEL"
-    git -C "$ROOT" log --oneline -1 2>/dev/null || true
+    cat "$HERE/COMMIT"
+    echo "CUPTI ${ACTIVEKV_CUPTI_LIBRARY:-(searched)} cuBLAS ${ACTIVEKV_CUBLAS_LIBRARY:-(searched)}"
   } > "$WORK/identity.txt" 2>&1
 }
 
@@ -61,32 +76,36 @@ CELLS=(gpu-exact-bf16-t16-h8d128-l8 gpu-exact-fp16-t16-h8d128-l8-faults-pressure
 
 check() {
   # Every transfer path (forced in turn) against the CPU route, bit for bit, every mode x dtype.
-  step test_cuda_route "$HERE/bin/test_cuda_route"
+  step test_cuda_route 90 "$HERE/bin/test_cuda_route"
+  # Its GPU cases pass vacuously without a device: say so if they did.
+  grep -q "not run: no GPU" "$WORK/test_cuda_route.log" && note "test_cuda_route saw no GPU"
   # The warm-up gate (CUPTI: zero allocations, syncs, captures over the steady steps, now with
   # request-shaped staging loads) and GPU parity (all cells, the rule's paths).
-  step gpu-gates "$PY" -m release gpu-gates --wheel "$WHEEL" --out "$WORK/gates"
+  step gpu-gates 270 "$PY" -m release gpu-gates --wheel "$WHEEL" --out "$WORK/gates"
   local cell_args=() path
   for cell in "${CELLS[@]}"; do cell_args+=(--cell "$cell"); done
   for path in runs runs-staged runs-batched block-copies; do
-    ACTIVEKV_CUDA_TRANSFER_PATH=$path step "parity-$path" "$PY" -m release parity \
+    ACTIVEKV_CUDA_TRANSFER_PATH=$path step "parity-$path" 45 "$PY" -m release parity \
       --device cuda --wheel "$WHEEL" --out "$WORK/parity-$path" "${cell_args[@]}"
   done
 }
 
 bench() {
-  # The C++ bench (the binary built from these sources on the workstation; unset
-  # ACTIVEKV_STAGING_BENCH to build it here instead, ~1-2 min more).
+  # The C++ bench (the binary built from these sources on the workstation; set
+  # ACTIVEKV_STAGING_BENCH empty to build it here instead, ~1-2 min more).
   # Forced-path rows: runs-staged only differs from runs where device blocks are consecutive
   # (ACTIVEKV_BENCH_DEVICE_RUNS=1), so it is left out unless asked for.
   ACTIVEKV_STAGING_BENCH=${ACTIVEKV_STAGING_BENCH-$HERE/bin/activekv_staging_bench} \
   ACTIVEKV_BENCH_PATHS=${ACTIVEKV_BENCH_PATHS-kernels,block-copies,runs,runs-batched} \
-    step gpu-staging "$PY" -m release gpu-staging --wheel "$WHEEL" --out "$WORK"
+    step gpu-staging 400 "$PY" -m release gpu-staging --wheel "$WHEEL" --out "$WORK"
   local ceiling=()
   [ -f "$WORK/gpu-staging.json" ] && ceiling=(--ceiling "$WORK/gpu-staging.json")
   # The Python API: the rule's path only, unless PY_BENCH_PATHS names forced ones (~+5 s each
   # per block size).
-  step staging-py "$PY" -m release.scripts.staging_bench_py --site "$SITE" \
-    --out "$WORK/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}"
+  local in_order=()
+  [ "${ACTIVEKV_BENCH_DEVICE_RUNS:-}" = 1 ] && in_order=(--device-runs)
+  step staging-py 150 "$PY" -m release.scripts.staging_bench_py --site "$SITE" \
+    --out "$WORK/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}" "${in_order[@]}"
 }
 
 setup

@@ -42,7 +42,7 @@ cp "$BUILD/tests/gpu/activekv_staging_bench" "$BUILD/tests/cpp/test_cuda_route" 
 PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   --dest "$CARRY/wheelhouse" pydantic==2.14.4 rich==15.0.0 packaging==26.4 \
-  'securesystemslib[crypto]==1.6.0' numpy==2.2.6 ninja
+  'securesystemslib[crypto]==1.6.0' numpy==2.2.6 ninja pip
 
 cp tests/gpu/issue19/gpu_run.sh "$CARRY/"
 (cd "$CARRY" && sha256sum activekv-*.whl bin/* gpu_run.sh > SHA256SUMS)
