@@ -511,8 +511,8 @@ int launch_bus(const akv_stage_args& a, cudaStream_t stream, bool in) {
   const uint64_t bases = reinterpret_cast<uint64_t>(a.pool) | a.layer_offset;
   const bool exact = a.mode == AKV_MODE_EXACT;
   const uint64_t device = reinterpret_cast<uint64_t>(exact ? a.kv : a.scratch);
-  // Slot offsets are multiples of the slot size, itself a multiple of the stored layer's bytes
-  // (2 * tensor bytes in exact mode); device blocks are multiples of the tensor bytes.
+  // Slot offsets (and the layer's plane) are multiples of the stored layer's bytes (2 * tensor
+  // bytes in exact mode); device blocks are multiples of the tensor bytes.
   const uint64_t sizes = exact ? tensor_bytes(a) : a.layer_bytes;
   // The bulk pieces are runs of whole tensors: only where the device tensors are contiguous.
   const uint64_t tensors = exact ? a.block_stride | a.value_offset : 0;

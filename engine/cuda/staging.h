@@ -11,7 +11,8 @@
 extern "C" {
 #endif
 
-// One block of a lease: where its slot starts in the pool, and its device block index.
+// One block of a lease: where its slot starts in the layer's plane of the pool (slot * stored
+// layer bytes), and its device block index.
 typedef struct akv_transfer {
   uint64_t slot_offset;
   uint64_t device_block;
@@ -25,7 +26,7 @@ typedef struct akv_stage_args {
   const akv_transfer* transfers;  // in device memory
   uint32_t count;                 // transfers
   uint8_t* pool;                  // device address of the mapped host pool
-  uint64_t layer_offset;          // this layer's offset inside a slot (stored layer bytes * layer)
+  uint64_t layer_offset;          // the layer's plane in the pool (layer * slots * layer bytes)
   // The layer's device KV (SPEC.md §1): K of (block b, token n, head h) is D words at
   // kv + b * block_stride + n * token_stride + h * head_stride, its V value_offset bytes further.
   uint8_t* kv;

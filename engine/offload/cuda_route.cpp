@@ -328,8 +328,7 @@ FenceQuery classify_fence_query(int cuda_status) {
 // pool unregistered last).
 struct CudaRoute::Resources {
   Resources(const KvBlockLayout& layout, CompressionMode compression, std::uint8_t* pool,
-            std::size_t pool_bytes, std::size_t slot_size, std::size_t num_regions,
-            std::size_t blocks_per_region)
+            std::size_t num_slots, std::size_t num_regions, std::size_t blocks_per_region)
       : kv_layout(layout),
         compression_mode(compression),
         device(current_device()),
@@ -339,18 +338,16 @@ struct CudaRoute::Resources {
         head_dim(layout.head_dim()),
         layer_bytes(stored_layer_bytes(layout, compression)),
         tensor_bytes(layout.bytes_per_tensor()),
-        slot_bytes(slot_size),
+        plane_bytes(num_slots * layer_bytes),
         processors(processor_count(device)),
         max_blocks(2 * processors),
         bulk(bulk_plan(device, processors)),
         max_pitch(static_cast<std::size_t>(device_attribute(cudaDevAttrMaxPitch, device))),
-        // A pitched copy steps through the pool a slot at a time.
-        runs_possible(slot_size <= max_pitch),
         forced(transfer_path_override()),
         // Exact mode stages only for runs: its buffer is made unless the benchmark forced
         // kernels, the one path that never falls back to runs (compressed modes always stage).
-        stages(mode != AKV_MODE_EXACT || (runs_possible && forced != TransferPath::kernels)),
-        pinned(pool, pool_bytes),
+        stages(mode != AKV_MODE_EXACT || forced != TransferPath::kernels),
+        pinned(pool, num_slots * layout.num_layers() * layer_bytes),
         load_bus(bus_priority()),
         store_bus(bus_priority()) {
     const std::size_t staged = stages ? blocks_per_region * layer_bytes : 0;
@@ -370,7 +367,7 @@ struct CudaRoute::Resources {
   TransferPath path_for(Direction direction, std::size_t blocks, bool contiguous) const {
     // Runs need the staging buffer (exact mode too: a run that cannot cross directly is staged).
     return choose_transfer_path(kv_layout, compression_mode, direction,
-                                {blocks, runs.size(), contiguous, runs_possible && stages},
+                                {blocks, runs.size(), contiguous, stages},
                                 forced);
   }
 
@@ -383,13 +380,14 @@ struct CudaRoute::Resources {
   const std::uint32_t head_dim;
   const std::size_t layer_bytes;
   const std::size_t tensor_bytes;
-  const std::size_t slot_bytes;
+  // The pool in layer planes: layer l of slot s at l * plane_bytes + s * layer_bytes, so a run
+  // of slots is one span of each plane.
+  const std::size_t plane_bytes;
   const std::uint32_t processors;  // the device's SMs
   // Two bus-crossing launches (a load and a store) must fit on the GPU together.
   const std::uint32_t max_blocks;
   const BulkPlan bulk;
   const std::size_t max_pitch;  // the largest pitch a pitched copy takes
-  const bool runs_possible;
   const std::optional<TransferPath> forced;  // the benchmark's override, or the rule
   const bool stages;  // the regions have device staging buffers
   RouteCounts counts;
@@ -416,13 +414,22 @@ struct CudaRoute::Resources {
     const bool may = path == TransferPath::runs || path == TransferPath::runs_batched;
     return mode == AKV_MODE_EXACT && may && args.contiguous != 0 &&
            run.device_consecutive && run.count >= kDirectRunMinBlocks &&
-           args.block_stride >= tensor_bytes && args.block_stride <= max_pitch;
+           args.block_stride >= tensor_bytes && args.block_stride <= max_pitch &&
+           layer_bytes <= max_pitch;
   }
 
-  // One pitched copy: `height` rows of `width` bytes, a slot apart in the pool, `device_pitch`
-  // apart on the device; in, pool to device, out the reverse. Batched: added to `batch`.
+  // One copy of `height` rows of `width` bytes, a slot (layer_bytes) apart in the pool,
+  // `device_pitch` apart on the device; in, pool to device, out the reverse. Rows that follow
+  // each other on both sides are one linear copy (a copy engine moves long spans fastest).
+  // Batched: added to `batch`.
   void pitched(std::uint8_t* stored, std::uint8_t* on_device, std::size_t device_pitch,
                std::size_t width, std::size_t height, bool in, bool batched, cudaStream_t stream) {
+    std::size_t stored_pitch = layer_bytes;
+    if (width == stored_pitch && width == device_pitch) {
+      width *= height;
+      height = 1;
+      stored_pitch = device_pitch = width;
+    }
     if (batched) {
       // Pointer operands: elements of one byte, rows `rowLength` bytes apart.
       cudaMemcpy3DBatchOp op{};
@@ -431,18 +438,18 @@ struct CudaRoute::Resources {
       from.type = cudaMemcpyOperandTypePointer;
       to.type = cudaMemcpyOperandTypePointer;
       from.op.ptr.ptr = in ? static_cast<void*>(stored) : on_device;
-      from.op.ptr.rowLength = in ? slot_bytes : device_pitch;
+      from.op.ptr.rowLength = in ? stored_pitch : device_pitch;
       to.op.ptr.ptr = in ? static_cast<void*>(on_device) : stored;
-      to.op.ptr.rowLength = in ? device_pitch : slot_bytes;
+      to.op.ptr.rowLength = in ? device_pitch : stored_pitch;
       op.extent = make_cudaExtent(width, height, 1);
       op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       op.flags = cudaMemcpyFlagDefault;
       batch.push_back(op);
       return;
     }
-    check(in ? cudaMemcpy2DAsync(on_device, device_pitch, stored, slot_bytes, width, height,
+    check(in ? cudaMemcpy2DAsync(on_device, device_pitch, stored, stored_pitch, width, height,
                                  cudaMemcpyHostToDevice, stream)
-             : cudaMemcpy2DAsync(stored, slot_bytes, on_device, device_pitch, width, height,
+             : cudaMemcpy2DAsync(stored, stored_pitch, on_device, device_pitch, width, height,
                                  cudaMemcpyDeviceToHost, stream),
           in ? "cudaMemcpy2DAsync (load)" : "cudaMemcpy2DAsync (store)");
   }
@@ -457,10 +464,15 @@ struct CudaRoute::Resources {
     batch.clear();
     std::size_t position = 0;  // staged blocks so far
     for (const TransferRun& run : runs) {
-      std::uint8_t* const stored = host + run.slot * slot_bytes;
+      std::uint8_t* const stored = host + run.slot * layer_bytes;
       if (direct(run, path, args)) {
         ++counts.direct_runs;
         std::uint8_t* const keys = args.kv + run.device_block * args.block_stride;
+        // K then V in each block, as in each slot: one copy for both.
+        if (args.value_offset == tensor_bytes && args.block_stride >= layer_bytes) {
+          pitched(stored, keys, args.block_stride, layer_bytes, run.count, in, batched, stream);
+          continue;
+        }
         pitched(stored, keys, args.block_stride, tensor_bytes, run.count, in, batched, stream);
         pitched(stored + tensor_bytes, keys + args.value_offset, args.block_stride, tensor_bytes,
                 run.count, in, batched, stream);
@@ -502,7 +514,7 @@ struct CudaRoute::Resources {
       sizes.push_back(bytes);
     };
     for (std::size_t t = 0; t < transfers.size(); ++t) {
-      std::uint8_t* stored = host + transfers[t].slot * slot_bytes;
+      std::uint8_t* stored = host + transfers[t].slot * layer_bytes;
       if (mode == AKV_MODE_EXACT) {
         std::uint8_t* const keys = args.kv + transfers[t].device_block * args.block_stride;
         copy(stored, keys, tensor_bytes);
@@ -531,10 +543,9 @@ struct CudaRoute::Resources {
 };
 
 CudaRoute::CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
-                     std::size_t pool_bytes, std::size_t slot_bytes, std::size_t num_regions,
-                     std::size_t region_blocks)
-    : resources_(std::make_unique<Resources>(layout, mode, pool, pool_bytes, slot_bytes,
-                                             num_regions, region_blocks)) {}
+                     std::size_t num_slots, std::size_t num_regions, std::size_t region_blocks)
+    : resources_(std::make_unique<Resources>(layout, mode, pool, num_slots, num_regions,
+                                             region_blocks)) {}
 
 CudaRoute::~CudaRoute() {
   const DeviceScope scope(resources_->device);
@@ -572,7 +583,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
   akv_stage_args args{static_cast<const akv_transfer*>(region.transfers.data),
                       static_cast<std::uint32_t>(transfers.size()),
                       static_cast<std::uint8_t*>(r.pinned.device),
-                      layer * r.layer_bytes,
+                      layer * r.plane_bytes,
                       static_cast<std::uint8_t*>(device_kv.data),
                       device_kv.strides.block,
                       device_kv.strides.token,
@@ -633,7 +644,7 @@ void CudaRoute::enqueue(Direction direction, std::size_t region_index, std::uint
       }
     } else {
       for (const BlockTransfer& transfer : transfers) {
-        put({transfer.slot * r.slot_bytes, transfer.device_block});
+        put({transfer.slot * r.layer_bytes, transfer.device_block});
       }
     }
     if (changed) {

@@ -61,8 +61,8 @@ struct RouteCounts {
 };
 
 // What a layer looks like to the path rule: its blocks, the runs of its transfer list, whether
-// the device KV holds each block's K (and V) as one contiguous run, whether the pool can be read
-// by pitched copies at all (its slot size within the device's largest pitch).
+// the device KV holds each block's K (and V) as one contiguous run, whether runs can cross at all
+// (the route has a staging buffer).
 struct LayerTransfer {
   std::size_t blocks = 0;
   std::size_t runs = 0;
@@ -87,12 +87,11 @@ std::optional<TransferPath> transfer_path_override();
 
 class CudaRoute {
  public:
-  // Pins and maps `pool` (pool_bytes, page-aligned, slots of slot_bytes) and makes the streams,
-  // events and the regions' transfer lists: everything the route will ever allocate. Where each
-  // layer's device KV is comes with each transfer (issue).
+  // Pins and maps `pool` (page-aligned, `num_slots` slots in layer planes: SPEC.md §2) and makes
+  // the streams, events and the regions' transfer lists: everything the route will ever
+  // allocate. Where each layer's device KV is comes with each transfer (issue).
   CudaRoute(const KvBlockLayout& layout, CompressionMode mode, std::uint8_t* pool,
-            std::size_t pool_bytes, std::size_t slot_bytes, std::size_t num_regions,
-            std::size_t region_blocks);
+            std::size_t num_slots, std::size_t num_regions, std::size_t region_blocks);
   ~CudaRoute();
   CudaRoute(const CudaRoute&) = delete;
   // The CUDA device current at construction: every later call of the route runs on it.

@@ -131,12 +131,13 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
       staging_(num_regions, region_blocks),
       num_device_blocks_(num_device_blocks),
       slot_bytes_(store_.slot_bytes()),
-      pool_base_(store_.slot_data(0)) {
+      pool_base_(store_.slot_data(0)),
+      plane_bytes_(store_.num_slots() * layer_bytes_) {
   for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
   if (mode_ != CompressionMode::exact && route == Route::cpu) gathered_.resize(2 * tensor_bytes_);
   if (route == Route::cuda) {
-    cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots() * slot_bytes_,
-                                        slot_bytes_, num_regions, region_blocks);
+    cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots(),
+                                        num_regions, region_blocks);
   }
 }
 
@@ -443,9 +444,9 @@ void Engine::copy_in(std::uint32_t layer, std::size_t region,
   const KvStrides& strides = kv_[layer].strides;
   const bool contiguous = tensors_contiguous(layout_, strides);
   std::uint8_t* const base = static_cast<std::uint8_t*>(kv_[layer].data);
-  const std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
+  const std::uint8_t* const stored = pool_base_ + layer * plane_bytes_;
   for (const BlockTransfer& block : list) {
-    const std::uint8_t* source = stored + block.slot * slot_bytes_;
+    const std::uint8_t* source = stored + block.slot * layer_bytes_;
     std::uint8_t* const keys = base + block.device_block * strides.block;
     std::uint8_t* const values = keys + strides.value;
     if (mode_ == CompressionMode::exact && contiguous) {
@@ -481,9 +482,9 @@ void Engine::copy_out(std::uint32_t layer, std::size_t region,
   const KvStrides& strides = kv_[layer].strides;
   const bool contiguous = tensors_contiguous(layout_, strides);
   const std::uint8_t* const base = static_cast<const std::uint8_t*>(kv_[layer].data);
-  std::uint8_t* const stored = pool_base_ + layer * layer_bytes_;
+  std::uint8_t* const stored = pool_base_ + layer * plane_bytes_;
   for (const BlockTransfer& block : list) {
-    std::uint8_t* const destination = stored + block.slot * slot_bytes_;
+    std::uint8_t* const destination = stored + block.slot * layer_bytes_;
     const std::uint8_t* const keys = base + block.device_block * strides.block;
     const std::uint8_t* const values = keys + strides.value;
     if (mode_ == CompressionMode::exact && contiguous) {

@@ -248,7 +248,10 @@ class Engine {
   StagingPool staging_;
   const std::size_t num_device_blocks_;
   const std::size_t slot_bytes_;
-  std::uint8_t* const pool_base_;  // slot 0; slot s starts at pool_base_ + s * slot_bytes_
+  // The pool in layer planes (SPEC.md §2): layer l of slot s is at
+  // pool_base_ + l * plane_bytes_ + s * layer_bytes_, so a run of slots is one span per layer.
+  std::uint8_t* const pool_base_;
+  const std::size_t plane_bytes_;
   std::unique_ptr<CudaRoute> cuda_;  // after store_: gone (streams drained) before the pool
   std::vector<DeviceKvLayer> kv_;
   // CPU route, compressed modes with device KV whose K and V are not contiguous: one block's K
