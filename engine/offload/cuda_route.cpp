@@ -194,26 +194,27 @@ constexpr std::size_t kCopyEngineMinBytes = std::size_t{128} << 10;
 // stores reached 1.70-1.71x exact's tokens/s on the copy engines against 1.80x through the
 // kernels; with 528 KiB ones 1.84-1.85x against 1.81x (same bench, engine rows, two runs).
 constexpr std::size_t kCompressedStoreCopyEngineMinBytes = std::size_t{256} << 10;
-// Runs of consecutive slots (SPEC.md §4): each run crosses as one pitched copy on the copy
-// engines, so the copy engines' cost per copy is paid per run. The thresholds of the path rule,
-// all here, to be tuned from the benchmark's forced-path rows (tests/gpu/staging_bench.cpp).
-// The design probe on an H200, both ways at once: 16 KiB blocks in runs of 16 (256 KiB
-// copies) 37 GB/s, of 64 (1 MiB) 76; 64 KiB in runs of 16 (1 MiB) 77, of 64 (4 MiB) 91; 256 KiB
-// in runs of 8 (2 MiB) 85; the bulk copy kernel 69-75 at every size. So runs win from copies of
-// about 1 MiB on average.
-constexpr std::size_t kRunCopyMinBytes = std::size_t{1} << 20;
-// Where the blocks take the copy engines anyway (per-block copies), runs of this many blocks on
-// average already mean fewer, larger copies (one per run, K and V together, against two per
-// block).
+// Runs of consecutive slots (SPEC.md §4): each run crosses as one linear copy (its span of the
+// layer's plane of the pool), so a run is a copy like any other and takes the copy engines where
+// a copy of its mean size would (the thresholds above). Where the blocks take the copy engines
+// anyway (per-block copies), runs of this many blocks on average already mean fewer, larger
+// copies (one per run, K and V together, against two per block).
 constexpr std::size_t kRunCopyOverBlockCopiesMinBlocks = 2;
-// A run whose device blocks are consecutive too crosses directly (two pitched copies, K and V,
-// no staging) from this many blocks; a shorter one goes through the staging buffer as one copy.
+// A run whose device blocks are consecutive too crosses directly (K and V copied straight to the
+// device blocks, no staging) from this many blocks; a shorter one goes through the staging
+// buffer as one copy.
 constexpr std::size_t kDirectRunMinBlocks = 2;
-// Whether the rule's runs submit a layer's pitched copies as one cudaMemcpy3DBatchAsync (one call
-// into the driver per layer) rather than one cudaMemcpy2DAsync each. Off until the benchmark's
-// runs-batched rows measure it faster.
-constexpr bool kBatchRunCopies = false;
+// The rule's runs submit a layer's copies as one cudaMemcpyBatchAsync (one call into the driver
+// per layer), as the per-layer batch rows above were measured: one call per copy pays the
+// driver's microseconds per copy on the host (per-block cudaMemcpyAsync of 64 KiB: 16 GB/s).
+constexpr bool kBatchRunCopies = true;
 constexpr const char* kTransferPathVariable = "ACTIVEKV_CUDA_TRANSFER_PATH";
+
+// The smallest copy that crosses faster on the copy engines than through the kernels.
+std::size_t copy_engine_min_bytes(CompressionMode mode, Direction direction) {
+  const bool compressed_store = mode != CompressionMode::exact && direction == Direction::store;
+  return compressed_store ? kCompressedStoreCopyEngineMinBytes : kCopyEngineMinBytes;
+}
 // The highest priority a stream can have: bus transfers are the bottleneck, so their thread
 // blocks go first and the codec kernels fill in around them.
 int bus_priority() {
@@ -298,10 +299,11 @@ TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode m
   }
   if (layer.blocks == 0 || layer.runs == 0) return TransferPath::kernels;
   if (layer.runs_possible) {
+    // Mean bytes (blocks) per run, compared without dividing: bytes / runs >= threshold. Where
+    // blocks take the copy engines anyway, a run must merge blocks to be worth its staging.
     const std::size_t bytes = layer.blocks * stored_layer_bytes(layout, mode);
-    // Mean bytes (blocks) per run, compared without dividing: bytes / runs >= threshold.
-    if (bytes >= kRunCopyMinBytes * layer.runs ||
-        (block_copies && layer.blocks >= kRunCopyOverBlockCopiesMinBlocks * layer.runs)) {
+    if (block_copies ? layer.blocks >= kRunCopyOverBlockCopiesMinBlocks * layer.runs
+                     : bytes >= copy_engine_min_bytes(mode, direction) * layer.runs) {
       return kBatchRunCopies ? TransferPath::runs_batched : TransferPath::runs;
     }
   }
@@ -312,10 +314,9 @@ bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
                              Direction direction) {
   // Exact mode copies K and V of a block apart (they are apart in the device KV); compressed
   // modes copy the stored layer whole.
-  if (mode == CompressionMode::exact) return layout.bytes_per_tensor() >= kCopyEngineMinBytes;
-  const std::size_t copy = stored_layer_bytes(layout, mode);
-  return copy >= (direction == Direction::load ? kCopyEngineMinBytes
-                                               : kCompressedStoreCopyEngineMinBytes);
+  const std::size_t copy = mode == CompressionMode::exact ? layout.bytes_per_tensor()
+                                                          : stored_layer_bytes(layout, mode);
+  return copy >= copy_engine_min_bytes(mode, direction);
 }
 
 FenceQuery classify_fence_query(int cuda_status) {
@@ -420,15 +421,24 @@ struct CudaRoute::Resources {
 
   // One copy of `height` rows of `width` bytes, a slot (layer_bytes) apart in the pool,
   // `device_pitch` apart on the device; in, pool to device, out the reverse. Rows that follow
-  // each other on both sides are one linear copy (a copy engine moves long spans fastest).
-  // Batched: added to `batch`.
-  void pitched(std::uint8_t* stored, std::uint8_t* on_device, std::size_t device_pitch,
-               std::size_t width, std::size_t height, bool in, bool batched, cudaStream_t stream) {
-    std::size_t stored_pitch = layer_bytes;
-    if (width == stored_pitch && width == device_pitch) {
-      width *= height;
-      height = 1;
-      stored_pitch = device_pitch = width;
+  // each other on both sides are one linear copy: on an H200 the 2D copy calls moved even single
+  // rows of 256 KiB-1 MiB at 31-46 GB/s where linear copies of the same bytes moved 53-54.
+  // Batched: added to the layer's batch (`linear` or `batch`), submitted by copy_runs.
+  void copy(std::uint8_t* stored, std::uint8_t* on_device, std::size_t device_pitch,
+            std::size_t width, std::size_t height, bool in, bool batched, cudaStream_t stream) {
+    if (height == 1 || (width == layer_bytes && width == device_pitch)) {
+      const std::size_t bytes = width * height;
+      if (batched) {
+        destinations.push_back(in ? static_cast<void*>(on_device) : stored);
+        sources.push_back(in ? static_cast<const void*>(stored) : on_device);
+        sizes.push_back(bytes);
+        return;
+      }
+      check(cudaMemcpyAsync(in ? static_cast<void*>(on_device) : stored,
+                            in ? static_cast<const void*>(stored) : on_device, bytes,
+                            in ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream),
+            in ? "cudaMemcpyAsync (load run)" : "cudaMemcpyAsync (store run)");
+      return;
     }
     if (batched) {
       // Pointer operands: elements of one byte, rows `rowLength` bytes apart.
@@ -438,30 +448,35 @@ struct CudaRoute::Resources {
       from.type = cudaMemcpyOperandTypePointer;
       to.type = cudaMemcpyOperandTypePointer;
       from.op.ptr.ptr = in ? static_cast<void*>(stored) : on_device;
-      from.op.ptr.rowLength = in ? stored_pitch : device_pitch;
+      from.op.ptr.rowLength = in ? layer_bytes : device_pitch;
       to.op.ptr.ptr = in ? static_cast<void*>(on_device) : stored;
-      to.op.ptr.rowLength = in ? device_pitch : stored_pitch;
+      to.op.ptr.rowLength = in ? device_pitch : layer_bytes;
       op.extent = make_cudaExtent(width, height, 1);
       op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       op.flags = cudaMemcpyFlagDefault;
       batch.push_back(op);
       return;
     }
-    check(in ? cudaMemcpy2DAsync(on_device, device_pitch, stored, stored_pitch, width, height,
+    check(in ? cudaMemcpy2DAsync(on_device, device_pitch, stored, layer_bytes, width, height,
                                  cudaMemcpyHostToDevice, stream)
-             : cudaMemcpy2DAsync(stored, stored_pitch, on_device, device_pitch, width, height,
+             : cudaMemcpy2DAsync(stored, layer_bytes, on_device, device_pitch, width, height,
                                  cudaMemcpyDeviceToHost, stream),
           in ? "cudaMemcpy2DAsync (load)" : "cudaMemcpy2DAsync (store)");
   }
 
-  // One layer by runs (`runs`, merged from its list) on `stream`: each run one pitched copy
-  // between its slots and the staging buffer (the staged runs side by side in list order, as the
-  // region's device list numbers them), or, direct, K and V each one pitched copy to or from the
-  // device blocks.
+  // One layer by runs (`runs`, merged from its list) on `stream`: each run one linear copy of its
+  // span of the layer's plane to or from the staging buffer (the staged runs side by side in
+  // list order, as the region's device list numbers them), or, direct, K and V each one pitched
+  // copy to or from the device blocks (one linear copy of both where the blocks are laid out as
+  // the slots). Batched: the linear copies as one cudaMemcpyBatchAsync, the pitched ones as one
+  // cudaMemcpy3DBatchAsync.
   void copy_runs(const akv_stage_args& args, TransferPath path, bool in, cudaStream_t stream) {
     auto* host = static_cast<std::uint8_t*>(pinned.host) + args.layer_offset;
     const bool batched = path == TransferPath::runs_batched;
     batch.clear();
+    destinations.clear();
+    sources.clear();
+    sizes.clear();
     std::size_t position = 0;  // staged blocks so far
     for (const TransferRun& run : runs) {
       std::uint8_t* const stored = host + run.slot * layer_bytes;
@@ -470,20 +485,28 @@ struct CudaRoute::Resources {
         std::uint8_t* const keys = args.kv + run.device_block * args.block_stride;
         // K then V in each block, as in each slot: one copy for both.
         if (args.value_offset == tensor_bytes && args.block_stride >= layer_bytes) {
-          pitched(stored, keys, args.block_stride, layer_bytes, run.count, in, batched, stream);
+          copy(stored, keys, args.block_stride, layer_bytes, run.count, in, batched, stream);
           continue;
         }
-        pitched(stored, keys, args.block_stride, tensor_bytes, run.count, in, batched, stream);
-        pitched(stored + tensor_bytes, keys + args.value_offset, args.block_stride, tensor_bytes,
-                run.count, in, batched, stream);
+        copy(stored, keys, args.block_stride, tensor_bytes, run.count, in, batched, stream);
+        copy(stored + tensor_bytes, keys + args.value_offset, args.block_stride, tensor_bytes,
+             run.count, in, batched, stream);
         continue;
       }
-      pitched(stored, args.scratch + position * layer_bytes, layer_bytes, layer_bytes, run.count,
-              in, batched, stream);
+      copy(stored, args.scratch + position * layer_bytes, layer_bytes, layer_bytes, run.count, in,
+           batched, stream);
       ++counts.staged_runs;
       position += run.count;
     }
-    if (batched && !batch.empty()) {
+    if (!sizes.empty()) {
+      cudaMemcpyAttributes attributes{};
+      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      std::size_t first = 0;
+      check(cudaMemcpyBatchAsync(destinations.data(), const_cast<const void**>(sources.data()),
+                                 sizes.data(), sizes.size(), &attributes, &first, 1, stream),
+            in ? "cudaMemcpyBatchAsync (load runs)" : "cudaMemcpyBatchAsync (store runs)");
+    }
+    if (!batch.empty()) {
       check(cudaMemcpy3DBatchAsync(batch.size(), batch.data(), 0, stream),
             in ? "cudaMemcpy3DBatchAsync (load)" : "cudaMemcpy3DBatchAsync (store)");
     }

@@ -59,13 +59,18 @@ bool gpu_present() {
   return present;
 }
 
-// How the rig's device KV is laid out: the engine's dense [2, B, N, H, D] form, or vLLM
+// How the rig's device KV is laid out: the engine's dense [2, B, N, H, D] form, [B, 2, N, H, D]
+// (each block's K then its V, as FlashInfer keeps them: the layout of the pool's slots), or vLLM
 // 0.33.0's per-layer view under LBNHC ([B, N, H, C], C holding K's head_dim words then V's,
 // SPEC.md §1), where no block's K is one contiguous run.
-enum class View : std::uint8_t { dense, vllm };
+enum class View : std::uint8_t { dense, blocks_kv, vllm };
 
 KvStrides view_strides(const KvBlockLayout& layout, View view) {
   if (view == View::dense) return dense_kv_strides(layout, kDeviceBlocks);
+  if (view == View::blocks_kv) {
+    const KvStrides dense = dense_kv_strides(layout, 1);
+    return {2 * layout.bytes_per_tensor(), dense.token, dense.head, layout.bytes_per_tensor()};
+  }
   const std::size_t row = layout.head_dim() * dtype_bytes(layout.dtype());
   const std::size_t token = layout.num_kv_heads() * 2 * row;
   return {layout.block_size() * token, token, 2 * row, row};
@@ -214,26 +219,36 @@ TEST_CASE("blocks cross on the copy engines from 128 KiB copies, compressed stor
   CHECK_FALSE(crosses(32, CompressionMode::fp8_e4m3, Direction::load));
 }
 
-TEST_CASE("a layer crosses by runs from 1 MiB runs on average, or 2 blocks where blocks take the copy engines") {
+TEST_CASE("a layer crosses by runs from 128 KiB runs on average, or 2 blocks where blocks take the copy engines") {
   const auto path = [](std::uint32_t tokens, CompressionMode mode, LayerTransfer layer,
-                       std::optional<TransferPath> forced = std::nullopt) {
+                       std::optional<TransferPath> forced = std::nullopt,
+                       Direction direction = Direction::load) {
     return choose_transfer_path(KvBlockLayout(kLayers, tokens, 8, 128, KvDtype::fp16), mode,
-                                Direction::load, layer, forced);
+                                direction, layer, forced);
   };
+  const TransferPath runs = TransferPath::runs_batched;  // the rule's runs are batched
   // 4 tokens: 16 KiB stored layers (8 KiB K, 8 KiB V), kernels by block.
-  CHECK(path(4, CompressionMode::exact, {64, 1}) == TransferPath::runs);  // 1 MiB runs
-  CHECK(path(4, CompressionMode::exact, {64, 2}) == TransferPath::kernels);  // 512 KiB runs
-  CHECK(path(4, CompressionMode::exact, {128, 2, false}) == TransferPath::runs);  // any strides
+  CHECK(path(4, CompressionMode::exact, {64, 1}) == runs);  // 1 MiB runs
+  CHECK(path(4, CompressionMode::exact, {64, 8}) == runs);  // 128 KiB runs
+  CHECK(path(4, CompressionMode::exact, {63, 8}) == TransferPath::kernels);  // 126 KiB runs
+  CHECK(path(4, CompressionMode::exact, {64, 8}, std::nullopt, Direction::store) == runs);
+  CHECK(path(4, CompressionMode::exact, {128, 16, false}) == runs);  // any strides
   CHECK(path(4, CompressionMode::exact, {64, 1, true, false}) == TransferPath::kernels);
   CHECK(path(4, CompressionMode::exact, {0, 0}) == TransferPath::kernels);
-  // 64 tokens: 128 KiB tensors, on the copy engines by block; runs of 2 blocks already win.
+  // 64 tokens: 128 KiB tensors, on the copy engines by block; runs of 2 blocks already win, and
+  // single blocks stay block copies however large.
   CHECK(path(64, CompressionMode::exact, {8, 8}) == TransferPath::block_copies);
-  CHECK(path(64, CompressionMode::exact, {8, 4}) == TransferPath::runs);
-  CHECK(path(64, CompressionMode::exact, {8, 4, false}) == TransferPath::kernels);  // 512 KiB
+  CHECK(path(64, CompressionMode::exact, {8, 5}) == TransferPath::block_copies);
+  CHECK(path(64, CompressionMode::exact, {8, 4}) == runs);
+  CHECK(path(64, CompressionMode::exact, {8, 8, false}) == runs);  // 256 KiB: no block copies
   CHECK(path(64, CompressionMode::exact, {8, 4, true, false}) == TransferPath::block_copies);
-  // Compressed: 4 tokens of int8 are 8.25 KiB stored layers; 128 of them in one run is > 1 MiB.
-  CHECK(path(4, CompressionMode::int8, {128, 1}) == TransferPath::runs);
-  CHECK(path(4, CompressionMode::int8, {128, 2}) == TransferPath::kernels);
+  // Compressed: 4 tokens of int8 are 8.25 KiB stored layers: runs from 16 of them (132 KiB);
+  // stores from 32 (264 KiB), as a compressed store's copy takes the copy engines from 256 KiB.
+  CHECK(path(4, CompressionMode::int8, {16, 1}) == runs);
+  CHECK(path(4, CompressionMode::int8, {15, 1}) == TransferPath::kernels);
+  CHECK(path(4, CompressionMode::int8, {16, 1}, std::nullopt, Direction::store) ==
+        TransferPath::kernels);
+  CHECK(path(4, CompressionMode::int8, {32, 1}, std::nullopt, Direction::store) == runs);
   // Forced: wherever the path can move the layer.
   CHECK(path(4, CompressionMode::exact, {8, 8}, TransferPath::runs) == TransferPath::runs);
   CHECK(path(64, CompressionMode::exact, {8, 1}, TransferPath::kernels) == TransferPath::kernels);
@@ -360,14 +375,15 @@ TEST_CASE("on a GPU every transfer path matches the CPU route bit for bit, runs 
       {0, 1, 2, 3, 4, 5, 6, 7}};
   const std::vector<std::vector<std::int64_t>> store_blocks{
       {0, 1, 2, 3}, {0, 2, 1, 3}, {0, 1, 2, 3}, {3, 2, 1, 0}, {0, 1, 2, 3}, {1, 0, 2, 3}, {}};
-  // (tokens, heads, head_dim); the last one's stored layers are 256 KiB in exact fp16, so a run
-  // of 4 is 1 MiB and the rule takes runs even where the forced path cannot move the layer.
+  // (tokens, heads, head_dim); from 16 tokens a run of 4 stored layers is a copy-engine copy
+  // (256 KiB and more), so the rule takes runs even where the forced path cannot move the layer;
+  // the last one's 128 KiB tensors take the copy engines block by block.
   const std::uint32_t shapes[][3] = {{4, 2, 32}, {3, 1, 6}, {16, 8, 128}, {64, 8, 128}};
   for (const char* forced :
        {"kernels", "block-copies", "runs", "runs-staged", "runs-batched", "auto"}) {
     const ForcedPath scope(forced);
     const std::optional<TransferPath> path = transfer_path_override();
-    for (const View view : {View::dense, View::vllm}) {
+    for (const View view : {View::dense, View::blocks_kv, View::vllm}) {
       for (const auto& shape : shapes) {
         for (const KvDtype dtype : {KvDtype::fp16, KvDtype::bf16, KvDtype::fp32}) {
           if (shape[0] == 64 && dtype != KvDtype::fp16) continue;  // the large shape once
@@ -410,14 +426,17 @@ TEST_CASE("on a GPU every transfer path matches the CPU route bit for bit, runs 
             if (!path.has_value()) continue;
             const auto taken = static_cast<std::size_t>(*path);
             const std::size_t by_path = counts.load_layers[taken] + counts.store_layers[taken];
-            const bool movable = *path != TransferPath::block_copies || view == View::dense;
+            const bool movable = *path != TransferPath::block_copies || view != View::vllm;
             CHECK(by_path == (movable ? layers : 0));
             const bool runs = *path == TransferPath::runs || *path == TransferPath::runs_batched;
-            const bool direct = runs && view == View::dense && mode == CompressionMode::exact;
+            const bool direct = runs && view != View::vllm && mode == CompressionMode::exact;
             CHECK((counts.direct_runs > 0) == direct);
-            // Where block copies cannot move it, the rule takes runs only for the large exact
-            // layers (1 MiB runs of 4 blocks).
-            const bool fallback_runs = !movable && shape[0] == 64 && mode == CompressionMode::exact;
+            // Where block copies cannot move it, the rule decides: (batched) runs for the layers
+            // whose mean run is a copy-engine copy, as a run of 4 exact layers of 16 tokens.
+            const auto rule_runs = static_cast<std::size_t>(TransferPath::runs_batched);
+            const bool fallback_runs =
+                !movable && counts.load_layers[rule_runs] + counts.store_layers[rule_runs] > 0;
+            if (!movable && shape[0] >= 16 && mode == CompressionMode::exact) CHECK(fallback_runs);
             CHECK((counts.staged_runs > 0) ==
                   (runs || *path == TransferPath::runs_staged || fallback_runs));
           }
