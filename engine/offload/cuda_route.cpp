@@ -195,10 +195,16 @@ constexpr std::size_t kCopyEngineMinBytes = std::size_t{128} << 10;
 // kernels; with 528 KiB ones 1.84-1.85x against 1.81x (same bench, engine rows, two runs).
 constexpr std::size_t kCompressedStoreCopyEngineMinBytes = std::size_t{256} << 10;
 // Runs of consecutive slots (SPEC.md §4): each run crosses as one linear copy (its span of the
-// layer's plane of the pool), so a run is a copy like any other and takes the copy engines where
-// a copy of its mean size would (the thresholds above). Where the blocks take the copy engines
-// anyway (per-block copies), runs of this many blocks on average already mean fewer, larger
-// copies (one per run, K and V together, against two per block).
+// layer's plane of the pool), so the copy engines' cost per copy is paid per run. A layer's runs
+// take the copy engines from these mean sizes (the same per-layer batch rows, alone: loads of
+// 128 KiB copies 54 GB/s against the kernels' 51; stores only from 256 KiB, 51 against 52 at 128
+// KiB). Store runs start higher also so that a step whose loads stay on the kernels keeps its
+// stores there too: copy engines one way and SM copies the other moved 50-59 GB/s both ways.
+constexpr std::size_t kLoadRunMinBytes = std::size_t{128} << 10;
+constexpr std::size_t kStoreRunMinBytes = std::size_t{256} << 10;
+// Where the blocks take the copy engines anyway (per-block copies), runs of this many blocks on
+// average already mean fewer, larger copies (one per run, K and V together, against two per
+// block).
 constexpr std::size_t kRunCopyOverBlockCopiesMinBlocks = 2;
 // A run whose device blocks are consecutive too crosses directly (K and V copied straight to the
 // device blocks, no staging) from this many blocks; a shorter one goes through the staging
@@ -210,11 +216,6 @@ constexpr std::size_t kDirectRunMinBlocks = 2;
 constexpr bool kBatchRunCopies = true;
 constexpr const char* kTransferPathVariable = "ACTIVEKV_CUDA_TRANSFER_PATH";
 
-// The smallest copy that crosses faster on the copy engines than through the kernels.
-std::size_t copy_engine_min_bytes(CompressionMode mode, Direction direction) {
-  const bool compressed_store = mode != CompressionMode::exact && direction == Direction::store;
-  return compressed_store ? kCompressedStoreCopyEngineMinBytes : kCopyEngineMinBytes;
-}
 // The highest priority a stream can have: bus transfers are the bottleneck, so their thread
 // blocks go first and the codec kernels fill in around them.
 int bus_priority() {
@@ -303,7 +304,9 @@ TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode m
     // blocks take the copy engines anyway, a run must merge blocks to be worth its staging.
     const std::size_t bytes = layer.blocks * stored_layer_bytes(layout, mode);
     if (block_copies ? layer.blocks >= kRunCopyOverBlockCopiesMinBlocks * layer.runs
-                     : bytes >= copy_engine_min_bytes(mode, direction) * layer.runs) {
+                     : bytes >= (direction == Direction::load ? kLoadRunMinBytes
+                                                              : kStoreRunMinBytes) *
+                                    layer.runs) {
       return kBatchRunCopies ? TransferPath::runs_batched : TransferPath::runs;
     }
   }
@@ -314,9 +317,10 @@ bool crosses_on_copy_engines(const KvBlockLayout& layout, CompressionMode mode,
                              Direction direction) {
   // Exact mode copies K and V of a block apart (they are apart in the device KV); compressed
   // modes copy the stored layer whole.
-  const std::size_t copy = mode == CompressionMode::exact ? layout.bytes_per_tensor()
-                                                          : stored_layer_bytes(layout, mode);
-  return copy >= copy_engine_min_bytes(mode, direction);
+  if (mode == CompressionMode::exact) return layout.bytes_per_tensor() >= kCopyEngineMinBytes;
+  const std::size_t copy = stored_layer_bytes(layout, mode);
+  return copy >= (direction == Direction::load ? kCopyEngineMinBytes
+                                               : kCompressedStoreCopyEngineMinBytes);
 }
 
 FenceQuery classify_fence_query(int cuda_status) {
