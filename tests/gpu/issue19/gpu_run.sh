@@ -3,6 +3,7 @@
 # with .activekv/gpu-carry carried (this folder: the wheel, the wheelhouse, two binaries).
 #   bash .activekv/gpu-carry/gpu_run.sh check   route tests, gpu-gates, parity per forced path
 #   bash .activekv/gpu-carry/gpu_run.sh bench   C++ staging bench, then the Python-API bench
+#   (all: both; evidence: gpu-gates and bench)
 # Each step's exit status goes to status.txt (a failing step does not stop the ones after it).
 # The device tool brings back at most 8 files from $OUT, so the results are kept in $WORK and
 # packed into $OUT/results.tar.gz after every step (what a timeout cut short still comes back);
@@ -74,14 +75,18 @@ CELLS=(gpu-exact-bf16-t16-h8d128-l8 gpu-exact-fp16-t16-h8d128-l8-faults-pressure
        exact-fp32-t4-h2d16-l2-requests-tight fp8-bf16-t16-h2d32-l2-requests-fragmented
        exact-bf16-t32-h2d128-l2 exact-bf16-t1-h1d8-l1)
 
+gates() {
+  # The warm-up gate (CUPTI: zero allocations, syncs, captures over the steady steps, now with
+  # request-shaped staging loads) and GPU parity (all cells, the rule's paths).
+  step gpu-gates 270 "$PY" -m release gpu-gates --wheel "$WHEEL" --out "$WORK/gates"
+}
+
 check() {
   # Every transfer path (forced in turn) against the CPU route, bit for bit, every mode x dtype.
   step test_cuda_route 150 "$HERE/bin/test_cuda_route"
   # Its GPU cases pass vacuously without a device: say so if they did.
   grep -q "not run: no GPU" "$WORK/test_cuda_route.log" && note "test_cuda_route saw no GPU"
-  # The warm-up gate (CUPTI: zero allocations, syncs, captures over the steady steps, now with
-  # request-shaped staging loads) and GPU parity (all cells, the rule's paths).
-  step gpu-gates 270 "$PY" -m release gpu-gates --wheel "$WHEEL" --out "$WORK/gates"
+  gates
   local cell_args=() path
   for cell in "${CELLS[@]}"; do cell_args+=(--cell "$cell"); done
   # runs-staged differs from runs only in direct runs, which test_cuda_route forces both ways.
@@ -114,6 +119,7 @@ case "${1:-}" in
   check) check ;;
   bench) bench ;;
   all) check; bench ;;
-  *) echo "usage: $0 check|bench|all" >&2; exit 2 ;;
+  evidence) gates; bench ;;  # the final wheel's record: gates and both benches, one run
+  *) echo "usage: $0 check|bench|all|evidence" >&2; exit 2 ;;
 esac
 note "done"
