@@ -2,7 +2,7 @@
 # Fills .activekv/gpu-carry (git-ignored) for gpu_run.sh on the H200, from this checkout, on the
 # workstation: the cp312 wheel of these sources, the staging bench and the route tests built from
 # the same sources, the gpu-runner group's wheels for cp312, and gpu_run.sh itself.
-#   bash tests/gpu/issue19/prepare_carry.sh [PYTHON]   (PYTHON: the dev venv's, with `release`)
+#   bash tests/gpu/device_run/prepare_carry.sh [PYTHON]   (PYTHON: the dev venv's, with `release`)
 # Then: run(command="bash .activekv/gpu-carry/gpu_run.sh check", carry=[".activekv/gpu-carry"]).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -44,7 +44,7 @@ PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: --python-
   --dest "$CARRY/wheelhouse" pydantic==2.14.4 rich==15.0.0 packaging==26.4 \
   'securesystemslib[crypto]==1.6.0' numpy==2.2.6 ninja pip
 
-cp tests/gpu/issue19/gpu_run.sh "$CARRY/"
+cp tests/gpu/device_run/gpu_run.sh "$CARRY/"
 (cd "$CARRY" && sha256sum activekv-*.whl bin/* gpu_run.sh > SHA256SUMS)
 git log --oneline -1 > "$CARRY/COMMIT"
 du -sh "$CARRY"

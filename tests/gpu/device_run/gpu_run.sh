@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 19 (GPU half) on the H200, from the repository root of a checkout of branch issue19-gpu
-# with .activekv/gpu-carry carried (this folder: the wheel, the wheelhouse, two binaries).
+# The engine's GPU checks and staging benches on a lent H200 (no network there), from the
+# repository root of a checkout with .activekv/gpu-carry carried (this folder: the wheel, the
+# wheelhouse, two binaries; tests/gpu/device_run/prepare_carry.sh fills it).
 #   bash .activekv/gpu-carry/gpu_run.sh check   route tests, gpu-gates, parity per forced path
 #   bash .activekv/gpu-carry/gpu_run.sh bench   C++ staging bench, then the Python-API bench
 #   (all: both; evidence: gpu-gates and bench)
