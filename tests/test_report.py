@@ -277,6 +277,13 @@ def test_gpu_staging_overlap_and_int8_tables(full: tuple[str, str, Path]) -> Non
     # A row without the bulk copy kernel's figure (records of older wheels) shows a dash.
     assert ["1 MiB", "copy engines", "94.0 GB/s", "62.0 GB/s", "—", "95.5 GB/s"] in cells
     assert ["16 KiB", "kernels", "1.83x", "1.81x"] in cells
+    # The path rule's rows by traffic; the forced-path rows stay in the record only.
+    assert "Engine steps by traffic (of this run's ceiling), the path rule's choice." in md
+    requests = ["16 KiB", "requests", "53.6 GB/s (97%)", "53.0 GB/s (96%)", "83.6 GB/s (82%)",
+                "11.1 / 101.4", "runs-batched"]  # fmt: skip
+    assert requests in cells
+    assert ["16 KiB", "random"] == next(row[:2] for row in cells if row[1:2] == ["random"])
+    assert not any("65.5 GB/s" in text for row in cells for text in row)
 
 
 def test_staging_figures_of_another_wheel_are_called_out(

@@ -302,6 +302,7 @@ def _staging_targets(staging: dict[str, Any]) -> list[Text | Table]:
         headers = ("block", "engine bus", "engine", "kernels alone", "bulk copy kernel alone",
                    "per-layer batches alone")  # fmt: skip
         blocks.append(Table(headers, rows))
+    blocks.extend(_staging_scenarios(staging))
     compressed = staging.get("int8_vs_exact", [])
     if compressed:
         rows = tuple(
@@ -316,6 +317,34 @@ def _staging_targets(staging: dict[str, Any]) -> list[Text | Table]:
         headers = ("block", "int8 bus", "int8 / exact tokens/s, loads", "stores")
         blocks.append(Table(headers, rows))
     return blocks
+
+
+def _staging_scenarios(staging: dict[str, Any]) -> list[Text | Table]:
+    """Whole engine steps under the path rule, per block size and traffic (scattered blocks, or
+    requests whose chains come back as runs), where the record has them."""
+    rule = [r for r in staging.get("scenarios", []) if r["path"] == "auto"]
+    if not rule:
+        return []
+
+    def rate(row: dict[str, Any], way: str) -> Cell:
+        return Cell(f"{float(row[f'{way}_gbps']):.1f} GB/s ({float(row[f'{way}_of_ceiling']):.0%})")
+
+    rows = tuple(
+        (
+            Cell(block_size_label(int(r["block_bytes"]))),
+            Cell(str(r["scenario"])),
+            rate(r, "load"),
+            rate(r, "store"),
+            rate(r, "both_ways"),
+            Cell(f"{float(r['load_blocks_per_run']):.1f} / {float(r['store_blocks_per_run']):.1f}"),
+            Cell(str(r["bus"])),
+        )
+        for r in rule
+    )
+    headers = ("block", "traffic", "loads", "stores", "both at once", "blocks per run",
+               "path")  # fmt: skip
+    return [Text("Engine steps by traffic (of this run's ceiling), the path rule's choice."),
+            Table(headers, rows)]  # fmt: skip
 
 
 def _dispatch(records: Records) -> Section | None:
