@@ -73,7 +73,7 @@ struct LayerTransfer {
 // The rule the route applies per layer (thresholds in cuda_route.cpp, one place): where
 // crosses_on_copy_engines and each block's K (and V) is contiguous in the device KV, run copies
 // once the mean run holds two blocks or more, else per-block copies; elsewhere run copies once
-// the mean run holds 64 KiB (loads) or 128 KiB (stores), else the kernels. The rule's runs are batched (runs_batched). `forced` (the
+// the mean run holds 128 KiB (loads) or 256 KiB (stores), else the kernels. The rule's runs are batched (runs_batched). `forced` (the
 // benchmark's ACTIVEKV_CUDA_TRANSFER_PATH) wins wherever that path can move the layer at all.
 TransferPath choose_transfer_path(const KvBlockLayout& layout, CompressionMode mode,
                                   Direction direction, const LayerTransfer& layer,
