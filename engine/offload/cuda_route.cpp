@@ -427,7 +427,8 @@ struct CudaRoute::Resources {
   // `device_pitch` apart on the device; in, pool to device, out the reverse. Rows that follow
   // each other on both sides are one linear copy: on an H200 the 2D copy calls moved even single
   // rows of 256 KiB-1 MiB at 31-46 GB/s where linear copies of the same bytes moved 53-54.
-  // Batched: added to the layer's batch (`linear` or `batch`), submitted by copy_runs.
+  // Batched: added to the layer's batch (`destinations`, `sources` and `sizes` for linear
+  // copies, `batch` for pitched ones), which copy_runs submits.
   void copy(std::uint8_t* stored, std::uint8_t* on_device, std::size_t device_pitch,
             std::size_t width, std::size_t height, bool in, bool batched, cudaStream_t stream) {
     if (height == 1 || (width == layer_bytes && width == device_pitch)) {
