@@ -129,18 +129,18 @@ def linked_components(facts: dict[str, str], needed: list[str]) -> list[Componen
         )
     if runtime == "libc++":
         version = _llvm_version(facts)
-        linkage = _linkage(needed, "libc++.so")
-        # zig links libc++, libc++abi and libunwind of one LLVM release.
-        for name, subpath in (
-            ("libc++", "libcxx"),
-            ("libc++abi", "libcxxabi"),
-            ("libunwind", "libunwind"),
+        # zig links libc++, libc++abi and libunwind of one LLVM release; libc++'s shared library
+        # loads the other two.
+        for name, subpath, soname in (
+            ("libc++", "libcxx", "libc++.so"),
+            ("libc++abi", "libcxxabi", "libc++abi.so"),
+            ("libunwind", "libunwind", "libunwind.so"),
         ):
             found.append(
                 _library(
                     name,
                     version,
-                    linkage,
+                    _linkage(needed, "libc++.so", soname),
                     license_expression=LLVM_LICENSE,
                     purl=PackageURL(
                         "github", "llvm", "llvm-project", f"llvmorg-{version}", subpath=subpath

@@ -7,6 +7,7 @@ that wheel and must fail the payload gate naming it.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elftools.elf.elffile import ELFFile
 from test_sbom_writer import writer_arguments
 
 from release.gates.payload import list_wheel
@@ -408,8 +410,12 @@ def test_a_planted_lie_fails_the_payload_gate(built_wheel, manifest, tmp_path, c
     [
         ("cudart", ["libcudart.so.13", "libc.so.6"], "dynamic"),
         ("cudart", ["libcudart-1a2b3c4d.so.13.0.48"], "dynamic"),  # as auditwheel vendors it
+        ("cudart", ["libcudart-1a2b3c4d5.so.13"], "dynamic"),  # a suffix of another length
+        ("cudart", ["/opt/x/libcudart.so"], "dynamic"),  # a library linked without a soname
+        ("cudart", ["./libcudart.so.13a"], "dynamic"),
         ("cudart", ["libcudart_static.so", "libcudartx.so.13"], "static"),
-        ("libunwind", ["libc++.so.1"], "dynamic"),  # one LLVM runtime, linked one way
+        ("libunwind", ["libc++.so.1"], "dynamic"),  # libc++'s library loads the other two
+        ("libc++abi", ["libc++abi.so.1"], "dynamic"),
         ("libc++", ["libc++abi.so.1"], "static"),
         ("libstdc++", ["libstdc++.so.6"], "dynamic"),
         ("nanobind", ["libnanobind.so"], "static"),  # header code: always compiled in
@@ -423,6 +429,36 @@ def test_the_gate_reads_dt_needed_from_the_module(engine_bytes):
     needed = module_needed(engine_bytes)
     assert "libc.so.6" in needed
     assert not any(name.startswith("libcudart") for name in needed)  # cudart linked in
+    # As the loader reads it: from the dynamic segment, whatever the section headers say.
+    renamed = engine_bytes.replace(b".dynamic\0", b".dynamiX\0")
+    assert renamed != engine_bytes and module_needed(renamed) == needed
+
+
+def test_a_library_the_module_loads_but_the_sbom_leaves_out_fails(
+    built_wheel, manifest, monkeypatch
+):
+    """Were the modules to load cudart and libc++ at run time, the SBOM that says they link
+    them in would lie; were they to load libstdc++, it would leave out what they load."""
+    loads = ["libcudart-1a2b3c4d.so.13", "libc++.so.1", "libc.so.6"]
+    monkeypatch.setattr("release.gates.sbom.module_needed", lambda data: loads)
+    problems = " ".join(_problems(built_wheel, manifest))
+    assert "(cudart@13.0:static): activekv:linkage: expected dynamic" in problems
+    assert "(libc++abi@" in problems and "activekv:linkage: expected dynamic" in problems
+    monkeypatch.setattr("release.gates.sbom.module_needed", lambda data: ["libstdc++.so.6"])
+    problems = " ".join(_problems(built_wheel, manifest))
+    assert (
+        "loads libstdc++ at run time (DT_NEEDED ['libstdc++.so.6']); expected a component"
+        in problems
+    )
+
+
+def test_an_unreadable_dynamic_segment_is_refused_not_raised(engine_bytes):
+    elf = ELFFile(io.BytesIO(engine_bytes))
+    (index,) = [i for i, s in enumerate(elf.iter_segments()) if s["p_type"] == "PT_DYNAMIC"]
+    at = elf.header["e_phoff"] + index * elf.header["e_phentsize"] + 8  # Elf64_Phdr.p_offset
+    broken = engine_bytes[:at] + (1 << 40).to_bytes(8, "little") + engine_bytes[at + 8 :]
+    with pytest.raises(FactError, match="DT_NEEDED: expected a readable dynamic segment"):
+        module_needed(broken)
 
 
 @pytest.fixture(scope="module")

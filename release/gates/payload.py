@@ -99,11 +99,11 @@ def list_wheel(
     listing: list[PayloadFile] = []
     with zipfile.ZipFile(wheel) as archive:
         names = [info.filename for info in archive.infolist()]
-        counts, alike = Counter(names), Counter(map(_filesystem_key, names))
+        counts, spellings = Counter(names), _spellings(names)
         for info in archive.infolist():
             kind = "directory" if info.is_dir() else classify(info.filename)
             name = info.filename
-            problem = member_name_problem(name, counts[name], alike[_filesystem_key(name)])
+            problem = member_name_problem(name, counts[name], spellings)
             if kind == "directory" and not problem:
                 continue
             if not problem and kind in ("python", "bytecode", "sbom"):
@@ -143,25 +143,57 @@ def _content_problem(
 _ODD_PARTS = {"": "an empty", ".": "a '.'", "..": "a '..'"}
 
 
-def _filesystem_key(name: str) -> str:
-    """What a case-insensitive or Unicode-normalising filesystem makes of a member's name."""
-    return unicodedata.normalize("NFC", name.removesuffix("/")).casefold()
+# Characters a name may not hold: control and format characters (zero-width joiners and bidi
+# overrides, which some filesystems ignore when they compare names and which make a name read
+# as another), line and paragraph separators, private-use, surrogate and unassigned ones.
+_UNPRINTABLE = {"Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"}
 
 
-def member_name_problem(name: str, count: int = 1, alike: int = 1) -> str:
+def _filesystem_key(path: str) -> str:
+    """What a case-insensitive or Unicode-normalising filesystem makes of a path."""
+    return unicodedata.normalize("NFC", path).casefold()
+
+
+def _folders_and_self(name: str) -> list[str]:
+    """Every folder above `name` ("a/", "a/b/"), then `name` itself, shortest first."""
+    parts = name.split("/")
+    return ["/".join(parts[:end]) + "/" for end in range(1, len(parts))] + [name] * bool(parts[-1])
+
+
+def _spellings(names: list[str]) -> dict[str, set[str]]:
+    """Every path the members' names make (folders ending in '/'), by what a case-insensitive
+    or normalising filesystem makes of it without that '/'."""
+    spellings: dict[str, set[str]] = {}
+    for name in names:
+        for path in _folders_and_self(name):
+            spellings.setdefault(_filesystem_key(path.removesuffix("/")), set()).add(path)
+    return spellings
+
+
+def member_name_problem(
+    name: str, count: int = 1, spellings: dict[str, set[str]] | None = None
+) -> str:
     """Why an installer could put the member `name` somewhere other than where the gate judged
-    it (`count`: how many members of the archive carry that name; `alike`: how many carry a name
-    a case-insensitive or normalising filesystem takes for it); empty when nothing."""
+    it (`count`: how many members of the archive carry that name; `spellings`: every path of the
+    archive by what a case-insensitive or normalising filesystem makes of it); empty when
+    nothing."""
     if count > 1:
         return f"the wheel holds {count} members of this name; expected one (installers keep one)"
-    if alike > 1:
+    for path in _folders_and_self(name) if spellings else []:
+        same = spellings.get(_filesystem_key(path.removesuffix("/")), set())
+        if len({spelled.endswith("/") for spelled in same}) > 1:
+            return f"{path.removesuffix('/')!r} is a file and a folder in the wheel; expected one"
+        if len(ways := {spelled.removesuffix("/") for spelled in same}) > 1:
+            return (
+                f"{path.removesuffix('/')!r} is spelled {len(ways)} ways in the wheel "
+                f"({sorted(ways)}), which differ only in case or Unicode normalisation; expected "
+                "one spelling (a case-insensitive or normalising filesystem keeps one)"
+            )
+    if odd := [char for char in name if unicodedata.category(char) in _UNPRINTABLE]:
         return (
-            f"the wheel holds {alike} members whose names differ only in case or Unicode "
-            "normalisation; expected names distinct on every filesystem (a case-insensitive or "
-            "normalising one keeps one)"
+            f"the name holds an invisible or control character (U+{ord(odd[0]):04X}); expected "
+            "printable characters only"
         )
-    if any(unicodedata.category(char) == "Cc" for char in name):
-        return "the name holds a control character; expected printable characters only"
     if "\\" in name:
         return "the name holds a backslash; expected '/' between the parts of a path"
     if name.startswith("/"):

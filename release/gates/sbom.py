@@ -29,6 +29,7 @@ from packaging.utils import parse_wheel_filename
 from release.gates.sbom_facts import (
     FACT_SECTION,
     FactError,
+    components_loaded,
     expected_components,
     expected_linkage,
     module_facts,
@@ -303,7 +304,7 @@ def _module_entry(reading: _Reading, path: str, data: bytes) -> list[str]:
     listed = [reading.by_ref[ref] for ref in reading.depends.get(module.get("bom-ref"), [])]
     return _module_problems(module, path, import_name, facts, reading.version) + (
         _linked_problems(listed, path, import_name, facts, reading.checked)
-        + _linkage_problems(listed, path, facts, module_needed(data))
+        + _linkage_problems(listed, path, facts, data)
     )
 
 
@@ -353,10 +354,14 @@ def _linked_problems(
 
 
 def _linkage_problems(
-    listed: list[Component], path: str, facts: dict[str, str], needed: list[str]
+    listed: list[Component], path: str, facts: dict[str, str], data: bytes
 ) -> list[str]:
     """Each part its facts name, its activekv:linkage against the module's DT_NEEDED: "dynamic"
-    only where the module loads that library at run time."""
+    only where the module loads that library at run time; and every library it loads listed."""
+    try:
+        needed = module_needed(data)
+    except FactError as error:
+        return [f"{path}: {error}"]
     problems: list[str] = []
     parts = expected_components(facts)
     for component in listed:
@@ -370,6 +375,12 @@ def _linkage_problems(
                 f"{part} ({component.get('bom-ref')}): activekv:linkage: expected {truth} "
                 f"({path} {how} it in DT_NEEDED {needed}); got {said!r}"
             )
+    names = {c.get("name") for c in listed}
+    for part in sorted(components_loaded(needed) - names):
+        problems.append(
+            f"{path}: loads {part} at run time (DT_NEEDED {needed}); expected a component for it "
+            "in its dependsOn; missing"
+        )
     return problems
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import PurePosixPath
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
@@ -27,19 +28,18 @@ FACT_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
 }
 # bindings/common.h, compiled into every module, records these.
 REQUIRED_FACTS = ("cxx_runtime", "nanobind", "robin_map")
-# The shared library each component is loaded from when a module does not link it in; zig links
-# libc++, libc++abi and libunwind of one LLVM release, one way. nanobind and robin-map are
-# header code, always compiled in.
-_SHARED_LIBRARY = {
-    "libc++": "libc++",
-    "libc++abi": "libc++",
-    "libunwind": "libc++",
-    "libstdc++": "libstdc++",
-    "cudart": "libcudart",
+# The shared libraries that carry each component when a module does not link it in (libc++'s
+# own library loads libc++abi and libunwind). nanobind and robin-map are header code, always
+# compiled in.
+_SHARED_LIBRARIES = {
+    "libc++": {"libc++"},
+    "libc++abi": {"libc++", "libc++abi"},
+    "libunwind": {"libc++", "libunwind"},
+    "libstdc++": {"libstdc++"},
+    "cudart": {"libcudart"},
 }
-# A DT_NEEDED name's library: "libcudart.so.13", or as auditwheel renames what it vendors,
-# "libcudart-1a2b3c4d.so.13".
-_SONAME = re.compile(r"(?P<library>.+?)(?:-[0-9a-f]{8})?\.so(?:\.[0-9.]*)?")
+# What auditwheel appends to a library it vendors: "libcudart-1a2b3c4d.so.13".
+_VENDORED_SUFFIX = re.compile(r"-[0-9a-fA-F]+$")
 
 
 class FactError(ValueError):
@@ -69,22 +69,45 @@ def module_facts(data: bytes) -> dict[str, str]:
 
 
 def module_needed(data: bytes) -> list[str]:
-    """The shared libraries a native module names in its DT_NEEDED entries (none when it is not
-    ELF or has no dynamic section)."""
+    """The shared libraries a native module names in its DT_NEEDED entries, read as the loader
+    reads them (the PT_DYNAMIC segment, not the section headers); none when it is not ELF or
+    has no dynamic segment. FactError when the segment cannot be read."""
     try:
-        dynamic = ELFFile(io.BytesIO(data)).get_section_by_name(".dynamic")
+        elf = ELFFile(io.BytesIO(data))
     except ELFError:
         return []
-    if dynamic is None or not hasattr(dynamic, "iter_tags"):
-        return []
-    return [tag.needed for tag in dynamic.iter_tags("DT_NEEDED")]
+    try:
+        return [
+            tag.needed
+            for segment in elf.iter_segments()
+            if segment["p_type"] == "PT_DYNAMIC"
+            for tag in segment.iter_tags("DT_NEEDED")
+        ]
+    except Exception as error:  # pyelftools raises whatever a malformed segment makes it hit
+        raise FactError(f"DT_NEEDED: expected a readable dynamic segment; got {error!r}") from None
+
+
+def loaded_libraries(needed: list[str]) -> set[str]:
+    """The libraries DT_NEEDED names, without path, version or auditwheel's suffix:
+    "libcudart" for "libcudart.so.13", "libcudart-1a2b3c4d.so.13" or "/x/libcudart.so"."""
+    stems = (PurePosixPath(name).name.split(".so", 1)[0] for name in needed)
+    return {_VENDORED_SUFFIX.sub("", stem) for stem in stems}
 
 
 def expected_linkage(component: str, needed: list[str]) -> str:
-    """ "dynamic" when a module's DT_NEEDED names the shared library of `component`, else
-    "static" (the code is in the module)."""
-    loaded = {m.group("library") for name in needed if (m := _SONAME.fullmatch(name))}
-    return "dynamic" if _SHARED_LIBRARY.get(component) in loaded else "static"
+    """ "dynamic" when a module's DT_NEEDED names a shared library that carries `component`,
+    else "static" (the code is in the module)."""
+    return (
+        "dynamic"
+        if _SHARED_LIBRARIES.get(component, set()) & loaded_libraries(needed)
+        else "static"
+    )
+
+
+def components_loaded(needed: list[str]) -> set[str]:
+    """The components a module loads at run time by its DT_NEEDED entries."""
+    loaded = loaded_libraries(needed)
+    return {component for component, names in _SHARED_LIBRARIES.items() if names & loaded}
 
 
 def _fact(entry: bytes) -> tuple[str, str]:
