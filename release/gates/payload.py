@@ -179,8 +179,8 @@ def member_name_problem(
     nothing."""
     if count > 1:
         return f"the wheel holds {count} members of this name; expected one (installers keep one)"
-    for path in _folders_and_self(name) if spellings else []:
-        same = spellings.get(_filesystem_key(path.removesuffix("/")), set())
+    for path in _folders_and_self(name):
+        same = (spellings or {}).get(_filesystem_key(path.removesuffix("/")), set())
         if len({spelled.endswith("/") for spelled in same}) > 1:
             return f"{path.removesuffix('/')!r} is a file and a folder in the wheel; expected one"
         if len(ways := {spelled.removesuffix("/") for spelled in same}) > 1:
