@@ -302,9 +302,10 @@ def _module_entry(reading: _Reading, path: str, data: bytes) -> list[str]:
         return [f"{path}: expected a component {import_name} for this module; missing"]
     reading.checked.add(module.get("bom-ref"))
     listed = [reading.by_ref[ref] for ref in reading.depends.get(module.get("bom-ref"), [])]
+    truths = expected_components(facts)
     return _module_problems(module, path, import_name, facts, reading.version) + (
-        _linked_problems(listed, path, import_name, facts, reading.checked)
-        + _linkage_problems(listed, path, facts, data)
+        _linked_problems(listed, path, import_name, truths, reading.checked)
+        + _linkage_problems(listed, path, truths, data)
     )
 
 
@@ -327,12 +328,11 @@ def _module_problems(
 
 
 def _linked_problems(
-    listed: list[Component], path: str, import_name: str, facts: dict[str, str], checked: set[Any]
+    listed: list[Component], path: str, import_name: str, truths: dict[str, str], checked: set[Any]
 ) -> list[str]:
-    """What the module depends on against what its facts say it links in, both ways; the refs
-    of the parts its facts name go to `checked`."""
+    """What the module depends on against what its facts say it links in (`truths`, name ->
+    version), both ways; the refs of the parts its facts name go to `checked`."""
     problems: list[str] = []
-    truths = expected_components(facts)
     for part, count in _repeated([c.get("name") for c in listed]):
         problems.append(f"{import_name}: dependsOn: expected {part} once; got it {count} times")
     for component in listed:
@@ -354,19 +354,19 @@ def _linked_problems(
 
 
 def _linkage_problems(
-    listed: list[Component], path: str, facts: dict[str, str], data: bytes
+    listed: list[Component], path: str, truths: dict[str, str], data: bytes
 ) -> list[str]:
-    """Each part its facts name, its activekv:linkage against the module's DT_NEEDED: "dynamic"
-    only where the module loads that library at run time; and every library it loads listed."""
+    """Each part its facts name (`truths`, name -> version), its activekv:linkage against the
+    module's DT_NEEDED: "dynamic" only where the module loads that library at run time; and
+    every library it loads listed."""
     try:
         needed = module_needed(data)
     except FactError as error:
         return [f"{path}: {error}"]
     problems: list[str] = []
-    parts = expected_components(facts)
     for component in listed:
         part = component.get("name")
-        if part not in parts:
+        if part not in truths:
             continue  # _linked_problems refuses it
         said, truth = _properties(component).get("activekv:linkage"), expected_linkage(part, needed)
         if said != truth:

@@ -97,11 +97,7 @@ def loaded_libraries(needed: list[str]) -> set[str]:
 def expected_linkage(component: str, needed: list[str]) -> str:
     """ "dynamic" when a module's DT_NEEDED names a shared library that carries `component`,
     else "static" (the code is in the module)."""
-    return (
-        "dynamic"
-        if _SHARED_LIBRARIES.get(component, set()) & loaded_libraries(needed)
-        else "static"
-    )
+    return "dynamic" if component in components_loaded(needed) else "static"
 
 
 def components_loaded(needed: list[str]) -> set[str]:
