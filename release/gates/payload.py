@@ -157,7 +157,8 @@ def _filesystem_key(path: str) -> str:
 def _folders_and_self(name: str) -> list[str]:
     """Every folder above `name` ("a/", "a/b/"), then `name` itself, shortest first."""
     parts = name.split("/")
-    return ["/".join(parts[:end]) + "/" for end in range(1, len(parts))] + [name] * bool(parts[-1])
+    folders = ["/".join(parts[:end]) + "/" for end in range(1, len(parts))]
+    return folders if name.endswith("/") else [*folders, name]
 
 
 def _spellings(names: list[str]) -> dict[str, set[str]]:
