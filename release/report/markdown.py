@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from release.report.model import Cell, Document, Figure, Text
+from release.report.model import Cell, Document, Figure, Table, Text
 
 
 def _md_escape(text: str) -> str:
@@ -14,6 +14,13 @@ def _md_cell(cell: Cell) -> str:
     parts += list(cell.lines)
     text = "<br>".join(_md_escape(p) for p in parts)
     return f"`{text}`" if cell.tone == "code" and not cell.lines and text else text
+
+
+def table_lines(table: Table) -> list[str]:
+    """A table as Markdown lines: headers, the rule, one line per row."""
+    lines = ["| " + " | ".join(_md_escape(h) for h in table.headers) + " |"]
+    lines.append("|" + "---|" * len(table.headers))
+    return lines + ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
 
 
 def render(document: Document) -> str:
@@ -28,8 +35,5 @@ def render(document: Document) -> str:
             elif isinstance(block, Figure):
                 out += [f"![{block.alt}]({block.file_name})", ""]
             else:
-                out.append("| " + " | ".join(_md_escape(h) for h in block.headers) + " |")
-                out.append("|" + "---|" * len(block.headers))
-                out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows]
-                out.append("")
+                out += [*table_lines(block), ""]
     return "\n".join(out)

@@ -18,19 +18,27 @@ Device blocks are shuffled per step (a fragmented free-block queue) unless --dev
 is made). `--ceiling` takes the C++ bench's record (gpu-staging.json) of the same machine for the
 fractions of the ceiling. Progress on stderr; one JSON object to --out (and stdout).
 
-    python -m release.scripts.staging_bench_py --site SITE --out staging-py.json \
+`--wheel` names the wheel installed at --site: the record carries its name and sha256, and the
+run stops first if a native module of the site is not that wheel's (its RECORD's digest).
+
+    python -m release.scripts.staging_bench_py --site SITE --wheel WHEEL --out staging-py.json \
         [--ceiling gpu-staging.json] [--paths kernels,runs]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import csv
+import hashlib
+import io
 import json
 import os
 import random
 import statistics
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,9 +227,32 @@ def make_rig(
     return rig
 
 
+def installed_wheel(wheel: Path, site: Path) -> dict[str, str]:
+    """The wheel's name and sha256, once each native module it lists is in `site` with the
+    digest its RECORD gives; a ValueError naming the first module that is missing or differs."""
+    with zipfile.ZipFile(wheel) as archive:
+        records = [n for n in archive.namelist() if n.endswith(".dist-info/RECORD")]
+        if len(records) != 1:
+            raise ValueError(f"{wheel}: expected one .dist-info/RECORD; found {len(records)}")
+        entries = list(csv.reader(io.StringIO(archive.read(records[0]).decode("utf-8"))))
+    modules = [(row[0], row[1]) for row in entries if len(row) >= 2 and row[0].endswith(".so")]
+    if not modules:
+        raise ValueError(f"{wheel}: expected native modules in its RECORD; found none")
+    for name, digest in modules:
+        installed = site / name
+        if not installed.is_file():
+            raise ValueError(f"{installed}: expected {wheel.name}'s {name}; it is not there")
+        data = installed.read_bytes()
+        got = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
+        if got.rstrip("=") != digest.rstrip("="):
+            raise ValueError(f"{installed}: expected {wheel.name}'s {name} ({digest}); got {got}")
+    return {"wheel": wheel.name, "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--site", type=Path, help="where the wheel is installed (pip --target)")
+    parser.add_argument("--wheel", type=Path, help="the wheel installed at --site")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ceiling", type=Path, help="the C++ bench's gpu-staging.json")
     parser.add_argument("--pool-gib", type=int, default=4)
@@ -231,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="", help=f"forced paths, of {','.join(PATHS)}")
     parser.add_argument("--device-runs", action="store_true", help="device blocks in order")
     args = parser.parse_args(argv)
+    artefact: dict[str, str] = {}
+    if args.wheel is not None:
+        if args.site is None:
+            parser.error("--wheel: expected --site too (where the wheel is installed)")
+        try:
+            artefact = installed_wheel(args.wheel, args.site)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+            parser.error(f"--wheel: {error}")
     if args.site is not None:
         sys.path.insert(0, str(args.site))
     import activekv._engine as engine_module
@@ -267,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     def write() -> None:
         result = {
             "api": "python (activekv._engine.Engine, device='cuda', DeviceKvCache)",
+            **artefact,
             "engine_module": engine_module.__file__,
             "build_info": engine_module.build_info(),
             "pool_bytes": pool, "moved_bytes": moved, "layers": LAYERS, "repeats": args.repeats,

@@ -112,7 +112,7 @@ bench() {
   local in_order=()
   [ "${ACTIVEKV_BENCH_DEVICE_RUNS:-}" = 1 ] && in_order=(--device-runs)
   step staging-py 150 "$PY" -m release.scripts.staging_bench_py --site "$SITE" \
-    --out "$WORK/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}" "${in_order[@]}"
+    --wheel "$WHEEL" --out "$WORK/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}" "${in_order[@]}"
 }
 
 setup

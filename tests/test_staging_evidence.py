@@ -1,0 +1,132 @@
+"""The README's staging table comes from the GPU records it names; the CUDA route's targets are
+judged on them; the Python bench's record is tied to the wheel it imported."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+from fixtures_wheels import build_files_wheel
+
+from release.report.markdown import table_lines
+from release.report.staging_evidence import StagingRecords, judge, load, main, staging_table
+from release.scripts.staging_bench_py import installed_wheel
+
+REPO = Path(__file__).resolve().parent.parent
+EVIDENCE = REPO / "tests" / "gpu" / "evidence"
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def _named_run() -> str:
+    """The 12-hex digest prefix of the run the README's CUDA route section cites."""
+    found = re.search(r"Records: `tests/gpu/evidence/\*-([0-9a-f]{12})\.\*`", README)
+    assert found, "README.md: expected the CUDA route's records as tests/gpu/evidence/*-<12 hex>.*"
+    return found.group(1)
+
+
+def _records() -> tuple[dict, dict]:
+    run = _named_run()
+    return (
+        json.loads((EVIDENCE / f"gpu-staging-{run}.json").read_text()),
+        json.loads((EVIDENCE / f"staging-py-{run}.json").read_text()),
+    )
+
+
+def test_the_readme_table_is_the_records_it_names():
+    cpp, python = _records()
+    assert cpp["wheel_sha256"].startswith(_named_run())
+    lines = table_lines(staging_table(StagingRecords(cpp, python)))
+    assert "\n".join(lines) in README
+
+
+def test_the_readme_says_met_and_not_met_as_the_records_do():
+    verdicts = judge(StagingRecords(*_records()))
+    unmet = [v for v in verdicts if not v.met]
+    # The README's bullets against the targets: each unmet one is called so in bold.
+    assert README.count("**Not met") == len(unmet)
+
+
+def test_targets_are_met_on_good_records_and_a_planted_miss_is_named():
+    cpp, python = _records()
+    good_cpp, good_py = copy.deepcopy(cpp), copy.deepcopy(python)
+    for ratio in (*good_cpp["int8_vs_exact_by_scenario"], *good_py["int8_vs_exact_by_scenario"]):
+        ratio["int8_over_exact_load"] = ratio["int8_over_exact_store"] = 1.9
+    assert all(v.met for v in judge(StagingRecords(good_cpp, good_py)))
+
+    planted = copy.deepcopy(good_py)
+    row = next(r for r in planted["rows"]
+               if r["path"] == "auto" and r["scenario"] == "requests"
+               and r["block_bytes"] == 256 * 1024)  # fmt: skip
+    row["both_ways_gbps"] = 84.9
+    (missed,) = [v for v in judge(StagingRecords(good_cpp, planted)) if not v.met]
+    assert missed.target.floor == 85.0
+    assert missed.misses == ("256 KiB Python both_ways 84.90",)
+
+
+def test_a_random_row_under_a_floor_does_not_count():
+    cpp, python = _records()
+    for ratio in (*cpp["int8_vs_exact_by_scenario"], *python["int8_vs_exact_by_scenario"]):
+        ratio["int8_over_exact_load"] = ratio["int8_over_exact_store"] = 1.9
+    for row in python["rows"]:
+        if row["scenario"] == "random":
+            row["both_ways_gbps"] = 1.0
+    assert all(v.met for v in judge(StagingRecords(cpp, python)))
+
+
+def test_a_missing_request_row_is_a_miss():
+    cpp, python = _records()
+    dropped = ("requests", 64 * 1024)
+    python["rows"] = [r for r in python["rows"] if (r["scenario"], r["block_bytes"]) != dropped]
+    verdicts = judge(StagingRecords(cpp, python))
+    assert any("64 KiB" in m and "no row" in m for v in verdicts for m in v.misses)
+
+
+def test_the_command_prints_the_table_and_fails_on_an_unmet_target(capsys):
+    run = _named_run()
+    status = main([str(EVIDENCE / f"gpu-staging-{run}.json"),
+                   str(EVIDENCE / f"staging-py-{run}.json")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "| block | traffic |" in printed
+    verdicts = judge(StagingRecords(*_records()))
+    assert status == (0 if all(v.met for v in verdicts) else 1)
+    assert ("NOT MET" in printed) == (status == 1)
+
+
+def test_a_record_of_another_shape_is_named(tmp_path):
+    cpp = tmp_path / "gpu-staging.json"
+    py = tmp_path / "staging-py.json"
+    cpp.write_text(json.dumps({"rows": []}))
+    py.write_text("{")
+    with pytest.raises(ValueError, match=r"staging-py.json: expected a JSON staging record"):
+        load(cpp, py)
+    py.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match=r"gpu-staging.json.*missing or bad 'scenarios'"):
+        load(cpp, py)
+
+
+def _wheel_and_site(tmp_path: Path, module: bytes) -> tuple[Path, Path]:
+    wheel = build_files_wheel(tmp_path / "dist", {"activekv/_engine.abi3.so": b"\x7fELF engine"},
+                              name="activekv", version="0.1.0")  # fmt: skip
+    site = tmp_path / "site" / "activekv"
+    site.mkdir(parents=True)
+    (site / "_engine.abi3.so").write_bytes(module)
+    return wheel, site.parent
+
+
+def test_the_python_bench_records_the_wheel_its_site_was_installed_from(tmp_path):
+    wheel, site = _wheel_and_site(tmp_path, b"\x7fELF engine")
+    found = installed_wheel(wheel, site)
+    assert found["wheel"] == wheel.name
+    assert re.fullmatch(r"[0-9a-f]{64}", found["wheel_sha256"])
+
+
+def test_a_site_holding_another_build_is_refused_naming_the_module(tmp_path):
+    wheel, site = _wheel_and_site(tmp_path, b"\x7fELF another build")
+    with pytest.raises(ValueError, match=r"_engine.abi3.so: expected activekv-0.1.0-.*'s"):
+        installed_wheel(wheel, site)
+    (site / "activekv" / "_engine.abi3.so").unlink()
+    with pytest.raises(ValueError, match="it is not there"):
+        installed_wheel(wheel, site)
