@@ -54,7 +54,7 @@ class Context:
         return wheels
 
     def built_wheels(self) -> WheelSet:
-        """The wheels of the last build, as its record names them (digests not computed again)."""
+        """The wheels of the last build as its record names them, each hashed again to match."""
         self.wheel_files()
         return WheelSet.from_build(read(self.out_dir, BuildRecord), self.wheels_dir)
 

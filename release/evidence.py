@@ -13,10 +13,13 @@ import socket
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from release.errors import GateError
 from release.util.atomic import atomic_write
+from release.util.jsonfile import JsonFileError, read_json
 
 Verdict = Literal["pass", "fail", "not-run"]
 EVIDENCE_SCHEMA = "activekv.evidence/v1"
@@ -57,31 +60,66 @@ class Evidence:
     schema: str = EVIDENCE_SCHEMA
 
 
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _Fields(BaseModel):
+    """Every field of a record as read back: all present (the reader's machine and clock must
+    never stand in for the gate's), each of its type, nothing else."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    gate: str
+    verdict: Verdict
+    artefacts: dict[str, Sha256]
+    figures: dict[str, Any]
+    reason: str
+    runner: dict[str, str]
+    tools: dict[str, str]
+    time: str
+
+
+def evidence_from_fields(fields: object) -> Evidence:
+    """An Evidence from its fields as read (schema left out); ValueError saying the first key
+    that is missing or not of its type, as `<key>: expected …; got …`."""
+    try:
+        checked = _Fields.model_validate(fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "<top level>"
+        got = json.dumps(first.get("input"), default=str)[:80]
+        raise ValueError(f"{key}: expected {first['msg'].lower()}; got {got}") from None
+    return Evidence(**checked.model_dump())
+
+
 def evidence_path(out_dir: Path, gate: str) -> Path:
     return out_dir / "evidence" / f"{gate}.json"
 
 
 def write_evidence(out_dir: Path, evidence: Evidence) -> Path:
     path = evidence_path(out_dir, evidence.gate)
-    atomic_write(path, (json.dumps(asdict(evidence), indent=2, sort_keys=True) + "\n").encode())
+    try:
+        text = json.dumps(asdict(evidence), indent=2, sort_keys=True, allow_nan=False)
+    except ValueError as error:  # NaN or infinity among the figures: not JSON, never readable
+        raise GateError(f"{path}: figures: expected finite numbers; {error}") from None
+    atomic_write(path, (text + "\n").encode())
     return path
 
 
 def read_evidence(out_dir: Path, gate: str) -> Evidence | None:
     path = evidence_path(out_dir, gate)
-    if not path.exists():
-        return None
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise GateError(f"{path}: expected an evidence record in JSON; {error}") from error
+        data = read_json(path)
+    except FileNotFoundError:
+        return None
+    except JsonFileError as error:
+        raise GateError(f"{path}: evidence record: {error}") from None
     if not isinstance(data, dict) or data.get("schema") != EVIDENCE_SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise GateError(f"{path}: schema: expected {EVIDENCE_SCHEMA!r}; got {got!r}")
     try:
-        evidence = Evidence(**data)
-    except TypeError as error:
-        raise GateError(f"{path}: expected the fields of an evidence record; {error}") from error
+        evidence = evidence_from_fields({k: v for k, v in data.items() if k != "schema"})
+    except ValueError as error:
+        raise GateError(f"{path}: {error}") from None
     if evidence.gate != gate:
         raise GateError(f"{path}: gate: expected {gate!r}; got {evidence.gate!r}")
     return evidence

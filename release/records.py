@@ -12,12 +12,26 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from release.errors import ReleaseError
 from release.util.atomic import atomic_write
+from release.util.jsonfile import JsonFileError, read_json
+
+# The latest SOURCE_DATE_EPOCH the build takes (9999-12-31T23:59:59Z): GCC and Clang refuse a
+# later one, and so does cmake/write_sbom.py (Python's datetime ends there).
+LATEST_EPOCH = 253402300799
 
 # The GPU staging benchmark's record (`python -m release gpu-staging`, read by the report).
 GPU_STAGING_RECORD = "gpu-staging"
@@ -31,20 +45,26 @@ class Record(BaseModel):
     MADE_BY: ClassVar[str]
 
 
+Sha256 = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+# A wheel's own file name, never a path: the wheels folder joined with it stays in that folder.
+WheelFileName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.+!-]+\.whl$")]
+PythonVersion = Annotated[StrictStr, Field(pattern=r"^3\.[0-9]+$")]
+
+
 class BuiltWheelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    file: str
-    python: str
-    serves: tuple[str, ...]
-    seconds: float
-    cached: bool
-    size: int
-    sha256: str
+    file: WheelFileName
+    python: PythonVersion
+    serves: tuple[PythonVersion, ...]
+    seconds: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
+    cached: StrictBool
+    size: Annotated[StrictInt, Field(ge=0)]
+    sha256: Sha256
 
 
 class SkippedEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    python: str
+    python: PythonVersion
     reason: str
 
 
@@ -53,7 +73,7 @@ class BuildRecord(Record):
     MADE_BY: ClassVar[str] = "python -m release build"
     started: datetime
     finished: datetime
-    source_date_epoch: int
+    source_date_epoch: Annotated[StrictInt, Field(ge=1, le=LATEST_EPOCH)]
     toolchain: dict[str, Any]
     wheels: tuple[BuiltWheelEntry, ...]
     skipped: tuple[SkippedEntry, ...] = ()
@@ -143,15 +163,11 @@ def read_optional(out_dir: Path, kind: type[R]) -> R | None:
     """The record, None when the step did not run; a ReleaseError when it is unreadable."""
     path = record_path(out_dir, kind)
     try:
-        text = path.read_text()
+        data = read_json(path)
     except FileNotFoundError:
         return None
-    except OSError as error:
-        raise ReleaseError(f"{path}: expected a readable record; got {error}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ReleaseError(f"{path}: expected JSON written by `{kind.MADE_BY}`; {error}") from None
+    except JsonFileError as error:
+        raise ReleaseError(f"{path}: the record of `{kind.MADE_BY}`: {error}") from None
     try:
         return kind.model_validate(data)
     except ValidationError as error:
@@ -179,11 +195,11 @@ def write_measurement(out_dir: Path, name: str, data: dict[str, Any]) -> Path:
 def read_measurement(out_dir: Path, name: str) -> dict[str, Any] | None:
     path = out_dir / f"{name}.json"
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError) as error:
-        raise ReleaseError(f"{path}: expected a JSON record; {error}") from None
+    except JsonFileError as error:
+        raise ReleaseError(f"{path}: {error}") from None
     if not isinstance(data, dict):
         raise ReleaseError(f"{path}: expected a JSON object; got {type(data).__name__}")
     return data

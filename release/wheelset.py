@@ -2,8 +2,8 @@
 
 A ``Wheel`` knows its file, its sha256, the Python version it was built for and the declared
 versions it installs on. Digests are computed where a wheel comes into being (the build, or
-``WheelSet.from_files`` for wheels built elsewhere or named on the command line) and read from
-the build record everywhere else; publish and verify hash again, because they hand the bytes on.
+``WheelSet.from_files`` for wheels built elsewhere or named on the command line); the wheels of a
+build record are hashed again when they are read, and must match it.
 """
 
 from __future__ import annotations
@@ -123,15 +123,16 @@ class WheelSet:
 
     @classmethod
     def from_build(cls, record: BuildRecord, wheels_dir: Path) -> WheelSet:
-        """The wheels a build record names, as they lie in `wheels_dir` (not hashed again: a
-        changed file shows at publish, which hashes what it uploads)."""
+        """The wheels a build record names, as they lie in `wheels_dir`, hashed again: what a
+        gate judges and names in its evidence is the file, never only what the record says."""
         wheels = []
         for entry in record.wheels:
-            path = wheels_dir / entry.file
-            if not path.is_file() or path.stat().st_size != entry.size:
+            path = wheels_dir / entry.file  # a bare file name (records.WheelFileName)
+            got = sha256_file(path) if path.is_file() else None
+            if got != entry.sha256:
                 raise GateError(
-                    f"{path}: expected the wheel of the build record ({entry.size} bytes); "
-                    + ("got another size" if path.is_file() else "got no such file")
+                    f"{path}: expected the wheel of the build record (sha256 {entry.sha256}); "
+                    + (f"got sha256 {got}" if got else "got no such file")
                     + "; run `python -m release build` again"
                 )
             wheels.append(Wheel(path.resolve(), entry.sha256, entry.python, entry.serves,

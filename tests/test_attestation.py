@@ -27,6 +27,7 @@ from release.trust.attestation import (
     attestation_path,
     check_release,
     choose,
+    gate_statement,
     provenance_entry,
     read_attestation,
 )
@@ -36,7 +37,13 @@ from release.trust.keys import (
     make_channel_keys,
     tuf_keys_spec,
 )
-from release.trust.sign import key_paths, load_public_key, load_signer
+from release.trust.sign import (
+    key_paths,
+    load_public_key,
+    load_signer,
+    sign_statement,
+    write_envelope,
+)
 from release.trust.steps import channel_attestations
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
@@ -144,6 +151,32 @@ def test_an_altered_or_unsigned_attestation_refuses_by_itself(tmp_path, digests,
     _edit(path, change)
     with pytest.raises(SigningError, match=message) as raised:
         choose([GateKeys("warmup", keys, "gpu keys")], [tmp_path / "evidence"], digests)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("predicate", "named"),
+    [
+        ({"figures": "nope"}, "predicate: figures: expected"),
+        ({"runner": None}, "predicate: runner: expected field required"),
+        ({"verdict": "PASSED"}, "predicate: verdict: expected"),
+    ],
+)
+def test_a_signed_predicate_missing_or_mistyping_a_field_is_named(
+    tmp_path, digests, predicate, named
+):
+    signer, keys = _runner()
+    statement = gate_statement(Evidence(gate="warmup", verdict="pass", artefacts=dict(digests)))
+    for key, value in predicate.items():
+        if value is None:
+            del statement["predicate"][key]
+        else:
+            statement["predicate"][key] = value
+    path = attestation_path(tmp_path, "warmup")
+    path.parent.mkdir(parents=True)
+    write_envelope(sign_statement(statement, signer), path)
+    with pytest.raises(SigningError, match=named) as raised:
+        read_attestation(path, keys, "the runner's key")
     assert str(path) in str(raised.value)
 
 

@@ -51,7 +51,7 @@ def test_malformed_json_is_an_error_naming_the_path(tmp_path: Path) -> None:
     path = evidence_path(tmp_path, "policy")
     path.parent.mkdir(parents=True)
     path.write_text('{"gate": "policy", ')
-    with pytest.raises(GateError, match="expected an evidence record in JSON") as raised:
+    with pytest.raises(GateError, match="evidence record: expected JSON") as raised:
         read_evidence(tmp_path, "policy")
     assert str(path) in str(raised.value)
 
@@ -77,18 +77,69 @@ def test_wrong_schema_is_an_error_naming_the_path(
     assert message.endswith(f"got {got}")
 
 
-def test_record_with_the_schema_but_wrong_fields_is_an_error(
-    tmp_path: Path, digests: dict[str, str]
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"verdict": None}, "verdict: expected"),  # None: the key is left out
+        ({"unexpected": 1}, "unexpected: expected"),
+        ({"verdict": "PASSED"}, "verdict: expected input should be 'pass', 'fail' or 'not-run'"),
+        ({"figures": "nope"}, "figures: expected"),
+        ({"artefacts": {"w.whl": "not a digest"}}, "artefacts.w.whl: expected"),
+        ({"runner": None}, "runner: expected field required"),
+        ({"time": None}, "time: expected field required"),
+        ({"reason": 3}, "reason: expected"),
+    ],
+)
+def test_a_field_missing_or_of_another_type_is_named(
+    tmp_path: Path, digests: dict[str, str], change: dict[str, object], named: str
 ) -> None:
     record = asdict(passing("policy", digests))
-    record["unexpected"] = 1
-    del record["verdict"]
+    for key, value in change.items():
+        if value is None:
+            del record[key]
+        else:
+            record[key] = value
     path = evidence_path(tmp_path, "policy")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(record))
-    with pytest.raises(GateError, match="expected the fields of an evidence record") as raised:
+    with pytest.raises(GateError) as raised:
         read_evidence(tmp_path, "policy")
-    assert str(path) in str(raised.value)
+    assert str(raised.value).startswith(f"{path}: {named}")
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"\xff\xfe{}", "expected UTF-8 text"),
+        (b"[" * 100_000, "nested deeper than the parser goes"),
+        (b'{"schema": NaN}', "got NaN, which JSON does not allow"),
+    ],
+)
+def test_a_file_that_is_not_a_json_record_is_named(
+    tmp_path: Path, content: bytes, said: str
+) -> None:
+    path = evidence_path(tmp_path, "policy")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.raises(GateError, match=said) as raised:
+        read_evidence(tmp_path, "policy")
+    assert str(raised.value).startswith(f"{path}: evidence record: ")
+
+
+def test_a_folder_in_place_of_a_record_is_named(tmp_path: Path) -> None:
+    evidence_path(tmp_path, "policy").mkdir(parents=True)
+    with pytest.raises(GateError, match="expected a readable file"):
+        read_evidence(tmp_path, "policy")
+
+
+def test_a_figure_that_is_not_a_finite_number_is_refused_before_writing(
+    tmp_path: Path, digests: dict[str, str]
+) -> None:
+    evidence = Evidence(gate="policy", verdict="pass", artefacts=digests,
+                        figures={"ratio": float("inf")})  # fmt: skip
+    with pytest.raises(GateError, match="figures: expected finite numbers"):
+        write_evidence(tmp_path, evidence)
+    assert not evidence_path(tmp_path, "policy").exists()
 
 
 def test_another_gates_record_is_not_evidence_for_this_gate(

@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 from release.cli import main
+from release.context import Context
+from release.errors import GateError, ReleaseError
+from release.manifest import load_manifest
+from release.util.paths import DEFAULT_MANIFEST
+from release.wheelset import WheelSet
 
 REPO = Path(__file__).resolve().parent.parent
 PLATFORM = "manylinux_2_17_x86_64"
@@ -44,3 +49,61 @@ def test_a_wheel_for_an_undeclared_python_is_refused_and_nothing_is_written(
     error = capsys.readouterr().err
     assert "activekv-0.1.0-cp39-cp39" in error and "build.python" in error
     assert not (out / "build.json").exists()
+
+
+def _recorded(tmp_path: Path) -> tuple[Path, dict]:
+    out = tmp_path / "out"
+    _wheels(out, f"activekv-0.1.0-cp312-abi3-{PLATFORM}.whl")
+    assert main(["record-build", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    return out, json.loads((out / "build.json").read_text())
+
+
+def _read_back(out: Path) -> WheelSet:
+    manifest = load_manifest(DEFAULT_MANIFEST)
+    return Context(manifest, out.parent, out, out.parent / "s").built_wheels()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("file", "../../outside.whl", "wheels.0.file"),
+        ("file", "/etc/hostname", "wheels.0.file"),
+        ("sha256", "not a digest", "wheels.0.sha256"),
+        ("python", "banana", "wheels.0.python"),
+        ("size", True, "wheels.0.size"),
+        ("size", -1, "wheels.0.size"),
+        ("seconds", float("nan"), "NaN"),
+        ("cached", "yes", "wheels.0.cached"),
+    ],
+)
+def test_a_build_record_entry_of_another_shape_is_refused_naming_its_key(
+    tmp_path: Path, key: str, value: object, named: str
+) -> None:
+    out, record = _recorded(tmp_path)
+    record["wheels"][0][key] = value
+    (out / "build.json").write_text(json.dumps(record))
+    with pytest.raises(ReleaseError, match=named) as raised:
+        _read_back(out)
+    assert str(out / "build.json") in str(raised.value)
+
+
+@pytest.mark.parametrize("epoch", [0, 10**20, 1.5, True])
+def test_a_source_date_epoch_the_build_cannot_take_is_refused(tmp_path: Path, epoch: object):
+    out, record = _recorded(tmp_path)
+    record["source_date_epoch"] = epoch
+    (out / "build.json").write_text(json.dumps(record))
+    with pytest.raises(ReleaseError, match="source_date_epoch"):
+        _read_back(out)
+
+
+def test_a_wheel_changed_after_its_build_record_is_refused_by_digest(tmp_path: Path) -> None:
+    out, record = _recorded(tmp_path)
+    assert [w.sha256 for w in _read_back(out)] == [record["wheels"][0]["sha256"]]
+    wheel = out / "wheels" / record["wheels"][0]["file"]
+    wheel.write_bytes(wheel.read_bytes().upper())  # the same size, other bytes
+    recorded = record["wheels"][0]["sha256"]
+    said = (
+        rf"expected the wheel of the build record \(sha256 {recorded}\); got sha256 [0-9a-f]{{64}}"
+    )
+    with pytest.raises(GateError, match=said):
+        _read_back(out)

@@ -344,7 +344,7 @@ def test_an_unreadable_record_is_reported_not_raised(tmp_path: Path, manifest: M
     (out / "gpu-staging.json").write_text(json.dumps({"gpu": "x"}))
     write_report(out, manifest, "dev")
     md = (out / REPORT_MD).read_text()
-    assert "payload.json: expected an evidence record in JSON" in md
+    assert "payload.json: evidence record: expected JSON" in md
     assert "gpu-staging.json: expected the agreed shape" in md
 
 

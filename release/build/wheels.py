@@ -29,6 +29,7 @@ from release.build.elfcheck import cxx_runtime_findings
 from release.build.toolchain import Toolchain, resolve_toolchain, toolchain_record
 from release.errors import BuildError
 from release.manifest import Manifest
+from release.records import LATEST_EPOCH
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.progress import console, tracked
@@ -131,8 +132,9 @@ def source_date_epoch(source_dir: Path) -> int:
     """SOURCE_DATE_EPOCH from the environment, else the time of the last commit that changed
     what goes into a wheel (so a commit to tests or the pipeline leaves the wheels' bytes alone)."""
     if value := os.environ.get("SOURCE_DATE_EPOCH"):
-        if not value.isdigit():
-            raise BuildError(f"SOURCE_DATE_EPOCH: expected seconds since the epoch; got {value!r}")
+        if not (value.isascii() and value.isdigit() and 0 < int(value) <= LATEST_EPOCH):
+            expected = f"seconds since 1970, 1 to {LATEST_EPOCH}"
+            raise BuildError(f"SOURCE_DATE_EPOCH: expected {expected}; got {value!r}")
         return int(value)
     result = subprocess.run(
         ["git", "-C", str(source_dir), "log", "-1", "--format=%ct", "--", *SOURCE_ROOTS],

@@ -24,7 +24,7 @@ from typing import Any
 from securesystemslib.signer import Key, Signer
 
 from release.errors import SigningError
-from release.evidence import Evidence
+from release.evidence import Evidence, evidence_from_fields
 from release.trust.sign import (
     STATEMENT_TYPE,
     UnlistedSignerError,
@@ -97,11 +97,13 @@ def _evidence(path: Path, statement: Mapping[str, Any]) -> Evidence:
         raise SigningError(f"{path}: predicateType: expected {GATE_PREDICATE_TYPE!r}; got "
                            f"{statement.get('predicateType')!r}")  # fmt: skip
     predicate = statement.get("predicate")
+    if not isinstance(predicate, dict):
+        raise SigningError(f"{path}: predicate: expected the fields of a gate's evidence; got "
+                           f"{type(predicate).__name__}")  # fmt: skip
     try:
-        return Evidence(artefacts=subject_digests(statement), **predicate)
-    except TypeError as error:
-        raise SigningError(f"{path}: predicate: expected the fields of a gate's evidence; "
-                           f"{error}") from None  # fmt: skip
+        return evidence_from_fields({**predicate, "artefacts": subject_digests(statement)})
+    except ValueError as error:
+        raise SigningError(f"{path}: predicate: {error}") from None
 
 
 def attested_evidence(path: Path) -> Evidence:
