@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -450,13 +451,41 @@ def _manifest_state_dir(manifest: Manifest) -> Path:
     return state_dir
 
 
+def _checked_state_dir(state_dir: Path, out_dir: Path, named: str) -> Path:
+    """Where keys and credentials will be made: never in or around the outputs (they are handed
+    on), and inside the checkout only where git ignores it (snapshots of the checkout, as the
+    reproducible gate takes, copy what git does not ignore)."""
+    state, out = state_dir.resolve(), out_dir.resolve()
+    if state == out or state.is_relative_to(out) or out.is_relative_to(state):
+        raise ReleaseError(f"{named}: expected a folder apart from the outputs ({out}), which "
+                           f"are handed on; got {state}")  # fmt: skip
+    root = REPO_ROOT.resolve()
+    if state == root:
+        raise ReleaseError(f"{named}: expected a folder of its own; got the checkout {state}")
+    if not state.is_relative_to(root):
+        return state
+    if ".git" in state.relative_to(root).parts:
+        raise ReleaseError(f"{named}: expected a folder outside .git; got {state}")
+    ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", str(state)],
+                             capture_output=True)  # fmt: skip
+    if ignored.returncode == 1:  # 0: ignored; 128: no git or no repository, nothing to copy
+        raise ReleaseError(f"{named}: expected a folder git ignores (.gitignore): keys and "
+                           f"credentials are made there; got {state}")  # fmt: skip
+    return state
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         manifest = _with_publish_target(load_manifest(args.manifest), args)
-        state_dir = args.state_dir or _manifest_state_dir(manifest)
+        out_dir = args.out.resolve()
+        if args.state_dir is not None:
+            state_dir = _checked_state_dir(args.state_dir, out_dir, "--state-dir")
+        else:
+            state_dir = _checked_state_dir(_manifest_state_dir(manifest), out_dir,
+                                           f"{manifest.path}: publish.state_dir")  # fmt: skip
         context = Context(
-            manifest, REPO_ROOT, args.out.resolve(), state_dir.resolve(),
+            manifest, REPO_ROOT, out_dir, state_dir,
             channel_name=args.channel, key_dir=args.key_dir and args.key_dir.resolve(),
             attest_key=args.attest_key and args.attest_key.resolve(),
         )  # fmt: skip

@@ -8,10 +8,20 @@ import pytest
 
 from release.cli import DEFAULT_MANIFEST, main
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def test_unknown_channel_names_the_known_ones(tmp_path, capsys):
     code = main(
-        ["sign", "--channel", "nightly", "--out", str(tmp_path), "--state-dir", str(tmp_path)]
+        [
+            "sign",
+            "--channel",
+            "nightly",
+            "--out",
+            str(tmp_path / "o"),
+            "--state-dir",
+            str(tmp_path / "s"),
+        ]
     )
     assert code == 2
     err = capsys.readouterr().err
@@ -25,22 +35,32 @@ def test_missing_manifest_names_the_path(tmp_path, capsys):
 
 
 def test_undeclared_python_version_names_the_argument(tmp_path, capsys):
-    code = main(["build", "--python", "3.9", "--out", str(tmp_path), "--state-dir", str(tmp_path)])
+    code = main(
+        [
+            "build",
+            "--python",
+            "3.9",
+            "--out",
+            str(tmp_path / "o"),
+            "--state-dir",
+            str(tmp_path / "s"),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "--python" in err and "3.9" in err and "3.10" in err
 
 
 def test_gates_without_wheels_say_how_to_build(tmp_path, capsys):
-    assert main(["policy", "--out", str(tmp_path), "--state-dir", str(tmp_path)]) == 2
+    assert main(["policy", "--out", str(tmp_path / "o"), "--state-dir", str(tmp_path / "s")]) == 2
     assert "python -m release build" in capsys.readouterr().err
 
 
 def test_publish_without_evidence_is_refused_before_any_index_starts(tmp_path, capsys):
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
+    wheels = tmp_path / "o" / "wheels"
+    wheels.mkdir(parents=True)
     (wheels / "activekv-0.1.0-py3-none-any.whl").write_bytes(b"not really a wheel")
-    assert main(["publish", "--out", str(tmp_path), "--state-dir", str(tmp_path / "s")]) == 2
+    assert main(["publish", "--out", str(tmp_path / "o"), "--state-dir", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
     assert "refuses to publish" in err and "payload: no attestation in" in err
     assert not (tmp_path / "s" / "index").exists()
@@ -85,3 +105,38 @@ def test_a_state_dir_that_leads_out_of_the_checkout_is_refused(tmp_path, capsys,
     err = " ".join(capsys.readouterr().err.split())
     assert "publish.state_dir: expected a folder inside the checkout" in err
     assert str(outside) in err and not any(outside.iterdir())
+
+
+@pytest.mark.parametrize("where", ["out", "out/state"])
+def test_a_state_dir_in_the_outputs_is_refused_before_any_key_is_made(tmp_path, capsys, where):
+    """Keys made in the outputs would be handed on with them."""
+    out = tmp_path / "out"
+    state = tmp_path / where
+    assert main(["sign", "--out", str(out), "--state-dir", str(state)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--state-dir: expected a folder apart from the outputs ({out})" in err
+    assert not out.exists()
+
+
+def test_a_state_dir_around_the_outputs_is_refused(tmp_path, capsys):
+    assert main(["sign", "--out", str(tmp_path / "s" / "out"), "--state-dir",
+                 str(tmp_path / "s")]) == 2  # fmt: skip
+    assert "--state-dir: expected a folder apart from the outputs" in capsys.readouterr().err
+
+
+def test_a_state_dir_git_would_copy_is_refused(tmp_path, capsys):
+    """Inside the checkout, only a folder git ignores: snapshots copy what it does not."""
+    state = REPO / "docs" / "not-ignored-state"
+    assert main(["sign", "--out", str(tmp_path / "out"), "--state-dir", str(state)]) == 2
+    assert "--state-dir: expected a folder git ignores" in capsys.readouterr().err
+    assert not state.exists()
+
+
+def test_a_manifest_state_dir_git_would_copy_is_refused_naming_the_key(tmp_path, capsys):
+    manifest = tmp_path / "m.toml"
+    text = DEFAULT_MANIFEST.read_text()
+    assert 'state_dir = ".activekv"' in text
+    manifest.write_text(text.replace('state_dir = ".activekv"', 'state_dir = "state-here"'))
+    assert main(["sign", "--manifest", str(manifest), "--out", str(tmp_path / "out")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{manifest}: publish.state_dir: expected a folder git ignores" in err

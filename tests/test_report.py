@@ -360,16 +360,18 @@ def test_describe_summarises_any_figures() -> None:
 
 
 def test_cli_report_writes_both_files(tmp_path: Path, manifest: Manifest) -> None:
-    write_records(tmp_path, manifest, staging=False, served_path=True, published=True)
-    assert cli.main(["report", "--out", str(tmp_path), "--state-dir", str(tmp_path / "s")]) == 0
-    assert "channel dev" in (tmp_path / REPORT_MD).read_text()
-    assert (tmp_path / REPORT_HTML).read_text().startswith("<!DOCTYPE html>")
+    out = write_records(tmp_path / "out", manifest, staging=False, served_path=True,
+                        published=True)  # fmt: skip
+    assert cli.main(["report", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    assert "channel dev" in (out / REPORT_MD).read_text()
+    assert (out / REPORT_HTML).read_text().startswith("<!DOCTYPE html>")
 
 
 def test_the_report_shows_the_channel_the_records_were_made_for(
     tmp_path: Path, manifest: Manifest
 ) -> None:
-    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=True)
+    out = write_records(tmp_path / "out", manifest, staging=False, served_path=False,
+                        published=True)  # fmt: skip
     sign = json.loads((out / "sign.json").read_text())
     (out / "sign.json").write_text(json.dumps({**sign, "channel": "stable"}))
     (out / "publish.json").unlink()
