@@ -22,7 +22,7 @@ from release.evidence import Evidence
 from release.manifest import Manifest
 from release.records import GPU_STAGING_RECORD
 from release.report import html, markdown
-from release.report.loader import Records, gate_rows, load_records
+from release.report.loader import STALE, Records, gate_rows, load_records
 from release.report.model import Cell, Document, Figure, Section, Table, Text
 from release.report.plot import block_size_label, staging_plot
 from release.util.atomic import atomic_write
@@ -32,7 +32,7 @@ REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 STAGING_PLOT = "report-gpu-staging.png"
 SERVED_PATH_GATE = "served-path"
-VERDICT_MARK = {"pass": "✓", "fail": "✗", "not-run": "○"}
+VERDICT_MARK = {"pass": "✓", "fail": "✗", "not-run": "○", STALE: "≠"}
 
 
 # --- figures, described generically (other gates add their own) ---
@@ -137,15 +137,16 @@ def _gates(manifest: Manifest, channel: str, records: Records) -> Section:
     section = Section(f"Gates (channel {channel})", "gates")
     built = records.built_digests()
     rows = []
-    for gate in gate_rows(manifest, channel, records.evidence):
+    for gate in gate_rows(manifest, channel, records):
         evidence = gate.evidence
         figures = _figure_text(evidence.figures) if evidence else ()
+        tone = "fail" if gate.verdict == STALE else gate.verdict
         rows.append(
             (
                 Cell(gate.name, "name"),
                 Cell(gate.runner),
                 Cell("yes" if gate.required else "no"),
-                Cell(f"{VERDICT_MARK[gate.verdict]} {gate.verdict}", f"{gate.verdict} nowrap"),
+                Cell(f"{VERDICT_MARK[gate.verdict]} {gate.verdict}", f"{tone} nowrap"),
                 Cell("", "", (*figures, *([gate.reason] if gate.reason else ())) or ("—",)),
                 _judged(evidence, built) if evidence else Cell("—"),
                 Cell(_runner(evidence) if evidence else "—"),
@@ -458,10 +459,11 @@ def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[st
 def _publish_blockers(manifest: Manifest, channel: str, records: Records) -> str:
     """Why the channel refuses to publish, from the evidence; empty when nothing blocks it."""
     requires = manifest.channel(channel).requires
+    rows = {row.name: row for row in gate_rows(manifest, channel, records)}
     blockers = []
     for gate in requires:
-        evidence = records.evidence.get(gate)
-        verdict = evidence.verdict if evidence else "no evidence"
+        row = rows.get(gate)
+        verdict = row.verdict if row and row.evidence else "no evidence"
         if verdict != "pass":
             blockers.append(f"{gate}: {verdict}")
     if not blockers:

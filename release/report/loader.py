@@ -22,7 +22,7 @@ from release.records import (
     SignRecord,
     VerifyRecord,
 )
-from release.trust.attestation import attested_evidence
+from release.trust.attestation import attested_evidence, other_wheels
 
 
 @dataclass
@@ -103,20 +103,32 @@ class GateRow:
     evidence: Evidence | None
 
 
-def gate_rows(manifest: Manifest, channel: str, evidence: dict[str, Evidence]) -> list[GateRow]:
-    """Every gate of the manifest and every gate with evidence, by name."""
+# A verdict on other wheels than the build's: shown with its reason, never as this run's verdict.
+STALE = "other-wheels"
+
+
+def gate_rows(manifest: Manifest, channel: str, records: Records) -> list[GateRow]:
+    """Every gate of the manifest and every gate with evidence, by name. Evidence that judged
+    other wheels than the build recorded is STALE, whatever its verdict said."""
     required = set(manifest.channel(channel).requires)
+    built = records.built_digests()
     rows = []
-    for name in sorted(set(manifest.gates) | set(evidence)):
+    for name in sorted(set(manifest.gates) | set(records.evidence)):
         declared = manifest.gates.get(name)
-        recorded = evidence.get(name)
+        recorded = records.evidence.get(name)
+        verdict, reason = "not-run", "no evidence in this run"
+        if recorded is not None:
+            verdict, reason = recorded.verdict, recorded.reason
+            other = other_wheels(recorded.artefacts, built) if built else None
+            if other is not None:
+                verdict, reason = STALE, f"its {recorded.verdict} {other}"
         rows.append(
             GateRow(
                 name=name,
                 runner=declared.runner if declared else "not in the manifest",
                 required=name in required,
-                verdict=recorded.verdict if recorded else "not-run",
-                reason=recorded.reason if recorded else "no evidence in this run",
+                verdict=verdict,
+                reason=reason,
                 evidence=recorded,
             )
         )

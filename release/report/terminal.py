@@ -61,7 +61,7 @@ def _gates(records: Records, manifest: Manifest, channel: str) -> Table:
     table = Table(title=f"Gates (channel {channel})", title_justify="left")
     for column in ("gate", "runner", f"required by {channel}", "verdict", "detail"):
         table.add_column(column, overflow="fold")
-    for gate in gate_rows(manifest, channel, records.evidence):
+    for gate in gate_rows(manifest, channel, records):
         table.add_row(gate.name, gate.runner, "yes" if gate.required else "no",
                       f"[{VERDICT_STYLE[gate.verdict]}]{gate.verdict}[/]",
                       escape(_detail(gate)))  # fmt: skip

@@ -174,13 +174,19 @@ def _unusable(evidence: Evidence, digests: Mapping[str, str]) -> str | None:
     if evidence.verdict != "pass":
         detail = f" ({evidence.reason})" if evidence.reason else ""
         return f"verdict is {evidence.verdict}{detail}"
-    if evidence.artefacts == digests:
+    return other_wheels(evidence.artefacts, digests)
+
+
+def other_wheels(judged: Mapping[str, str], digests: Mapping[str, str]) -> str | None:
+    """How the wheels a gate judged (`judged`, name to sha256) differ from `digests`; None when
+    they are the same wheels."""
+    if judged == digests:
         return None
-    changed = [f"{name} (attested {evidence.artefacts[name][:12]}, built {digest[:12]})"
+    changed = [f"{name} (attested {judged[name][:12]}, built {digest[:12]})"
                for name, digest in sorted(digests.items())
-               if name in evidence.artefacts and evidence.artefacts[name] != digest]  # fmt: skip
-    missing = sorted(set(digests) - set(evidence.artefacts))
-    extra = sorted(set(evidence.artefacts) - set(digests))
+               if name in judged and judged[name] != digest]  # fmt: skip
+    missing = sorted(set(digests) - set(judged))
+    extra = sorted(set(judged) - set(digests))
     parts = [f"changed since it was judged: {', '.join(changed)}"] if changed else []
     parts += [f"not judged: {', '.join(missing)}"] if missing else []
     parts += [f"judged but not published: {', '.join(extra)}"] if extra else []

@@ -21,7 +21,7 @@ from rich.progress import (
 _WIDTH = None if sys.stdout.isatty() else 180
 
 # How a gate verdict is coloured wherever one is printed.
-VERDICT_STYLE = {"pass": "green", "fail": "red", "not-run": "yellow"}
+VERDICT_STYLE = {"pass": "green", "fail": "red", "not-run": "yellow", "other-wheels": "red"}
 
 console = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 error_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
