@@ -51,7 +51,7 @@ REQUIRED_CHANNELS = ("dev", "stable")
 # CryptoSigner option for a key's location, not a signer, and fails at sign).
 SIGNER_SCHEMES = ("gcpkms", "awskms", "azurekms", "hsm", "file2", "hv", "gnupg", "tkey")
 MAX_MANIFEST_BYTES = 1 << 20
-MAX_CELL_POOL_BYTES = 4 << 30
+MAX_CELL_BYTES = 4 << 30
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 MIN_ABI3_PYTHON = (3, 12)
 
@@ -459,13 +459,21 @@ class ParityCell(_Model):
     # warm-up that fills and fragments the pool (the extent allocator's splitting and eviction).
     trace: Literal["random", "requests"] = "random"
 
+    @property
+    def num_device_blocks(self) -> int:
+        """The device KV's blocks the trace addresses: room for two regions' leases at once
+        (a step's loads and the next one's), and two more."""
+        return 2 * self.region_blocks + 2
+
     @model_validator(mode="after")
     def _fits_in_memory(self) -> ParityCell:
+        # Each implementation replaying the cell holds the pool and the device KV at once.
         words = 4 if self.dtype == "fp32" else 2
         block = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * words
-        _check(block * self.pool_blocks <= MAX_CELL_POOL_BYTES,
-               f"a pool of at most {MAX_CELL_POOL_BYTES >> 30} GiB (pool_blocks x "
-               f"{block} bytes per block)")  # fmt: skip
+        blocks = self.pool_blocks + self.num_device_blocks
+        _check(block * blocks <= MAX_CELL_BYTES,
+               f"a host pool and device KV of at most {MAX_CELL_BYTES >> 30} GiB together "
+               f"((pool_blocks + 2 x region_blocks + 2) x {block} bytes per block)")  # fmt: skip
         return self
 
 
@@ -478,6 +486,13 @@ class GateSpec(_Model):
     cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
     # Cells the parity gate replays only on the CUDA route (parity --device cuda), besides `cells`.
     gpu_cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
+
+    @model_validator(mode="after")
+    def _cells_apart(self) -> GateSpec:
+        # A CUDA replay runs both lists, one trace file per name: a shared name would overwrite.
+        shared = {c.name for c in self.cells or ()} & {c.name for c in self.gpu_cells or ()}
+        _check(not shared, f"gpu_cells named apart from cells; {sorted(shared)} are in both")
+        return self
 
 
 class SignSpec(_Model):

@@ -537,6 +537,24 @@ CASES = [
         id="username",
     ),
     pytest.param(
+        replace('name = "gpu-exact-bf16-t16-h8d128-l8"', 'name = "exact-fp16-t16-h8d64-l4"'),
+        "gates.parity",
+        "gpu_cells named apart from cells; ['exact-fp16-t16-h8d64-l4'] are in both",
+        id="gpu-cell-named-as-a-cell",
+    ),
+    pytest.param(
+        # A pool of 2 blocks, but a device KV of 2 x 4096 + 2 blocks of 512 KiB: over 4 GiB.
+        replace(
+            "pool_blocks = 64, num_regions = 4, region_blocks = 8, steps = 16, fence_faults = 0, "
+            "seed = 101",
+            "pool_blocks = 2, num_regions = 4, region_blocks = 4096, steps = 16, fence_faults = 0, "
+            "seed = 101",
+        ),
+        "gates.parity.gpu_cells[0]",
+        "a host pool and device KV of at most 4 GiB together",
+        id="cell-device-kv-too-large",
+    ),
+    pytest.param(
         replace('state_dir = ".activekv"', 'state_dir = "../state"'),
         "publish.state_dir",
         'a relative path without ".."',

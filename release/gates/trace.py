@@ -175,7 +175,7 @@ def generate(cell: ParityCell) -> Trace:
     if cell.trace == "requests":
         return _requests(cell)
     rng = random.Random(cell.seed)
-    num_device_blocks = 2 * cell.region_blocks + 2
+    num_device_blocks = cell.num_device_blocks
     prompts: list[list[int]] = []
     fault_steps = sorted(rng.sample(range(cell.steps), min(cell.fence_faults, cell.steps)))
     ops: list[Lookup | Step] = []
@@ -253,7 +253,7 @@ def _requests(cell: ParityCell) -> Trace:
     and scattered in the others. Each step moves at most region_blocks blocks each way."""
     rng = random.Random(cell.seed)
     limit = cell.region_blocks
-    num_device_blocks = 2 * limit + 2
+    num_device_blocks = cell.num_device_blocks
     warmup = max(1, cell.steps // 3)
     chains: list[list[int]] = []
     fault_steps = sorted(rng.sample(range(cell.steps), min(cell.fence_faults, cell.steps)))
