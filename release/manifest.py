@@ -168,18 +168,26 @@ def _signing_key(value: str) -> str:
 
 
 def _is_web_url(value: str) -> bool:
-    """An https URL without credentials in it; http only on this machine."""
+    """An https URL without credentials in it (userinfo, or a query that could carry a token);
+    http only on this machine."""
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return False
     try:
         url = urlsplit(value)
         host = url.hostname
+        url.port  # noqa: B018 -- raises ValueError for a port out of range
     except ValueError:
         return False
-    return url.username is None and (
+    plain = url.username is None and url.password is None and not url.query and not url.fragment
+    return plain and (
         (url.scheme == "https" and bool(host)) or (url.scheme == "http" and host in LOCAL_HOSTS)
     )
 
 
-_WEB_URL = "an https:// URL without credentials (http:// only for 127.0.0.1 or localhost)"
+_WEB_URL = (
+    "an https:// URL without credentials, query or fragment (http:// only for 127.0.0.1 or "
+    "localhost)"
+)
 
 
 def _index(value: str) -> str:
@@ -968,9 +976,18 @@ def _dotted(loc: Loc) -> str:
     return key or "<top level>"
 
 
+# What an error must never repeat of a URL: userinfo (a password), a query or fragment (a token).
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"]*")
+
+
+def _masked(match: re.Match[str]) -> str:
+    url = re.sub(r"^([^:]+://)[^/?#]*@", r"\1***@", match.group())
+    return re.sub(r"[?#].*", lambda rest: rest.group()[0] + "***", url, count=1)
+
+
 def _show(value: object, limit: int = 80) -> str:
-    """A value as TOML-like text, shortened."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
+    """A value as TOML-like text, shortened, with a URL's userinfo and query masked."""
+    text = _URL.sub(_masked, json.dumps(value, ensure_ascii=False, default=str))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -167,6 +167,26 @@ def test_command_line_publish_options_are_checked_as_the_manifest_keys() -> None
     assert other.publish.upload_endpoint == "https://b.example.com/"
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://bot:s3cret@pypi.example.com/simple/",
+        "https://pypi.example.com/simple/?token=s3cret",
+        "https://pypi.example.com/simple/#s3cret",
+        "https://pypi.example.com:99999/simple/",
+        "https://pypi.exa mple.com/simple/",
+        "https://pypi.example.com/\nsimple/",
+    ],
+)
+def test_a_url_with_secrets_or_malformed_is_refused_and_never_repeated(url: str) -> None:
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(REAL).with_publish(index=url)
+    said = str(caught.value)
+    expected = '"embedded" or an https:// URL without credentials, query or fragment'
+    assert said.startswith(f"{REAL}: publish.index (--index): expected {expected}")
+    assert "s3cret" not in said
+
+
 def test_valid_variants_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = REAL.read_text(encoding="utf-8")
     for transform in (
