@@ -238,6 +238,28 @@ def test_needed_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Pat
     assert _read_evidence(tmp_path / "out")["verdict"] == "fail"
 
 
+def _without_section_headers(elf: bytes) -> bytes:
+    """The object with its section header table dropped from the ELF header (e_shoff, e_shnum,
+    e_shstrndx zeroed), as a stripped or crafted module may be: the loader needs only segments."""
+    data = bytearray(elf)
+    data[0x28:0x30] = bytes(8)  # e_shoff
+    data[0x3C:0x40] = bytes(4)  # e_shnum, e_shstrndx
+    return bytes(data)
+
+
+def test_needed_cudart_is_found_by_the_bytes_not_the_name_or_the_sections(
+    objects: Objects, manifest: Manifest, tmp_path: Path
+) -> None:
+    hidden = "activekv/helper.bin"  # an ELF member whose name says nothing of .so
+    wheel = platform_wheel(tmp_path / "dist", objects.zig_228, extra={
+        hidden: _without_section_headers(objects.needs_cudart.read_bytes()),
+        "activekv/NOTES.so.txt": b"not an ELF file, though its name holds .so",
+    })  # fmt: skip
+    evidence = run_policy_gate(manifest, wheel_set(wheel), tmp_path / "out")
+    _assert_fails(evidence, wheel, f"{hidden}: needs libcudart.so.13 (expected static cudart)")
+    assert "NOTES" not in evidence.reason
+
+
 def test_file_name_claiming_a_newer_policy_fails(
     objects: Objects, manifest: Manifest, tmp_path: Path
 ) -> None:

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
 from elftools.elf.sections import SymbolTableSection
+
+from release.util.elf import ElfReadError, dt_needed
 
 # libstdc++ mangled names: std:: outside libc++'s inline namespace std::__1, the C++ ABI runtime,
 # and the global operators new/delete (which libc++abi defines inside the module when linked).
@@ -35,13 +36,6 @@ class Finding:
     problem: str
 
 
-def _needed(elf: ELFFile) -> list[str]:
-    section = elf.get_section_by_name(".dynamic")
-    if not isinstance(section, DynamicSection):
-        return []
-    return [tag.needed for tag in section.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
-
-
 def _version_names(elf: ELFFile) -> dict[int, str]:
     """Version index -> required version name (from .gnu.version_r)."""
     names: dict[int, str] = {}
@@ -56,9 +50,13 @@ def _version_names(elf: ELFFile) -> dict[int, str]:
 def cxx_runtime_findings(stream: BinaryIO, module: str) -> list[Finding]:
     """Every libstdc++ reference left in one ELF shared object."""
     elf = ELFFile(stream)
+    try:
+        needed = dt_needed(elf)
+    except ElfReadError as error:
+        return [Finding(module, str(error))]
     findings = [
         Finding(module, f"needs {library} (expected the C++ runtime linked statically)")
-        for library in _needed(elf)
+        for library in needed
         if _FOREIGN_RUNTIMES.match(library)
     ]
     dynsym = elf.get_section_by_name(".dynsym")

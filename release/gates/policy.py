@@ -15,7 +15,7 @@ import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
-from elftools.elf.dynamic import DynamicSection
+from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from packaging.utils import parse_wheel_filename
 
@@ -23,6 +23,7 @@ from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.manifest import Manifest
+from release.util.elf import ELF_MAGIC, ElfReadError, dt_needed
 from release.wheelset import WheelSet
 
 _CUDA_LIBRARY = re.compile(
@@ -57,20 +58,23 @@ def shown_policy(wheel: Path) -> tuple[str, tuple[int, int] | None]:
 
 
 def _cuda_references(wheel: Path) -> list[str]:
+    """Vendored CUDA libraries, and CUDA libraries any ELF member needs (whatever its name: the
+    loader goes by the bytes)."""
     problems: list[str] = []
     with zipfile.ZipFile(wheel) as archive:
         for name in archive.namelist():
-            base = Path(name).name
-            if _CUDA_LIBRARY.match(base):
+            if _CUDA_LIBRARY.match(Path(name).name):
                 problems.append(f"{name}: a vendored CUDA library")
-            if ".so" not in base:
+            with archive.open(name) as member:
+                if member.read(4) != ELF_MAGIC:
+                    continue
+            try:
+                needed = dt_needed(ELFFile(io.BytesIO(archive.read(name))))
+            except (ELFError, ElfReadError) as error:
+                problems.append(f"{name}: expected a readable ELF file; got {error}")
                 continue
-            elf = ELFFile(io.BytesIO(archive.read(name)))
-            dynamic = elf.get_section_by_name(".dynamic")
-            if isinstance(dynamic, DynamicSection):
-                for tag in dynamic.iter_tags():
-                    if tag.entry.d_tag == "DT_NEEDED" and _CUDA_LIBRARY.match(tag.needed):
-                        problems.append(f"{name}: needs {tag.needed} (expected static cudart)")
+            problems += [f"{name}: needs {library} (expected static cudart)"
+                         for library in needed if _CUDA_LIBRARY.match(library)]  # fmt: skip
     return problems
 
 

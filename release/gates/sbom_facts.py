@@ -13,6 +13,8 @@ from pathlib import PurePosixPath
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from release.util.elf import ElfReadError, dt_needed
+
 FACT_SECTION = ".activekv_sbom"
 _VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 # Each fact a module may record, the form of its value, and that form in words.
@@ -77,14 +79,9 @@ def module_needed(data: bytes) -> list[str]:
     except ELFError:
         return []
     try:
-        return [
-            tag.needed
-            for segment in elf.iter_segments()
-            if segment["p_type"] == "PT_DYNAMIC"
-            for tag in segment.iter_tags("DT_NEEDED")
-        ]
-    except Exception as error:  # pyelftools raises whatever a malformed segment makes it hit
-        raise FactError(f"DT_NEEDED: expected a readable dynamic segment; got {error!r}") from None
+        return dt_needed(elf)
+    except ElfReadError as error:
+        raise FactError(str(error)) from None
 
 
 def loaded_libraries(needed: list[str]) -> set[str]:
