@@ -251,7 +251,7 @@ def _with_publish_target(manifest: Manifest, args: argparse.Namespace) -> Manife
     is given relative to where the command runs, not to the manifest)."""
     given = {key: value for key in _PUBLISH_TARGET_OPTIONS
              if (value := getattr(args, f"publish_{key}", None)) is not None}  # fmt: skip
-    if "tuf_dir" in given:
+    if "tuf_dir" in given and given["tuf_dir"].strip():  # empty: refused as the manifest key
         given["tuf_dir"] = str(Path(given["tuf_dir"]).absolute())
     return manifest.with_publish(**given) if given else manifest
 
@@ -474,6 +474,12 @@ def _checked_state_dir(state_dir: Path, out_dir: Path, named: str) -> Path:
     return state
 
 
+def _failed(message: str) -> int:
+    # Printed as it is: a bracketed word ("[gates.*]") is text, not markup.
+    error_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -491,9 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         return _dispatch(args, context)
     except ReleaseError as error:
-        # The message is printed as it is: a bracketed word ("[gates.*]") is text, not markup.
-        error_console.print(Text.assemble(("error:", "bold red"), " ", str(error)), soft_wrap=True)
-        return 2
+        return _failed(str(error))
+    except OSError as error:  # a file or folder the step could not make, read or replace
+        return _failed(f"{error.filename}: {error.strerror}" if error.filename else str(error))
     except KeyboardInterrupt:
         error_console.print("interrupted")
         return 130

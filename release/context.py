@@ -41,7 +41,7 @@ class Context:
         )
 
     def channel(self, name: str | None) -> tuple[str, ChannelSpec]:
-        chosen = name or self.manifest.release.default_channel
+        chosen = self.manifest.release.default_channel if name is None else name
         return chosen, self.manifest.channel(chosen)
 
     def wheel_files(self) -> list[Path]:

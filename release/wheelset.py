@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from release.errors import BuildError, GateError
 from release.util.digests import sha256_file
@@ -115,8 +115,12 @@ class WheelSet:
         wheels = []
         for path in paths:
             if not path.is_file():
-                raise GateError(f"{named_by} {path}: expected a wheel file; got no such file")
-            python, serves = served_versions(manifest, path.name)
+                got = "a folder" if path.is_dir() else "no such file"
+                raise GateError(f"{named_by} {path}: expected a wheel file; got {got}")
+            try:
+                python, serves = served_versions(manifest, path.name)
+            except InvalidWheelFilename as error:
+                raise GateError(f"{named_by} {path}: expected a wheel file name; {error}") from None
             wheels.append(Wheel(path.resolve(), sha256_file(path), python, serves,
                                 path.stat().st_size))  # fmt: skip
         return cls(tuple(wheels))

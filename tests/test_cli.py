@@ -140,3 +140,31 @@ def test_a_manifest_state_dir_git_would_copy_is_refused_naming_the_key(tmp_path,
     assert main(["sign", "--manifest", str(manifest), "--out", str(tmp_path / "out")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"{manifest}: publish.state_dir: expected a folder git ignores" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["policy", "notes.txt"], "wheel argument notes.txt: expected a wheel file name"),
+        (["policy", "."], "wheel argument .: expected a wheel file; got a folder"),
+        (["sign", "--channel", ""], 'release.channels: expected a channel "dev" or "stable"'),
+        (["publish", "--index", "https://x.example/simple/", "--tuf-dir", ""],
+         "publish.tuf_dir (--tuf-dir): expected a folder path"),
+        (["reproduce", "--python", "2.7"], "--python: expected versions declared in"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_is_named_and_nothing_is_made(tmp_path, capsys, monkeypatch, args, said):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a wheel")
+    out = tmp_path / "out"
+    assert main([*args, "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 2
+    assert said in " ".join(capsys.readouterr().err.split())
+    assert not out.exists()
+
+
+def test_an_output_folder_that_is_a_file_is_named_not_raised(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("a file where the report's folder would be")
+    assert main(["report", "--out", str(taken), "--state-dir", str(tmp_path / "s")]) == 2
+    assert f"error: {taken}: " in capsys.readouterr().err
+    assert taken.read_text() == "a file where the report's folder would be"

@@ -13,7 +13,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from release.build.wheels import build_wheels, source_date_epoch
+from release.build.wheels import build_wheels, plan_targets, source_date_epoch
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.manifest import Manifest
@@ -71,6 +71,7 @@ def run_reproduce_gate(
     only: Sequence[str] = (),
 ) -> Evidence:
     epoch = source_date_epoch(source_dir)
+    plan_targets(manifest, only)  # a version the manifest does not declare: refused before copying
     root = out_dir / "reproduce"
     shutil.rmtree(root, ignore_errors=True)
     builds: dict[str, dict[str, Path]] = {}
