@@ -305,12 +305,18 @@ class ChannelSpec(_Model):
     ]
     signing: Name
     # Per runner class, the keys whose gate attestations count (release/trust/attestation.py).
-    attesters: dict[Literal["cpu", "gpu"], tuple[Attester, ...]] = Field(
-        default_factory=lambda: {"cpu": (SIGNING_KEY_ATTESTER,)}
-    )
+    attesters: dict[
+        Literal["cpu", "gpu"],
+        Annotated[
+            tuple[Attester, ...], AfterValidator(_non_empty), AfterValidator(_unique("attesters"))
+        ],
+    ] = Field(default_factory=lambda: {"cpu": (SIGNING_KEY_ATTESTER,)})
     # Folders of the checkout holding attestations made elsewhere (a GPU runner's), taken when
     # they name exactly the digests being published.
-    attestations: tuple[Annotated[StrictStr, AfterValidator(_relative_dir)], ...] = ()
+    attestations: Annotated[
+        tuple[Annotated[StrictStr, AfterValidator(_relative_dir)], ...],
+        AfterValidator(_unique("folders")),
+    ] = ()
 
 
 class ReleaseSettings(_Model):
@@ -754,6 +760,19 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                         _show(gate),
                     )
                 )
+        unattested: dict[str, list[str]] = {}  # runner class -> required gates it runs
+        for gate in channel.requires:
+            runner = gate_registry.runner_of(gate) if gate in gate_registry.names() else None
+            if runner is not None and runner not in channel.attesters:
+                unattested.setdefault(runner, []).append(gate)
+        for runner, gates in unattested.items():
+            issues.append(
+                _Issue(
+                    (*loc, "attesters"),
+                    f'keys for "{runner}", which runs the required {_choices(gates, "and")}',
+                    _show(sorted(channel.attesters)),
+                )
+            )
         signer = m.sign.get(channel.signing)
         if signer is None:
             issues.append(
@@ -938,8 +957,7 @@ def _known_keys(loc: Loc) -> list[str]:
     """The keys the schema allows in the table at ``loc`` (empty if it cannot tell)."""
     node: Any = Manifest
     for part in loc:
-        if get_origin(node) in (Union, UnionType):  # an optional table lists the keys of X
-            node = next(a for a in get_args(node) if a is not type(None))
+        node = _unwrapped(node)
         if isinstance(node, type) and issubclass(node, BaseModel):
             field = node.model_fields.get(str(part))
             if field is None:
@@ -949,11 +967,21 @@ def _known_keys(loc: Loc) -> list[str]:
             node = get_args(node)[-1 if get_origin(node) is dict else 0]
         else:
             return []
-    if get_origin(node) in (Union, UnionType):
-        node = next(a for a in get_args(node) if a is not type(None))
+    node = _unwrapped(node)
     if isinstance(node, type) and issubclass(node, BaseModel):
         return list(node.model_fields)
     return []
+
+
+def _unwrapped(node: Any) -> Any:
+    """The type under Annotated[...] and Optional[...] (an optional table lists X's keys)."""
+    while True:
+        if get_origin(node) is Annotated:
+            node = get_args(node)[0]
+        elif get_origin(node) in (Union, UnionType):
+            node = next(a for a in get_args(node) if a is not type(None))
+        else:
+            return node
 
 
 def _syntax_error(path: Path, exc: tomllib.TOMLDecodeError) -> str:
@@ -972,8 +1000,17 @@ def _line(path: Path, loc: Loc, expected: str, got: str) -> str:
 def _dotted(loc: Loc) -> str:
     key = ""
     for part in loc:
-        key += f"[{part}]" if isinstance(part, int) else f".{part}" if key else str(part)
+        key += f"[{part}]" if isinstance(part, int) else f".{_key(part)}" if key else _key(part)
     return key or "<top level>"
+
+
+def _key(part: object) -> str:
+    """A key as an error shows it: quoted and escaped if it holds what a terminal would act on
+    or hide (control or non-printing characters), shortened if long."""
+    text = str(part)
+    if not text.isprintable() or " " in text:
+        text = json.dumps(text)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # What an error must never repeat of a URL: userinfo (a password), a query or fragment (a token).
@@ -987,7 +1024,10 @@ def _masked(match: re.Match[str]) -> str:
 
 def _show(value: object, limit: int = 80) -> str:
     """A value as TOML-like text, shortened, with a URL's userinfo and query masked."""
-    text = _URL.sub(_masked, json.dumps(value, ensure_ascii=False, default=str))
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    # What a terminal would act on or hide (bidi overrides, zero-width): escaped as JSON would.
+    text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+    text = _URL.sub(_masked, text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

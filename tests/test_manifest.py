@@ -557,6 +557,50 @@ CASES = [
         id="username",
     ),
     pytest.param(
+        replace(
+            'cpu = ["signing-key"], gpu = ["keys/h200-runner',
+            'cpu = [], gpu = ["keys/h200-runner',
+        ),
+        "release.channels.stable.attesters.cpu",
+        "a non-empty array",
+        id="attesters-empty",
+    ),
+    pytest.param(
+        replace(
+            ', gpu = ["keys/h200-runner-20261204-1954.pub.json"] }',
+            " }",
+        ),
+        "release.channels.stable.attesters",
+        'keys for "gpu", which runs the required "warmup" and "gpu-parity"',
+        id="attesters-missing-for-a-required-gate",
+    ),
+    pytest.param(
+        replace(
+            'attestations = ["tests/gpu/evidence"]',
+            'attestations = ["tests/gpu/evidence", "tests/gpu/evidence"]',
+        ),
+        "release.channels.stable.attestations",
+        "folders without duplicates",
+        id="attestations-duplicate",
+    ),
+    pytest.param(
+        replace(
+            '{ name = "exact-fp16-t16-h8d64-l4", mode',
+            '{ name = "exact-fp16-t16-h8d64-l4", colour = "red", mode',
+        ),
+        "gates.parity.cells[0].colour",
+        "one of the keys name, mode, dtype",
+        id="cell-unknown-key",
+    ),
+    pytest.param(
+        replace(
+            '[gates.policy]\nrunner = "cpu"', '[gates.policy]\nrunner = "cpu"\n"po\\u001b[2Jx" = 1'
+        ),
+        'gates.policy."po\\u001b[2Jx"',
+        "one of the keys runner",
+        id="key-with-a-control-character",
+    ),
+    pytest.param(
         replace('name = "gpu-exact-bf16-t16-h8d128-l8"', 'name = "exact-fp16-t16-h8d64-l4"'),
         "gates.parity",
         "gpu_cells named apart from cells; ['exact-fp16-t16-h8d64-l4'] are in both",
