@@ -22,7 +22,13 @@ from fixtures_wheels import build_wheel
 
 from release.errors import PackageIndexError, PublishError
 from release.trust.index import EmbeddedIndex, list_project_files
-from release.trust.publish import ALREADY_PRESENT, UPLOADED, envelope_path_for, publish
+from release.trust.publish import (
+    ALREADY_PRESENT,
+    LOCK_NAME,
+    UPLOADED,
+    envelope_path_for,
+    publish,
+)
 from release.trust.tuf_metadata import TufRepository
 from release.util.digests import sha256_file
 
@@ -254,7 +260,8 @@ def test_envelope_is_stored_once_and_never_overwritten(
     assert first.envelope_stored and not second.envelope_stored
     assert second.envelope_path == stored
     assert stored.read_bytes() == stored_bytes and stored.stat().st_ino == stored_inode
-    assert [p.name for p in metadata.iterdir()] == [stored.name]  # no temporary left behind
+    # no temporary left behind (the lock publishes store under is kept, hidden)
+    assert sorted(p.name for p in metadata.iterdir()) == [LOCK_NAME, stored.name]
 
 
 @dataclass(frozen=True)

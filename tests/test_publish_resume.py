@@ -1,5 +1,7 @@
 """Kill a real `python -m release publish` between two uploads and run it again: the index ends with
-every file exactly once, identical digests, nothing overwritten, and the TUF metadata complete."""
+every file exactly once, identical digests, nothing overwritten, and the TUF metadata complete.
+Killed after storing its attestations and before its statement, a publish signed again completes
+the version with its own attestations."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     load_pem_private_key,
 )
-from fixtures_sign import TAGS, gated_out, signed_out_dir
+from fixtures_sign import TAGS, attest_passing_gates, gated_out, signed_out_dir
 
 from release.manifest import load_manifest
+from release.trust.attestation import published_name
 from release.trust.index import EmbeddedIndex
-from release.trust.publish import PAUSE_ENV
+from release.trust.publish import PAUSE_BEFORE_STATEMENT_ENV, PAUSE_ENV
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST
@@ -58,10 +61,18 @@ def _wait_for_first_upload(packages: Path, log: Path, process: subprocess.Popen[
     raise AssertionError("the first upload never reached the index")
 
 
+def _killable_env(state: Path, pause: str) -> dict[str, str]:
+    """The environment of a publish to kill: paused a minute at ``pause``, its temporary folder
+    (the wheels' private copies, which a killed publish cannot remove) beside ``state``."""
+    scratch = state.parent / "killed-tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    return dict(os.environ, **{pause: "60", "TMPDIR": str(scratch)})
+
+
 def _killed_after_first_upload(command: list[str], state: Path) -> str:
     """Run a publish ``command`` and kill it once its first upload is stored; that file's name."""
     packages, log = state / "index" / "packages", state / "index" / "server.log"
-    env = dict(os.environ, **{PAUSE_ENV: "60"})
+    env = _killable_env(state, PAUSE_ENV)
     # a session of its own: the kill takes the publisher, twine and its pypiserver together
     first = subprocess.Popen(
         command, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL
@@ -149,6 +160,63 @@ def test_a_half_published_version_is_not_taken_over_by_another_set_of_files(
     assert set(TufRepository(state / "index" / "tuf").targets()) >= {w.name for w in wheels}
 
 
+def _consumer_verify(out: Path, state: Path, cache: Path) -> subprocess.CompletedProcess[str]:
+    """`verify --index` of the published version, as a consumer, on this interpreter."""
+    record = json.loads((out / "publish.json").read_text())
+    with EmbeddedIndex(state, "activekv-publisher") as index:
+        return subprocess.run(
+            _release("verify", "--index", index.simple_url, f"activekv=={project_version()}",
+                     "--root", record["tuf"]["trusted_root"], "--provenance-key",
+                     out / "provenance" / "dev-signing-key.pub.json", "--tuf-cache", cache,
+                     "--python", sys.executable, "--import", "activekv._probe", "--out", out),
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+
+def test_a_publish_killed_before_its_statement_is_completed_by_a_new_signing(
+    signed_out: tuple[Path, Path, list[Path]], tmp_path: Path
+) -> None:
+    """Killed after storing its attestations and before its statement; the gates and sign run
+    again (new attestations) and the publish after them stores its own, not the killed one's:
+    the consumer's verify passes, and a further publish has nothing to do."""
+    out, state, wheels = signed_out
+    command = _release("publish", "--out", out, "--state-dir", state)
+    release = f"activekv-{project_version()}"
+    attached = state / "index" / "metadata" / f"{release}.attestations"
+    gates = load_manifest(DEFAULT_MANIFEST).channel("dev").requires
+    names = {published_name(gate) for gate in gates}
+    env = _killable_env(state, PAUSE_BEFORE_STATEMENT_ENV)
+    first = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        # each is renamed into place whole: once all are there, the publish is before its statement
+        while not (attached.is_dir() and {p.name for p in attached.iterdir()} >= names):
+            assert first.poll() is None and time.monotonic() < deadline, "no attestations stored"
+            time.sleep(0.1)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    assert not (state / "index" / "metadata" / f"{release}.intoto.json").exists()
+    orphans = {name: sha256_file(attached / name) for name in names}
+
+    attest_passing_gates(out, wheels, state)
+    signed = subprocess.run(_release("sign", "--out", out, "--state-dir", state), cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    fresh = {name: sha256_file(out / "evidence" / name) for name in names}
+    assert set(fresh.values()).isdisjoint(orphans.values())
+
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert {name: sha256_file(attached / name) for name in names} == fresh
+    verified = _consumer_verify(out, state, tmp_path / "cache")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "already exists on the index; nothing uploaded" in third.stdout
+
+
 def _private_key_secrets(pem_path: Path) -> set[str]:
     """The forms a leaked private key would take: PEM body, raw seed as hex and base64."""
     pem = pem_path.read_bytes()
@@ -167,16 +235,7 @@ def test_no_private_key_material_in_any_output_or_log_of_a_release(
     published = subprocess.run(_release("publish", "--out", out, "--state-dir", state), cwd=REPO,
                                capture_output=True, text=True, timeout=300)  # fmt: skip
     assert published.returncode == 0, published.stdout + published.stderr
-    record = json.loads((out / "publish.json").read_text())
-    with EmbeddedIndex(state, "activekv-publisher") as index:
-        verified = subprocess.run(
-            _release("verify", "--index", index.simple_url, f"activekv=={project_version()}",
-                     "--root", record["tuf"]["trusted_root"], "--provenance-key",
-                     out / "provenance" / "dev-signing-key.pub.json", "--tuf-cache",
-                     tmp_path / "cache", "--python", sys.executable, "--import", "activekv._probe",
-                     "--out", out),
-            cwd=REPO, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+    verified = _consumer_verify(out, state, tmp_path / "cache")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
     private_files = sorted(state.glob("keys/*.pem")) + sorted(state.glob("index/tuf/keys/*.pem"))

@@ -34,6 +34,7 @@ from release.trust.publish import publish
 from release.trust.sign import key_paths, load_signer
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, ROLES, TufRepository, repository_for
 from release.trust.verify import parse_requirement, tuf_url_for, verify_release
+from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.integration  # a real pypiserver, python-tuf and pip
 
@@ -150,7 +151,9 @@ def test_uncommitted_metadata_of_a_killed_update_is_ignored_and_completed(site: 
 
 
 def test_verify_passes_for_what_was_published(site: Site, tmp_path: Path) -> None:
-    (check,) = site.verify(tmp_path)
+    verified = site.verify(tmp_path)
+    assert verified.files == {site.wheel.name: sha256_file(site.wheel)}
+    (check,) = verified.checks
     assert check.wheel == site.wheel.name
     assert check.digest_ok and check.imported == tuple(IMPORTS)
 
@@ -227,8 +230,24 @@ def test_unknown_file_is_refused(site: Site, tmp_path: Path) -> None:
 def test_version_without_signed_statement_is_refused(site: Site, tmp_path: Path) -> None:
     stray = build_wheel(tmp_path / "stray", version="0.2.0")
     shutil.copyfile(stray, site.index.packages_dir / stray.name)
-    with pytest.raises(VerifyError, match=r"provenance/activekv-0.2.0.intoto.json is not a TUF"):
+    with pytest.raises(VerifyError, match=r"provenance/activekv-0.2.0.intoto.json is not a TUF"
+                       r".*: activekv 0\.2\.0 is not published there") as caught:  # fmt: skip
         site.verify(tmp_path, requirement="activekv==0.2.0")
+    assert "never signed" not in str(caught.value)  # not a stray file: no such release
+
+
+def test_a_version_never_published_is_said_to_be_so(site: Site, tmp_path: Path) -> None:
+    with pytest.raises(VerifyError, match=r": activekv 9\.9 is not published there \(its "
+                       r"publisher signed no statement for that version\)$"):  # fmt: skip
+        site.verify(tmp_path, requirement="activekv==9.9")
+
+
+def test_a_provenance_key_that_is_not_one_is_named_by_its_flag(site: Site, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pub.json"
+    bad.write_text("{not json")
+    with pytest.raises(VerifyError, match=r"^--provenance-key: expected the provenance signer's "
+                       r"public key .*bad\.pub\.json: not a readable public key file"):  # fmt: skip
+        site.verify(tmp_path, provenance_key=bad)
 
 
 def test_statement_of_another_version_is_refused(site: Site, tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from release.trust.sign import (
     sign_statement,
     write_envelope,
 )
-from release.trust.verify import InstallCheck, clean_pip_env, verify_from_index
+from release.trust.verify import Verification, clean_pip_env, verify_from_index
+from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.integration  # pip installs into fresh venvs from a real index
 
@@ -71,7 +72,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
 
 def _verify(
     published: Published, statement: dict[str, Any], workdir: Path, interpreters: list[Path]
-) -> list[InstallCheck]:
+) -> Verification:
     return verify_from_index(
         simple_url=published.index.simple_url,
         project="activekv",
@@ -87,9 +88,11 @@ def test_verify_passes_for_what_was_signed(published: Published, tmp_path: Path)
     interpreters = [Path(sys.executable)]
     if PYTHON_312.exists():
         interpreters.append(PYTHON_312)
-    checks = _verify(published, published.statement, tmp_path / "work", interpreters)
+    verified = _verify(published, published.statement, tmp_path / "work", interpreters)
+    checks = verified.checks
 
     digest = hashlib.sha256(published.wheel.read_bytes()).hexdigest()
+    assert verified.files == {published.wheel.name: digest}  # every file, checked first
     assert [c.interpreter for c in checks] == interpreters
     assert checks[0].python_version == ".".join(map(str, sys.version_info[:3]))
     if PYTHON_312.exists():
@@ -145,26 +148,44 @@ def test_verify_fails_when_an_import_fails(published: Published, tmp_path: Path)
     assert "ModuleNotFoundError" in str(caught.value)
 
 
-def test_verify_fails_when_the_index_lacks_the_version_even_if_pip_could_find_it_elsewhere(
+def test_pip_takes_the_wheel_from_the_index_even_where_its_settings_name_a_better_one(
     published: Published, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the machine's pip settings point at another wheel source that does hold 9.9.9
+    """The machine's pip settings point at another wheel source holding a wheel of 0.1.0 that pip
+    prefers for this interpreter (a more specific tag, other bytes): verify still installs the
+    index's signed wheel. Were the settings let in, pip would take the other one and verify
+    would refuse it as not signed."""
     elsewhere = tmp_path / "elsewhere"
-    build_wheel(elsewhere, version="9.9.9")
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}-none-any"
+    build_wheel(elsewhere, tag=tag, salt="elsewhere")
     monkeypatch.setenv("PIP_FIND_LINKS", str(elsewhere))
     config = tmp_path / "pip.conf"
     config.write_text(f"[global]\nfind-links = {elsewhere}\n")
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
-    with pytest.raises(VerifyError, match=r"pip download of activekv==9\.9\.9"):
+    verified = _verify(published, published.statement, tmp_path / "work", [Path(sys.executable)])
+    (check,) = verified.checks
+    assert check.wheel == published.wheel.name
+
+
+def test_verify_fails_when_the_index_lacks_the_version(
+    published: Published, tmp_path: Path
+) -> None:
+    """A statement of 9.9.9 whose wheel the index does not serve: refused, naming the wheel,
+    before pip runs (its config would not matter)."""
+    absent = build_wheel(tmp_path / "absent", version="9.9.9")
+    statement = copy.deepcopy(published.statement)
+    statement["subject"] = [{"name": absent.name, "digest": {"sha256": sha256_file(absent)}}]
+    with pytest.raises(VerifyError, match=rf"does not serve {absent.name}: expected every file"):
         verify_from_index(
             simple_url=published.index.simple_url,
             project="activekv",
             version="9.9.9",
-            statement=published.statement,
+            statement=statement,
             interpreters=[Path(sys.executable)],
             imports=IMPORTS,
             workdir=tmp_path / "work",
         )
+    assert not (tmp_path / "work" / "py0").exists()
 
 
 def test_pip_environment_is_clean(monkeypatch: pytest.MonkeyPatch) -> None:

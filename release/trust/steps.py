@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from release import records
 from release.context import Context
 from release.errors import PublishError, SigningError, VerifyError
 from release.gates import registry
-from release.manifest import SIGNING_KEY_ATTESTER, ChannelSpec
+from release.manifest import SIGNING_KEY_ATTESTER, ChannelSpec, Manifest
 from release.records import BuildRecord
 from release.trust.attestation import (
     Attestation,
@@ -49,7 +50,7 @@ from release.trust.sign import (
     write_envelope,
     write_public_key,
 )
-from release.trust.tuf_client import TrustedIndex
+from release.trust.tuf_client import TrustedIndex, masked_url, refuse_credentials
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
 from release.trust.verify import verify_attestations, verify_from_index, verify_release
 from release.util.atomic import atomic_write
@@ -263,11 +264,29 @@ def _publish_with(
     ))  # fmt: skip
 
 
+def declared_interpreters(
+    manifest: Manifest, find: Callable[[str], Path | None] = find_interpreter
+) -> list[Path]:
+    """An interpreter of each version ``build.python`` declares, to install and import the
+    published wheels with; VerifyError naming each version without one (a verify that skipped a
+    version would pass on a wheel no one installed)."""
+    found = {version: find(version) for version in manifest.build.python}
+    missing = [version for version, path in found.items() if path is None]
+    if missing:
+        raise VerifyError(
+            f"{manifest.path}: build.python: expected an interpreter of every declared version to "
+            f"install and import the published wheels with; got none for Python "
+            f"{', '.join(missing)} (none on PATH or under pyenv). Nothing was verified; install "
+            "each (the CI release job sets up every declared version)"
+        )
+    return [path for path in found.values() if path is not None]
+
+
 def _verify_with(context: Context, index: Index, public_key: Any) -> None:
     version = project_version()
+    interpreters = declared_interpreters(context.manifest)
     stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
     statement = read_and_verify_envelope(stored, public_key)
-    interpreters = [p for v in context.manifest.build.python if (p := find_interpreter(v))]
     # What pip downloads must also be the TUF target the publisher signed (the cache in the
     # state dir remembers the metadata seen, so a later rollback is refused).
     trusted = TrustedIndex(index.tuf_url, TufRepository(index.tuf_dir).trusted_root_path,
@@ -281,12 +300,14 @@ def _verify_with(context: Context, index: Index, public_key: Any) -> None:
             f"{attestation.key.keyid[:16]} passed on every wheel",
             markup=False,
         )
-    with console.status("installing from the index into fresh venvs"):
-        checks = verify_from_index(
+    with console.status("checking every file, then installing from the index into fresh venvs"):
+        verified = verify_from_index(
             simple_url=index.simple_url, project=context.manifest.release.name, version=version,
             statement=statement, interpreters=interpreters, imports=MODULES,
             workdir=context.out_dir / "verify", file_check=trusted.check_file,
         )  # fmt: skip
+    checks = verified.checks
+    _print_served(verified.files)
     for check in checks:
         console.print(f"  python {check.python_version}: {check.wheel} digest matches its TUF "
                       f"target and the signed statement; imported "
@@ -297,6 +318,13 @@ def _verify_with(context: Context, index: Index, public_key: Any) -> None:
                                          digest_ok=c.digest_ok, imported=tuple(c.imported))
                      for c in checks),
     ))  # fmt: skip
+
+
+def _print_served(files: dict[str, str]) -> None:
+    console.print(f"  every file the index serves for this version ({len(files)}) is one the "
+                  "signed statement names, with its digest:", soft_wrap=True)  # fmt: skip
+    for name, digest in sorted(files.items()):
+        console.print(f"    {name} sha256 {digest}", markup=False, soft_wrap=True)
 
 
 def step_publish(context: Context, channel_name: str | None) -> int:
@@ -344,18 +372,21 @@ def step_verify_index(context: Context, args: Any) -> int:
              "--provenance-key": args.provenance_key}  # fmt: skip
     missing = [flag for flag, value in given.items() if not value]
     if missing:
-        raise VerifyError(f"verify --index {args.index}: also give {', '.join(missing)}")
+        raise VerifyError(
+            f"verify --index {masked_url(args.index)}: also give {', '.join(missing)}"
+        )
     if args.channel is not None:
         raise VerifyError("verify --index: --channel is for the publisher's own index; drop it")
     interpreters = [p.resolve() for p in args.python] or [Path(sys.executable)]
-    with console.status(f"verifying {args.requirement} from {args.index}"):
-        checks = verify_release(
+    with console.status(f"verifying {args.requirement} from {masked_url(args.index)}"):
+        verified = verify_release(
             index_url=args.index, requirement=args.requirement, trusted_root=args.root,
             provenance_key=args.provenance_key, interpreters=interpreters,
             imports=args.imports or MODULES, workdir=context.out_dir / "verify-index",
             tuf_url=args.tuf_url, cache_dir=args.tuf_cache,
         )  # fmt: skip
-    for check in checks:
+    _print_served(verified.files)
+    for check in verified.checks:
         console.print(f"  python {check.python_version}: {check.wheel} matches its TUF target "
                       f"and the signed statement; imported {', '.join(check.imported)}",
                       soft_wrap=True)  # fmt: skip
@@ -391,6 +422,9 @@ def step_rebuild(context: Context, args: Any) -> int:
     missing = [flag for flag, value in given.items() if not value]
     if missing:
         raise VerifyError(f"rebuild: also give {', '.join(missing)}")
+    refuse_credentials("--index", args.index)  # never echoed: rebuild's messages name the URLs
+    if args.tuf_url is not None:
+        refuse_credentials("--tuf-url", args.tuf_url)
     record = _clear_rebuild_record(context.out_dir)
     with console.status(f"rebuilding {args.requirement} (python {args.python}) from {args.source}"):
         result = rebuild_release(

@@ -5,6 +5,9 @@ A consumer trusts one root metadata file, given out of band (the publisher's
 against it: newer roots, timestamp, snapshot, targets. The metadata the consumer has seen is kept
 in a cache directory, so an index that later serves an older timestamp (a rollback) is refused;
 by default that directory belongs to the repository's root keys, whatever URL reaches it.
+
+A URL with credentials, a query or a fragment in it is refused, as the manifest refuses one for an
+index: every message names the URLs it reads, and a password or token must never be printed.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tuf.api.exceptions import (
     BadVersionNumberError,
@@ -27,6 +31,9 @@ from tuf.ngclient import Updater, UpdaterConfig
 
 from release.errors import VerifyError
 
+# What a file the index serves but the TUF metadata does not name is.
+UNKNOWN_FILE = "the index serves a file its publisher never signed (unknown file)"
+
 
 def default_cache_dir(trusted_root: Metadata[Root]) -> Path:
     """Where the metadata seen of the repository with this root is remembered: keyed by the
@@ -36,6 +43,47 @@ def default_cache_dir(trusted_root: Metadata[Root]) -> Path:
     identity = json.dumps({"keyids": sorted(role.keyids), "threshold": role.threshold})
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return Path.home() / ".cache" / "activekv" / "tuf" / key
+
+
+def _secrets(url: str) -> list[str]:
+    """What of ``url`` may carry a secret: its userinfo (a password, or a token as the user), a
+    query or a fragment (where tokens ride)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL: what reads it says so
+        return []
+    found = []
+    if "@" in parts.netloc:
+        found.append("user information (***@)")
+    if parts.query:
+        found.append("a query")
+    if parts.fragment:
+        found.append("a fragment")
+    return found
+
+
+def masked_url(url: str) -> str:
+    """``url`` as a message may show it: userinfo, query and fragment masked (``***@host``,
+    ``?***``, ``#***``), as the manifest's errors mask them."""
+    if not _secrets(url):
+        return url
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(
+        netloc=f"***@{host}" if "@" in parts.netloc else host,
+        query="***" if parts.query else "",
+        fragment="***" if parts.fragment else "",
+    ).geturl()
+
+
+def refuse_credentials(flag: str, url: str) -> None:
+    """VerifyError naming ``flag`` when ``url`` may carry a secret (userinfo, query, fragment),
+    as the manifest refuses such a URL for an index; the message masks it."""
+    if found := _secrets(url):
+        raise VerifyError(
+            f"{flag} {masked_url(url)}: expected a URL without credentials, query or fragment "
+            f"(listing, downloading and the TUF metadata need none); got {' and '.join(found)}"
+        )
 
 
 def _why(error: BaseException) -> str:
@@ -52,6 +100,7 @@ class TrustedIndex:
     """The TUF targets of an index, checked from a trusted root; ``refresh`` before use."""
 
     def __init__(self, tuf_url: str, trusted_root: Path, cache_dir: Path | None = None) -> None:
+        refuse_credentials("the TUF URL", tuf_url)
         self._tuf_url = tuf_url.rstrip("/") + "/"
         self.metadata_url = self._tuf_url + "metadata/"
         self.targets_url = self._tuf_url + "targets/"
@@ -126,13 +175,13 @@ class TrustedIndex:
                 f"TUF metadata cannot be downloaded from {self.metadata_url} ({_why(exc)})"
             ) from None
 
-    def target(self, target_path: str) -> TargetFile:
-        """The signed length and hashes of ``target_path``; VerifyError when it is unknown."""
+    def target(self, target_path: str, *, unknown: str = UNKNOWN_FILE) -> TargetFile:
+        """The signed length and hashes of ``target_path``; VerifyError when it is unknown,
+        saying what that means (``unknown``)."""
         info = self._updater.get_targetinfo(target_path)
         if info is None:
             raise VerifyError(
-                f"{target_path} is not a TUF target of {self.metadata_url}: the index serves a "
-                "file its publisher never signed (unknown file)"
+                f"{target_path} is not a TUF target of {self.metadata_url}: {unknown}"
             )
         return info
 
@@ -148,9 +197,10 @@ class TrustedIndex:
                 f"{info.hashes.get('sha256')}, length {info.length}; {exc}): tampered file"
             ) from None
 
-    def download(self, target_path: str, destination: Path) -> Path:
-        """Download ``target_path`` from ``<tuf_url>/targets/`` into ``destination``, checked."""
-        info = self.target(target_path)
+    def download(self, target_path: str, destination: Path, *, unknown: str = UNKNOWN_FILE) -> Path:
+        """Download ``target_path`` from ``<tuf_url>/targets/`` into ``destination``, checked;
+        ``unknown`` says what a target the metadata does not name means."""
+        info = self.target(target_path, unknown=unknown)
         destination.parent.mkdir(parents=True, exist_ok=True)
         try:
             return Path(self._updater.download_target(info, str(destination)))

@@ -1,27 +1,38 @@
 """Verify step: what the index serves is what was signed, and it installs and imports.
 
-For each interpreter: a fresh venv; ``pip download`` of ``<project>==<version>`` from the index
-only (the machine's pip configuration and every ``PIP_*`` variable are kept out, so no other wheel
-source can answer); the downloaded file's sha256 must equal the signed statement's subject; then
-``pip install --no-index --no-deps`` of exactly that file and an import of every module, checked
-to come from the venv.
+First every file: the files the index lists for ``<project>==<version>`` (every file pip would
+take for it, however the version is spelled) must be exactly the signed statement's subjects, no
+file missing and none more; each is downloaded, hashed and compared with the statement's digest
+(and its TUF target, where TUF is used). Then for each interpreter: a fresh venv; ``pip download``
+of ``<project>==<version>`` from the index only (the machine's pip configuration and every
+``PIP_*`` variable are kept out, so no other wheel source can answer); the downloaded file's
+sha256 must equal the signed statement's subject; then ``pip install --no-index --no-deps`` of
+exactly that file and an import of every module, checked to come from the venv.
 
 :func:`verify_release` is the consumer's check (``python -m release verify --index URL
 activekv==VERSION``): it needs only the index URL, the trusted TUF root and the public key of the
 provenance signer. It refreshes the index's TUF metadata (rollback, freeze, expiry and wrong keys
 are refused), downloads the version's signed statement as a TUF target and checks its signature,
 checks the gate attestations the statement names (each a TUF target, signed by the runner key the
-statement names, passed on exactly the statement's wheels), then checks each wheel pip downloads
-against its TUF target and the statement before installing.
+statement names, passed on exactly the statement's wheels), then checks every file of the version
+and each wheel pip downloads against its TUF target and the statement before installing. Its
+arguments are checked first: a URL with credentials, a query or a fragment in it (as the
+manifest refuses for an index) and a ``--python`` that is not an interpreter are refused, naming
+the flag.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,13 +43,15 @@ from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import index_root
 from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
+from release.trust.publish import of_version, same_version, statement_version
 from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
-from release.trust.tuf_client import TrustedIndex
+from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import PROVENANCE_PREFIX
 from release.util.digests import sha256_file
 from release.util.private_site import clean_pip_env
 
 _PIP_TIMEOUT_S = 600.0
+_HTTP_TIMEOUT_S = 60.0
 _OUTPUT_TAIL_CHARS = 4000
 
 _VERSION_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
@@ -64,6 +77,15 @@ class InstallCheck:
     imported: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Verification:
+    """What a verification checked: every file the index serves for the version (name to
+    sha256, each the statement's and, with TUF, its target's), then each interpreter's install."""
+
+    files: dict[str, str]
+    checks: tuple[InstallCheck, ...]
+
+
 def verify_from_index(
     *,
     simple_url: str,
@@ -74,8 +96,9 @@ def verify_from_index(
     imports: Sequence[str],
     workdir: Path,
     file_check: Callable[[Path], None] | None = None,
-) -> list[InstallCheck]:
-    """Download, check, install and import ``project==version`` once per interpreter.
+) -> Verification:
+    """Check every file the index serves for ``project==version`` against the statement, then
+    download, check, install and import it once per interpreter.
 
     ``file_check`` (e.g. :meth:`TrustedIndex.check_file`) judges each downloaded file first.
     """
@@ -85,6 +108,10 @@ def verify_from_index(
         signed = subject_digests(statement)
     except ReleaseError as exc:
         raise VerifyError(f"the signed statement cannot be read: {exc}") from None
+    files = check_served_files(
+        simple_url=simple_url, project=project, version=version, signed=signed,
+        folder=workdir / "served", file_check=file_check,
+    )  # fmt: skip
     env = clean_pip_env()
     checks = []
     for number, interpreter in enumerate(interpreters):
@@ -100,7 +127,113 @@ def verify_from_index(
                 file_check=file_check,
             )
         )
-    return checks
+    return Verification(files, tuple(checks))
+
+
+def check_served_files(
+    *,
+    simple_url: str,
+    project: str,
+    version: str,
+    signed: Mapping[str, str],
+    folder: Path,
+    file_check: Callable[[Path], None] | None = None,
+) -> dict[str, str]:
+    """Every file the index lists for ``project==version`` (each file pip would take for it),
+    downloaded into ``folder``, checked by ``file_check`` and against ``signed`` (the statement's
+    subjects): exactly those files, each with its signed digest. Name to sha256; VerifyError
+    naming the first file that is not so (a pip install checks only the one file it picks)."""
+    release = f"{project} {version}"
+    foreign = sorted(name for name in signed if not of_version(name, project, version))
+    if foreign:
+        raise VerifyError(f"the signed statement names {', '.join(foreign)}: expected only files "
+                          f"of {release}")  # fmt: skip
+    served: dict[str, str] = {}
+    for name, url in _project_files(simple_url, project):
+        if of_version(name, project, version):
+            if served.get(name, url) != url:  # which one would pip take?
+                raise VerifyError(f"{simple_url} lists {name} twice, at {served[name]} and {url}: "
+                                  "expected one file of a name")  # fmt: skip
+            served[name] = url
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    checked: dict[str, str] = {}
+    for name, url in sorted(served.items()):
+        path = _download(url, folder / name)
+        if file_check is not None:
+            file_check(path)
+        digest = sha256_file(path)
+        if name not in signed:
+            raise VerifyError(
+                f"{name} (sha256 {digest}), served by {simple_url} as {release}, is not in the "
+                f"signed statement (it names: {', '.join(sorted(signed)) or 'nothing'})"
+            )
+        if signed[name] != digest:
+            raise VerifyError(
+                f"{name} served by {simple_url} has sha256 {digest}; the signed statement "
+                f"expects {signed[name]}"
+            )
+        checked[name] = digest
+    absent = sorted(set(signed) - set(checked))
+    if absent:
+        raise VerifyError(
+            f"{simple_url} does not serve {', '.join(absent)}: expected every file the signed "
+            f"statement of {release} names; the release is published in part, or the index "
+            "lost files"
+        )
+    return checked
+
+
+def _project_files(simple_url: str, project: str) -> list[tuple[str, str]]:
+    """(file name, download URL) of every link on the project's page of the index (none when
+    the index does not know the project)."""
+    page = urllib.parse.urljoin(simple_url.rstrip("/") + "/", f"{normalize_project(project)}/")
+    try:
+        with urllib.request.urlopen(page, timeout=_HTTP_TIMEOUT_S) as response:
+            base, html = response.geturl(), response.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise VerifyError(f"{page}: expected the project's page; got HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise VerifyError(f"{page}: the index cannot be reached ({exc})") from None
+    files = []
+    for href in _links(html):
+        location = urllib.parse.urljoin(base, href).partition("#")[0]
+        files.append((urllib.parse.unquote(location.rsplit("/", 1)[-1]), location))
+    return files
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href") if tag == "a" else None
+        if href:
+            self.hrefs.append(href)
+
+
+def _links(html: str) -> list[str]:
+    parser = _Links()
+    parser.feed(html)
+    parser.close()
+    return parser.hrefs
+
+
+def _download(url: str, destination: Path) -> Path:
+    """``url`` saved as ``destination`` (whose name is the listed file's: a plain name)."""
+    if destination.name != Path(destination.name).name or destination.name.startswith("."):
+        raise VerifyError(f"{url}: expected a plain file name; got {destination.name!r}")
+    try:
+        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
+            with destination.open("wb") as stream:
+                shutil.copyfileobj(response, stream)
+    except (urllib.error.URLError, OSError) as exc:
+        raise VerifyError(f"{url}: cannot download {destination.name} ({exc})") from None
+    return destination
 
 
 def parse_requirement(text: str) -> tuple[str, str]:
@@ -141,6 +274,7 @@ def _bad_requirement(text: str, got: str) -> NoReturn:
 
 def tuf_url_for(index_url: str) -> str:
     """The TUF repository beside a pip index URL: ``…/simple/`` becomes ``…/tuf/``."""
+    refuse_credentials("--index", index_url)
     root = index_root(index_url)
     if root is not None:
         return root + "tuf/"
@@ -161,9 +295,14 @@ def verify_release(
     workdir: Path,
     tuf_url: str | None = None,
     cache_dir: Path | None = None,
-) -> list[InstallCheck]:
+) -> Verification:
     """The consumer's verification of ``requirement`` on the index at ``index_url``."""
     project, version = parse_requirement(requirement)
+    refuse_credentials("--index", index_url)
+    if tuf_url is not None:
+        refuse_credentials("--tuf-url", tuf_url)
+    for interpreter in interpreters:
+        check_interpreter(interpreter)
     trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir)
     statement = verified_statement(trusted, project, version, provenance_key, workdir)
     verify_attestations(statement, trusted, project, version, workdir)
@@ -179,18 +318,25 @@ def verified_statement(
 ) -> dict[str, Any]:
     """The release's signed statement: TUF metadata refreshed, the statement fetched as a TUF
     target, its signature checked with ``provenance_key``, its version the one asked for."""
-    public_key = load_public_key(provenance_key)
+    try:
+        public_key = load_public_key(provenance_key)
+    except SigningError as exc:
+        raise VerifyError(f"--provenance-key: expected the provenance signer's public key "
+                          f"(<channel>-signing-key.pub.json); {exc}") from None  # fmt: skip
     trusted.refresh()
     statement_target = f"{PROVENANCE_PREFIX}{project}-{version}.intoto.json"
     statement_path = trusted.download(
-        statement_target, workdir / "provenance" / statement_target.rsplit("/", 1)[-1]
+        statement_target,
+        workdir / "provenance" / statement_target.rsplit("/", 1)[-1],
+        unknown=f"{project} {version} is not published there (its publisher signed no statement "
+        "for that version)",
     )
     try:
         statement = read_and_verify_envelope(statement_path, public_key)
     except ReleaseError as exc:
         raise VerifyError(f"the signed statement {statement_target}: {exc}") from None
-    signed_version = _statement_version(statement)
-    if signed_version != version:
+    signed_version = statement_version(statement)
+    if not same_version(signed_version, version):
         raise VerifyError(
             f"the signed statement {statement_target} is for version {signed_version!r}, "
             f"not {version!r}"
@@ -206,7 +352,8 @@ def verify_attestations(
     folder = workdir / "provenance" / release_folder(normalize_project(project), version)
 
     def fetch(target: str) -> Path:
-        return trusted.download(target, folder / target.rsplit("/", 1)[-1])
+        unknown = "the signed provenance names an attestation its publisher did not publish"
+        return trusted.download(target, folder / target.rsplit("/", 1)[-1], unknown=unknown)
 
     try:
         return check_release(statement, fetch, normalize_project(project), version)
@@ -214,11 +361,24 @@ def verify_attestations(
         raise VerifyError(f"the gate attestations of {project} {version}: {exc}") from None
 
 
-def _statement_version(statement: Mapping[str, Any]) -> object:
+def check_interpreter(interpreter: Path) -> None:
+    """VerifyError naming ``--python`` unless ``interpreter`` runs as a Python interpreter."""
+    expected = f"--python {interpreter}: expected an executable Python interpreter; got"
     try:
-        return statement["predicate"]["buildDefinition"]["externalParameters"]["version"]
-    except (KeyError, TypeError):
-        return None
+        result = subprocess.run([str(interpreter), "-I", "-c", _VERSION_PROBE], env=clean_pip_env(),
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                timeout=60, check=False)  # fmt: skip
+    except OSError as exc:
+        got = "a folder" if interpreter.is_dir() else (exc.strerror or str(exc)).lower()
+        raise VerifyError(f"{expected} {got}") from None
+    except subprocess.TimeoutExpired:
+        raise VerifyError(f"{expected} a program that did not answer in 60 s") from None
+    if result.returncode != 0:
+        raise VerifyError(f"{expected} a program that exits with status {result.returncode} "
+                          "when asked its version")  # fmt: skip
+    if not re.fullmatch(r"3\.\d+\.\d+", result.stdout.strip()):
+        raise VerifyError(f"{expected} a program that answers {result.stdout.strip()[:60]!r} "
+                          "when asked its Python version")  # fmt: skip
 
 
 def _verify_one(
@@ -307,6 +467,8 @@ def _run(command: list[str], env: Mapping[str, str], cwd: Path, what: str) -> st
         )
     except FileNotFoundError:
         raise VerifyError(f"{what}: {command[0]} does not exist") from None
+    except OSError as exc:  # a folder, a file that is not executable, another platform's binary
+        raise VerifyError(f"{what}: cannot run {command[0]} ({exc.strerror or exc})") from None
     except subprocess.TimeoutExpired:
         raise VerifyError(f"{what}: did not finish in {_PIP_TIMEOUT_S:.0f} s") from None
     if result.returncode != 0:
