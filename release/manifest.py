@@ -37,6 +37,7 @@ from release.errors import ManifestError
 from release.gates import registry as gate_registry
 from release.util.paths import PYPROJECT
 from release.util.pins import pyproject
+from release.util.urls import mask_urls, url_secrets
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -178,8 +179,7 @@ def _is_web_url(value: str) -> bool:
         url.port  # noqa: B018 -- raises ValueError for a port out of range
     except ValueError:
         return False
-    plain = url.username is None and url.password is None and not url.query and not url.fragment
-    return plain and (
+    return not url_secrets(value) and (
         (url.scheme == "https" and bool(host)) or (url.scheme == "http" and host in LOCAL_HOSTS)
     )
 
@@ -1013,21 +1013,12 @@ def _key(part: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# What an error must never repeat of a URL: userinfo (a password), a query or fragment (a token).
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"]*")
-
-
-def _masked(match: re.Match[str]) -> str:
-    url = re.sub(r"^([^:]+://)[^/?#]*@", r"\1***@", match.group())
-    return re.sub(r"[?#].*", lambda rest: rest.group()[0] + "***", url, count=1)
-
-
 def _show(value: object, limit: int = 80) -> str:
     """A value as TOML-like text, shortened, with a URL's userinfo and query masked."""
     text = json.dumps(value, ensure_ascii=False, default=str)
     # What a terminal would act on or hide (bidi overrides, zero-width): escaped as JSON would.
     text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
-    text = _URL.sub(_masked, text)
+    text = mask_urls(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -14,10 +14,11 @@ import pytest
 from release.errors import VerifyError
 from release.manifest import load_manifest
 from release.trust.steps import declared_interpreters
-from release.trust.tuf_client import TrustedIndex, masked_url
+from release.trust.tuf_client import TrustedIndex
 from release.trust.verify import check_interpreter, tuf_url_for, verify_release
 from release.util.interpreters import find_interpreter, version_of
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
+from release.util.urls import masked_url
 
 SECRET = "s3cret-Pw"
 WITH_PASSWORD = f"http://reader:{SECRET}@127.0.0.1:9/simple/"

@@ -50,7 +50,7 @@ from release.trust.sign import (
     write_envelope,
     write_public_key,
 )
-from release.trust.tuf_client import TrustedIndex, masked_url, refuse_credentials
+from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
 from release.trust.verify import verify_attestations, verify_from_index, verify_release
 from release.util.atomic import atomic_write
@@ -58,6 +58,7 @@ from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.pins import project_version
 from release.util.progress import console
+from release.util.urls import masked_url
 from release.wheelset import WheelSet
 
 MODULES = ("activekv._engine", "activekv._fabric")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from tuf.api.exceptions import (
     BadVersionNumberError,
@@ -30,6 +29,7 @@ from tuf.api.serialization import DeserializationError
 from tuf.ngclient import Updater, UpdaterConfig
 
 from release.errors import VerifyError
+from release.util.urls import masked_url, url_secrets
 
 # What a file the index serves but the TUF metadata does not name is.
 UNKNOWN_FILE = "the index serves a file its publisher never signed (unknown file)"
@@ -45,41 +45,10 @@ def default_cache_dir(trusted_root: Metadata[Root]) -> Path:
     return Path.home() / ".cache" / "activekv" / "tuf" / key
 
 
-def _secrets(url: str) -> list[str]:
-    """What of ``url`` may carry a secret: its userinfo (a password, or a token as the user), a
-    query or a fragment (where tokens ride)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # not a URL: what reads it says so
-        return []
-    found = []
-    if "@" in parts.netloc:
-        found.append("user information (***@)")
-    if parts.query:
-        found.append("a query")
-    if parts.fragment:
-        found.append("a fragment")
-    return found
-
-
-def masked_url(url: str) -> str:
-    """``url`` as a message may show it: userinfo, query and fragment masked (``***@host``,
-    ``?***``, ``#***``), as the manifest's errors mask them."""
-    if not _secrets(url):
-        return url
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(
-        netloc=f"***@{host}" if "@" in parts.netloc else host,
-        query="***" if parts.query else "",
-        fragment="***" if parts.fragment else "",
-    ).geturl()
-
-
 def refuse_credentials(flag: str, url: str) -> None:
     """VerifyError naming ``flag`` when ``url`` may carry a secret (userinfo, query, fragment),
     as the manifest refuses such a URL for an index; the message masks it."""
-    if found := _secrets(url):
+    if found := url_secrets(url):
         raise VerifyError(
             f"{flag} {masked_url(url)}: expected a URL without credentials, query or fragment "
             f"(listing, downloading and the TUF metadata need none); got {' and '.join(found)}"
