@@ -466,7 +466,9 @@ def _checked_state_dir(state_dir: Path, out_dir: Path, named: str) -> Path:
         return state
     if ".git" in state.relative_to(root).parts:
         raise ReleaseError(f"{named}: expected a folder outside .git; got {state}")
-    ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", str(state)],
+    # The trailing "/" says it is a folder: a pattern like "/.activekv/" matches only folders,
+    # and the state folder may not exist yet (a fresh clone).
+    ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", f"{state}/"],
                              capture_output=True)  # fmt: skip
     if ignored.returncode == 1:  # 0: ignored; 128: no git or no repository, nothing to copy
         raise ReleaseError(f"{named}: expected a folder git ignores (.gitignore): keys and "

@@ -132,6 +132,21 @@ def test_a_state_dir_git_would_copy_is_refused(tmp_path, capsys):
     assert not state.exists()
 
 
+def test_an_ignored_state_dir_that_does_not_exist_yet_is_taken(tmp_path, monkeypatch):
+    """A fresh clone has no .activekv/ yet: git ignores it all the same (a folder pattern)."""
+    import subprocess
+
+    import release.cli as cli
+
+    checkout = tmp_path / "clone"
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    (checkout / ".gitignore").write_text("/.activekv/\n")
+    monkeypatch.setattr(cli, "REPO_ROOT", checkout)
+    state = checkout / ".activekv"
+    assert cli._checked_state_dir(state, tmp_path / "out", "--state-dir") == state
+    assert not state.exists()
+
+
 def test_a_manifest_state_dir_git_would_copy_is_refused_naming_the_key(tmp_path, capsys):
     manifest = tmp_path / "m.toml"
     text = DEFAULT_MANIFEST.read_text()
