@@ -22,13 +22,8 @@ from fixtures_wheels import build_wheel
 
 from release.errors import PackageIndexError, PublishError
 from release.trust.index import EmbeddedIndex, list_project_files
-from release.trust.publish import (
-    ALREADY_PRESENT,
-    LOCK_NAME,
-    UPLOADED,
-    envelope_path_for,
-    publish,
-)
+from release.trust.publish import ALREADY_PRESENT, UPLOADED, publish
+from release.trust.statement_store import LOCK_NAME, envelope_path_for
 from release.trust.tuf_metadata import TufRepository
 from release.util.digests import sha256_file
 

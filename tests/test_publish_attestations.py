@@ -27,7 +27,7 @@ from release.trust.attestation import (
     read_attestation,
 )
 from release.trust.index import EmbeddedIndex
-from release.trust.publish import PublishReport, attachments_dir_for, publish
+from release.trust.publish import PublishReport, publish
 from release.trust.sign import (
     build_statement,
     key_paths,
@@ -36,6 +36,7 @@ from release.trust.sign import (
     sign_statement,
     write_envelope,
 )
+from release.trust.statement_store import attachments_dir_for
 from release.trust.tuf_metadata import TufRepository
 from release.trust.verify import verify_release
 from release.util.digests import sha256_file

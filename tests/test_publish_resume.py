@@ -26,7 +26,8 @@ from fixtures_sign import TAGS, attest_passing_gates, gated_out, signed_out_dir
 from release.manifest import load_manifest
 from release.trust.attestation import published_name
 from release.trust.index import EmbeddedIndex
-from release.trust.publish import PAUSE_BEFORE_STATEMENT_ENV, PAUSE_ENV
+from release.trust.publish import PAUSE_ENV
+from release.trust.statement_store import PAUSE_BEFORE_STATEMENT_ENV
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST

@@ -17,13 +17,9 @@ from fixtures_wheels import build_wheel
 from release.errors import PublishError
 from release.trust import twine_upload
 from release.trust.index import EmbeddedIndex, list_project_files
-from release.trust.publish import (
-    PAUSE_ENV,
-    PublishReport,
-    envelope_path_for,
-    of_version,
-    publish,
-)
+from release.trust.publish import PAUSE_ENV, PublishReport, publish
+from release.trust.release_version import of_version
+from release.trust.statement_store import envelope_path_for
 from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.integration  # a real pypiserver with htpasswd auth and twine uploads

@@ -29,28 +29,37 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import shutil
 import tempfile
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-from packaging.specifiers import Specifier
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from typing import Protocol
 
 from release.errors import PublishError, ReleaseError
 from release.trust import twine_upload
-from release.trust.attestation import attestation_target, release_folder
+from release.trust.attestation import attestation_target
 from release.trust.index import list_project_files, normalize_project
+from release.trust.release_version import (
+    of_version,
+    project_and_version,
+    same_version,
+    statement_version,
+    version_key,
+)
 from release.trust.sign import read_statement_unverified, subject_digests
+from release.trust.statement_store import (
+    PrivateCopies,
+    attachment_plan,
+    attachments_dir_for,
+    byproducts,
+    check_same_files,
+    envelope_path_for,
+    named_attestations,
+    pause_for_tests,
+    store_intent,
+    stored_statement,
+)
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository, TufUpdate
-from release.util.digests import sha256_file
 from release.util.progress import tracked
 
 UPLOADED = "uploaded"
@@ -58,8 +67,6 @@ ALREADY_PRESENT = "already present, identical"
 
 # Tests only: seconds to sleep after each upload, so that a test can kill a publish between two.
 PAUSE_ENV = "ACTIVEKV_TEST_PAUSE_AFTER_UPLOAD_S"
-# Tests only: seconds to sleep after storing the attestations, before the statement.
-PAUSE_BEFORE_STATEMENT_ENV = "ACTIVEKV_TEST_PAUSE_BEFORE_STATEMENT_S"
 
 
 class IndexTarget(Protocol):
@@ -110,56 +117,6 @@ class PublishReport:
         return tuple(f.filename for f in self.files if f.outcome == ALREADY_PRESENT)
 
 
-STATEMENT_SUFFIX = ".intoto.json"
-# Held while a publish stores a version's attestations and statement: one publisher at a time
-# decides which statement is kept and makes the stored attestations its own. A hidden name,
-# which the embedded index does not serve.
-LOCK_NAME = ".publish.lock"
-# What pip reads as a source distribution (besides wheels), so as a file of some version.
-_SDIST_EXTENSIONS = (".tar.gz", ".zip", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tlz", ".tar.lz",
-                     ".tar.lzma", ".tgz", ".tar")  # fmt: skip
-
-
-def version_key(version: str) -> str:
-    """``version`` as stored file names spell it: PEP 440-normalised (``1.0-RC1`` is ``1.0rc1``)."""
-    try:
-        return str(Version(version))
-    except InvalidVersion:
-        raise PublishError(f"version {version!r}: expected a PEP 440 version") from None
-
-
-def envelope_path_for(metadata_dir: Path, project: str, version: str) -> Path:
-    """Where the signed statement of ``project`` ``version`` is stored."""
-    return metadata_dir / f"{normalize_project(project)}-{version_key(version)}{STATEMENT_SUFFIX}"
-
-
-def file_version(filename: str, project: str) -> Version | None:
-    """The version of ``project`` that a file of its index page is, read from its name as pip
-    reads it; None for a file pip would not take as one of ``project`` (another project, not a
-    distribution, or a name pip cannot read)."""
-    if filename.endswith(".whl"):
-        try:
-            name, version, _, _ = parse_wheel_filename(filename)
-        except (InvalidWheelFilename, InvalidVersion):
-            return None
-        return version if name == normalize_project(project) else None
-    stem = next((filename[: -len(e)] for e in _SDIST_EXTENSIONS if filename.endswith(e)), None)
-    if stem is None:
-        return None
-    for cut, char in enumerate(stem):  # name-version, the name spelled any way pip accepts
-        if char == "-" and normalize_project(stem[:cut]) == normalize_project(project):
-            with contextlib.suppress(InvalidVersion):
-                return Version(stem[cut + 1 :])
-    return None
-
-
-def of_version(filename: str, project: str, version: str) -> bool:
-    """Whether pip takes ``filename`` for ``project==version``: the same version however it is
-    spelled (``0.1`` for ``0.1.0``), and a local label of it (``0.1.0+hotfix``) too."""
-    found = file_version(filename, project)
-    return found is not None and Specifier(f"=={version}").contains(found, prereleases=True)
-
-
 def publish(
     wheels: Sequence[Path],
     index: IndexTarget,
@@ -175,61 +132,13 @@ def publish(
     bytes its gates judged): the copies published must still have them. ``attachments`` (name ->
     file: the gate attestations the statement names) are stored beside the statement, as
     targets too."""
-    project, version = _project_and_version(wheels)
+    project, version = project_and_version(wheels)
     with tempfile.TemporaryDirectory(prefix="activekv-publish-") as private:
-        copies = _Copies.make(Path(private), wheels, envelope, attachments or {})
+        copies = PrivateCopies.make(Path(private), wheels, envelope, attachments or {})
         if digests is not None:
             _check_unchanged(wheels, copies.digests, digests)
         _check_envelope(envelope, copies, version)
         return _publish_copies(copies, index, project, version, metadata_dir, tuf)
-
-
-@dataclass(frozen=True)
-class _Copies:
-    """The private copies a publish checks, stores and uploads, and their digests."""
-
-    wheels: dict[str, Path]
-    digests: dict[str, str]
-    statement: Path
-    attachments: dict[str, Path]
-    attachment_digests: dict[str, str]
-
-    @classmethod
-    def make(
-        cls, folder: Path, wheels: Sequence[Path], envelope: Path, attachments: Mapping[str, Path]
-    ) -> _Copies:
-        # mkdtemp made ``folder`` its owner's alone: no one else can change a copy once checked.
-        copied = {w.name: _copy(w, folder / "wheels" / w.name, "wheel") for w in wheels}
-        statement = _copy(envelope, folder / "statement" / envelope.name, "envelope")
-        attached = {name: _copy(path, folder / "attestations" / _attachment_name(name),
-                                "attestation") for name, path in attachments.items()}  # fmt: skip
-        return cls(
-            wheels=copied,
-            digests={name: sha256_file(path) for name, path in copied.items()},
-            statement=statement,
-            attachments=attached,
-            attachment_digests={name: sha256_file(path) for name, path in attached.items()},
-        )
-
-
-def _copy(source: Path, destination: Path, what: str) -> Path:
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        shutil.copyfile(source, destination)
-    except OSError as exc:
-        raise PublishError(
-            f"{what} {source}: expected a readable file; got {exc.strerror or exc}. Nothing was "
-            "uploaded"
-        ) from None
-    return destination
-
-
-def _attachment_name(name: str) -> str:
-    """``name`` when it is a plain file name (a statement's byproduct is stored under it)."""
-    if not name or name != Path(name).name or name.startswith("."):
-        raise PublishError(f"attestation name {name!r}: expected a plain file name, such as "
-                           "payload.intoto.json")  # fmt: skip
-    return name
 
 
 def _check_unchanged(
@@ -251,7 +160,7 @@ def _check_unchanged(
 
 
 def _publish_copies(
-    copies: _Copies,
+    copies: PrivateCopies,
     index: IndexTarget,
     project: str,
     version: str,
@@ -264,13 +173,13 @@ def _publish_copies(
     # Every folder this publish writes after its uploads, tried now, so that a folder it cannot
     # write refuses the publish before anything is uploaded (not with a traceback after).
     _check_writable([metadata_dir, attached_dir, *([tuf.metadata_dir] if tuf else [])])
-    stored = _stored_statement(metadata_dir, project, version)
+    stored = stored_statement(metadata_dir, project, version)
     if stored is not None:
-        _check_same_files(stored, local, release=release)
+        check_same_files(stored, local, release=release)
     if tuf is not None:
         # What the targets will be: the statement kept and the attestations it names.
         kept = stored or copies.statement
-        planned = _attachment_plan(kept, attached_dir, copies, release)
+        planned = attachment_plan(kept, attached_dir, copies, release)
         tuf.check(_tuf_targets(copies.wheels, kept, planned, (project, version)), digests=local)
 
     present = list_project_files(index.simple_url, project)
@@ -280,11 +189,11 @@ def _publish_copies(
     # The intent, recorded before the first upload: the first statement stored for a version
     # fixes its files (checked above), so a publish killed midway is completed by running it
     # again and no other set of files can take the version over.
-    stored_path, envelope_stored = _store_intent(copies, metadata_dir, project, version)
+    stored_path, envelope_stored = store_intent(copies, metadata_dir, project, version)
 
     for name in tracked(missing, "uploads"):
         twine_upload.upload(copies.wheels[name], index.url, index.username, index.password)
-        _test_pause()
+        pause_for_tests(PAUSE_ENV)
 
     if missing:
         after = list_project_files(index.simple_url, project)
@@ -297,7 +206,7 @@ def _publish_copies(
 
     tuf_update = None
     if tuf is not None:
-        attached = {name: attached_dir / name for name in _byproducts(stored_path)}
+        attached = {name: attached_dir / name for name in byproducts(stored_path)}
         tuf_update = tuf.add_targets(
             _tuf_targets(copies.wheels, stored_path, attached, (project, version)), digests=local
         )
@@ -348,112 +257,6 @@ def _check_index(
         )
 
 
-def _store_intent(
-    copies: _Copies, metadata_dir: Path, project: str, version: str
-) -> tuple[Path, bool]:
-    """Store the attestations the kept statement names, then the statement unless one is kept
-    already: (the stored statement, whether this call stored it)."""
-    release = f"{project} {version}"
-    attached_dir = attachments_dir_for(metadata_dir, project, version)
-    with _locked(metadata_dir):
-        stored = _stored_statement(metadata_dir, project, version)
-        if stored is not None:  # a concurrent publish may have stored its own intent meanwhile
-            _check_same_files(stored, copies.digests, release=release)
-            _settle_attachments(stored, attached_dir, copies, release)
-            return stored, False
-        _settle_attachments(copies.statement, attached_dir, copies, release)
-        _test_pause(PAUSE_BEFORE_STATEMENT_ENV)
-        destination = envelope_path_for(metadata_dir, project, version)
-        if _place(copies.statement, destination, replace=False):
-            return destination, True
-        # Stored meanwhile by a publisher that does not share this lock (another host): it must
-        # name these files, and the attestations stored must be the ones it names.
-        _check_same_files(destination, copies.digests, release=release)
-        _settle_attachments(destination, attached_dir, copies, release)
-        return destination, False
-
-
-def _settle_attachments(statement: Path, attached_dir: Path, copies: _Copies, release: str) -> None:
-    """Make the stored attestations the ones ``statement`` names (see _attachment_plan)."""
-    for name, source in _attachment_plan(statement, attached_dir, copies, release).items():
-        if source != attached_dir / name:
-            _place(source, attached_dir / name, replace=True)
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / LOCK_NAME).open("a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-
-def _stored_statement(metadata_dir: Path, project: str, version: str) -> Path | None:
-    """The statement stored for ``project`` ``version``, under any spelling of that version."""
-    exact = envelope_path_for(metadata_dir, project, version)
-    if exact.exists():
-        return exact
-    prefix = f"{normalize_project(project)}-"
-    if not metadata_dir.is_dir():
-        return None
-    for path in sorted(metadata_dir.glob(f"{prefix}*{STATEMENT_SUFFIX}")):
-        with contextlib.suppress(InvalidVersion):
-            if Version(path.name[len(prefix) : -len(STATEMENT_SUFFIX)]) == Version(version):
-                return path
-    return None
-
-
-def _attachment_plan(
-    statement: Path, attached_dir: Path, copies: _Copies, release: str
-) -> dict[str, Path]:
-    """For each attestation ``statement`` names, the file whose bytes will lie at its stored
-    place: the stored one when it is what the statement names, else this publish's copy when that
-    is (the stored one is then an orphan of a killed publish, or missing); PublishError when
-    neither is."""
-    plan: dict[str, Path] = {}
-    for name, digest in sorted(_byproducts(statement).items()):
-        stored = attached_dir / name
-        stored_digest = sha256_file(stored) if stored.is_file() else None
-        if stored_digest == digest:
-            plan[name] = stored
-        elif copies.attachment_digests.get(name) == digest:
-            plan[name] = copies.attachments[name]
-        else:
-            there = f"sha256 {stored_digest}" if stored_digest else "nothing"
-            given = copies.attachment_digests.get(name)
-            raise PublishError(
-                f"{stored}: the statement of {release} ({statement}) names this attestation "
-                f"with sha256 {digest}; there is {there}, and this publish gives "
-                + (f"sha256 {given}" if given else "none")
-                + ". Nothing was uploaded; re-run the publish that stored that statement, with "
-                "its attestations"
-            )
-    return plan
-
-
-def _byproducts(statement: Path) -> dict[str, str]:
-    """Name to sha256 of each gate attestation the statement in ``statement`` names."""
-    try:
-        document = read_statement_unverified(statement)
-    except ReleaseError as exc:
-        raise PublishError(f"{statement}: cannot be read: {exc}") from None
-    return _named_attestations(document, statement)
-
-
-def _named_attestations(statement: Mapping[str, Any], where: Path) -> dict[str, str]:
-    try:
-        entries = statement["predicate"]["runDetails"].get("byproducts", [])
-        return {_attachment_name(e["name"]): e["digest"]["sha256"] for e in entries}
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise PublishError(
-            f"{where}: predicate.runDetails.byproducts: expected entries with a name and a "
-            f"sha256 digest; got {type(exc).__name__}: {exc}"
-        ) from None
-
-
 def _check_writable(folders: Sequence[Path]) -> None:
     """PublishError naming the first folder a file cannot be written in: tried in the folder,
     or where a missing one would be made (nothing is left behind; permission bits say nothing
@@ -472,11 +275,6 @@ def _check_writable(folders: Sequence[Path]) -> None:
             ) from None
 
 
-def attachments_dir_for(metadata_dir: Path, project: str, version: str) -> Path:
-    """Where the gate attestations of ``project`` ``version`` are stored, beside its statement."""
-    return metadata_dir / release_folder(normalize_project(project), version_key(version))
-
-
 def _tuf_targets(
     wheels: Mapping[str, Path],
     statement: Path,
@@ -493,38 +291,7 @@ def _tuf_targets(
     }
 
 
-def _test_pause(variable: str = PAUSE_ENV) -> None:
-    if seconds := os.environ.get(variable):
-        time.sleep(float(seconds))
-
-
-def _project_and_version(wheels: Sequence[Path]) -> tuple[str, str]:
-    """(normalised project, normalised public version) of the wheels: one of each."""
-    if not wheels:
-        raise PublishError("nothing to publish: no wheels given")
-    seen: set[str] = set()
-    releases: set[tuple[str, str]] = set()
-    for wheel in wheels:
-        try:
-            name, version, _, _ = parse_wheel_filename(wheel.name)
-        except (InvalidWheelFilename, InvalidVersion):
-            raise PublishError(f"{wheel}: not a wheel file name (name-version-tags.whl)") from None
-        if wheel.name in seen:
-            raise PublishError(f"{wheel.name} is given twice")
-        seen.add(wheel.name)
-        if version.local is not None:
-            raise PublishError(
-                f"{wheel.name}: expected a public version (PEP 440) to publish; got {version}, "
-                f"whose local label +{version.local} pip also takes for =={version.public}"
-            )
-        releases.add((normalize_project(name), str(version)))
-    if len(releases) != 1:
-        listed = ", ".join(f"{n} {v}" for n, v in sorted(releases))
-        raise PublishError(f"one publish is one project version; the wheels are of {listed}")
-    return releases.pop()
-
-
-def _check_envelope(envelope: Path, copies: _Copies, version: str) -> None:
+def _check_envelope(envelope: Path, copies: PrivateCopies, version: str) -> None:
     """PublishError unless the statement to publish is of ``version`` and names exactly the
     wheels and the attestations given, with their digests."""
     try:
@@ -533,7 +300,7 @@ def _check_envelope(envelope: Path, copies: _Copies, version: str) -> None:
     except ReleaseError as exc:
         raise PublishError(f"the envelope to publish cannot be read: {exc}") from None
     problems = _mismatches(named, copies.digests)
-    problems += _mismatches(_named_attestations(statement, envelope), copies.attachment_digests)
+    problems += _mismatches(named_attestations(statement, envelope), copies.attachment_digests)
     signed = statement_version(statement)
     if not same_version(signed, version):
         problems.append(f"it is of version {signed!r}, not {version}")
@@ -553,81 +320,6 @@ def _mismatches(named: Mapping[str, str], given: Mapping[str, str]) -> list[str]
         for name in sorted(set(named) | set(given))
         if named.get(name) != given.get(name)
     ]
-
-
-def statement_version(statement: Mapping[str, Any]) -> object:
-    """The version a release's statement says it is of (None when it says none)."""
-    try:
-        return statement["predicate"]["buildDefinition"]["externalParameters"]["version"]
-    except (KeyError, TypeError):
-        return None
-
-
-def same_version(signed: object, version: str) -> bool:
-    """Whether ``signed`` (a statement's version) is ``version``, however either is spelled."""
-    try:
-        return isinstance(signed, str) and Version(signed) == Version(version)
-    except InvalidVersion:
-        return False
-
-
-def _check_same_files(stored: Path, local: Mapping[str, str], *, release: str) -> None:
-    """PublishError unless the statement stored first for ``release`` names exactly ``local``."""
-    try:
-        named = subject_digests(read_statement_unverified(stored))
-    except ReleaseError as exc:
-        raise PublishError(f"the stored statement of {release} cannot be read: {exc}") from None
-    if named == dict(local):
-        return
-    extra = sorted(set(local) - set(named))
-    absent = sorted(set(named) - set(local))
-    other = sorted(n for n in set(named) & set(local) if named[n] != local[n])
-    differences = [
-        f"{label}: {', '.join(names)}"
-        for label, names in (
-            ("not in it", extra),
-            ("in it but not given", absent),
-            ("other bytes", other),
-        )
-        if names
-    ]
-    raise PublishError(
-        f"refusing to publish {release}: its files were fixed by the first publish that started "
-        f"it ({stored}) and this publish gives another set ({'; '.join(differences)}). Nothing "
-        "was uploaded; re-run that publish with its wheels to complete it, or bump the version"
-    )
-
-
-def _place(source: Path, destination: Path, *, replace: bool) -> bool:
-    """Copy ``source`` to ``destination``; True when this call put it there. ``replace``: an
-    existing file is replaced (renamed over); else it is kept and False returned.
-
-    Written to a temporary file and renamed or hard-linked into place, so a reader never sees a
-    partial file and, without ``replace``, an existing file is never replaced, even by a
-    concurrent publish.
-    """
-    if not replace and destination.exists():
-        return False
-    data = source.read_bytes()
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, 0o644)
-        if replace:
-            os.replace(tmp, destination)
-            return True
-        try:
-            os.link(tmp, destination)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def _message(project: str, version: str, files: tuple[PublishedFile, ...]) -> str:

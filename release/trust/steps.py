@@ -34,7 +34,7 @@ from release.trust.attestation import (
 )
 from release.trust.index import EmbeddedIndex, install_hint
 from release.trust.keys import channel_signer, tuf_keys_spec
-from release.trust.publish import envelope_path_for, publish
+from release.trust.publish import publish
 from release.trust.rebuild import rebuild_release
 from release.trust.remote_index import RemoteIndex
 from release.trust.sign import (
@@ -50,6 +50,7 @@ from release.trust.sign import (
     write_envelope,
     write_public_key,
 )
+from release.trust.statement_store import envelope_path_for
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
 from release.trust.verify import verify_attestations, verify_from_index, verify_release

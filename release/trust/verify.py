@@ -43,7 +43,7 @@ from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import index_root
 from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
-from release.trust.publish import of_version, same_version, statement_version
+from release.trust.release_version import of_version, same_version, statement_version
 from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import PROVENANCE_PREFIX
