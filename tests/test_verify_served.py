@@ -20,9 +20,10 @@ from index_servers import StaticServer
 from release.errors import VerifyError
 from release.trust.index import EmbeddedIndex
 from release.trust.publish import publish
+from release.trust.served_files import check_served_files
 from release.trust.sign import key_paths, load_public_key, read_and_verify_envelope
 from release.trust.tuf_metadata import TufRepository
-from release.trust.verify import Verification, check_served_files, verify_release
+from release.trust.verify import Verification, verify_release
 from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.integration  # a real pypiserver, python-tuf and pip

@@ -219,12 +219,9 @@ def normalize_project(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def list_project_files(simple_url: str, project: str) -> dict[str, str]:
-    """File name to sha256 of every file the index serves for ``project``; {} when unknown.
-
-    Digests come from the links' ``#sha256=`` fragments (pypiserver computes them from the stored
-    files); a link without one is downloaded and hashed.
-    """
+def project_links(simple_url: str, project: str) -> list[tuple[str, str, str]]:
+    """(file name, download URL, fragment) of every link on the project's page of the index
+    (none when the index does not know the project); PackageIndexError when it cannot be read."""
     page_url = urllib.parse.urljoin(simple_url.rstrip("/") + "/", f"{normalize_project(project)}/")
     try:
         with urllib.request.urlopen(page_url, timeout=_HTTP_TIMEOUT_S) as response:
@@ -232,15 +229,25 @@ def list_project_files(simple_url: str, project: str) -> dict[str, str]:
             html = response.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            return {}
+            return []
         raise PackageIndexError(f"{page_url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise PackageIndexError(f"{page_url}: the index cannot be reached ({exc})") from None
-    files: dict[str, str] = {}
+    links = []
     for href in _links(html):
-        absolute = urllib.parse.urljoin(page_base, href)
-        location, _, fragment = absolute.partition("#")
-        filename = urllib.parse.unquote(location.rsplit("/", 1)[-1])
+        location, _, fragment = urllib.parse.urljoin(page_base, href).partition("#")
+        links.append((urllib.parse.unquote(location.rsplit("/", 1)[-1]), location, fragment))
+    return links
+
+
+def list_project_files(simple_url: str, project: str) -> dict[str, str]:
+    """File name to sha256 of every file the index serves for ``project``; {} when unknown.
+
+    Digests come from the links' ``#sha256=`` fragments (pypiserver computes them from the stored
+    files); a link without one is downloaded and hashed.
+    """
+    files: dict[str, str] = {}
+    for filename, location, fragment in project_links(simple_url, project):
         algorithm, _, digest = fragment.partition("=")
         files[filename] = digest.lower() if algorithm == "sha256" else _download_sha256(location)
     return files

@@ -27,12 +27,8 @@ import json
 import re
 import shutil
 import subprocess
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -43,7 +39,8 @@ from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import index_root
 from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
-from release.trust.release_version import of_version, same_version, statement_version
+from release.trust.release_version import same_version, statement_version
+from release.trust.served_files import check_served_files
 from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import PROVENANCE_PREFIX
@@ -51,7 +48,6 @@ from release.util.digests import sha256_file
 from release.util.private_site import clean_pip_env
 
 _PIP_TIMEOUT_S = 600.0
-_HTTP_TIMEOUT_S = 60.0
 _OUTPUT_TAIL_CHARS = 4000
 
 _VERSION_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
@@ -128,112 +124,6 @@ def verify_from_index(
             )
         )
     return Verification(files, tuple(checks))
-
-
-def check_served_files(
-    *,
-    simple_url: str,
-    project: str,
-    version: str,
-    signed: Mapping[str, str],
-    folder: Path,
-    file_check: Callable[[Path], None] | None = None,
-) -> dict[str, str]:
-    """Every file the index lists for ``project==version`` (each file pip would take for it),
-    downloaded into ``folder``, checked by ``file_check`` and against ``signed`` (the statement's
-    subjects): exactly those files, each with its signed digest. Name to sha256; VerifyError
-    naming the first file that is not so (a pip install checks only the one file it picks)."""
-    release = f"{project} {version}"
-    foreign = sorted(name for name in signed if not of_version(name, project, version))
-    if foreign:
-        raise VerifyError(f"the signed statement names {', '.join(foreign)}: expected only files "
-                          f"of {release}")  # fmt: skip
-    served: dict[str, str] = {}
-    for name, url in _project_files(simple_url, project):
-        if of_version(name, project, version):
-            if served.get(name, url) != url:  # which one would pip take?
-                raise VerifyError(f"{simple_url} lists {name} twice, at {served[name]} and {url}: "
-                                  "expected one file of a name")  # fmt: skip
-            served[name] = url
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    checked: dict[str, str] = {}
-    for name, url in sorted(served.items()):
-        path = _download(url, folder / name)
-        if file_check is not None:
-            file_check(path)
-        digest = sha256_file(path)
-        if name not in signed:
-            raise VerifyError(
-                f"{name} (sha256 {digest}), served by {simple_url} as {release}, is not in the "
-                f"signed statement (it names: {', '.join(sorted(signed)) or 'nothing'})"
-            )
-        if signed[name] != digest:
-            raise VerifyError(
-                f"{name} served by {simple_url} has sha256 {digest}; the signed statement "
-                f"expects {signed[name]}"
-            )
-        checked[name] = digest
-    absent = sorted(set(signed) - set(checked))
-    if absent:
-        raise VerifyError(
-            f"{simple_url} does not serve {', '.join(absent)}: expected every file the signed "
-            f"statement of {release} names; the release is published in part, or the index "
-            "lost files"
-        )
-    return checked
-
-
-def _project_files(simple_url: str, project: str) -> list[tuple[str, str]]:
-    """(file name, download URL) of every link on the project's page of the index (none when
-    the index does not know the project)."""
-    page = urllib.parse.urljoin(simple_url.rstrip("/") + "/", f"{normalize_project(project)}/")
-    try:
-        with urllib.request.urlopen(page, timeout=_HTTP_TIMEOUT_S) as response:
-            base, html = response.geturl(), response.read().decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return []
-        raise VerifyError(f"{page}: expected the project's page; got HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise VerifyError(f"{page}: the index cannot be reached ({exc})") from None
-    files = []
-    for href in _links(html):
-        location = urllib.parse.urljoin(base, href).partition("#")[0]
-        files.append((urllib.parse.unquote(location.rsplit("/", 1)[-1]), location))
-    return files
-
-
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        href = dict(attrs).get("href") if tag == "a" else None
-        if href:
-            self.hrefs.append(href)
-
-
-def _links(html: str) -> list[str]:
-    parser = _Links()
-    parser.feed(html)
-    parser.close()
-    return parser.hrefs
-
-
-def _download(url: str, destination: Path) -> Path:
-    """``url`` saved as ``destination`` (whose name is the listed file's: a plain name)."""
-    if destination.name != Path(destination.name).name or destination.name.startswith("."):
-        raise VerifyError(f"{url}: expected a plain file name; got {destination.name!r}")
-    try:
-        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
-            with destination.open("wb") as stream:
-                shutil.copyfileobj(response, stream)
-    except (urllib.error.URLError, OSError) as exc:
-        raise VerifyError(f"{url}: cannot download {destination.name} ({exc})") from None
-    return destination
 
 
 def parse_requirement(text: str) -> tuple[str, str]:
