@@ -134,6 +134,9 @@ class VerifyRecord(Record):
     index: str
     statement: str
     checks: tuple[VerifyCheck, ...]
+    # Every file the index serves for the version, each checked against the statement: name to
+    # sha256 (empty in records of verifies before this check).
+    served: dict[str, Sha256] = {}
 
 
 R = TypeVar("R", bound=Record)

@@ -84,6 +84,7 @@ def test_published_wheels_install_from_the_index_and_import(release_run):
     assert {f["outcome"] for f in publish["files"]} == {"uploaded"}
     verify = json.loads((out / "verify.json").read_text())
     wheels = {w.name: sha256_file(w) for w in (out / "wheels").glob("*.whl")}
+    assert verify["served"] == wheels  # every file the index serves, checked against the statement
     assert {check["wheel"] for check in verify["checks"]} == set(wheels)
     for check in verify["checks"]:
         assert check["digest_ok"] and check["sha256"] == wheels[check["wheel"]]

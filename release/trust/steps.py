@@ -315,7 +315,7 @@ def _verify_with(context: Context, index: Index, public_key: Any) -> None:
                       f"target and the signed statement; imported "
                       f"{', '.join(check.imported)}")  # fmt: skip
     records.write(context.out_dir, records.VerifyRecord(
-        index=index.simple_url, statement=str(stored),
+        index=index.simple_url, statement=str(stored), served=verified.files,
         checks=tuple(records.VerifyCheck(python=c.python_version, wheel=c.wheel, sha256=c.sha256,
                                          digest_ok=c.digest_ok, imported=tuple(c.imported))
                      for c in checks),
