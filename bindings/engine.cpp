@@ -104,12 +104,13 @@ std::vector<T> integers_from(nb::handle iterable, const char* name, const char* 
   return values;
 }
 
-std::vector<std::uint64_t> hashes_from(nb::handle iterable) {
-  return integers_from<std::uint64_t>(iterable, "hashes", "an unsigned 64-bit block hash");
+std::vector<std::uint64_t> hashes_from(nb::handle iterable, const char* name = "hashes") {
+  return integers_from<std::uint64_t>(iterable, name, "an unsigned 64-bit block hash");
 }
 
-std::vector<std::int64_t> device_blocks_from(nb::handle iterable) {
-  return integers_from<std::int64_t>(iterable, "device_blocks", "a device block index");
+std::vector<std::int64_t> device_blocks_from(nb::handle iterable,
+                                             const char* name = "device_blocks") {
+  return integers_from<std::int64_t>(iterable, name, "a device block index");
 }
 
 // Any array without conversion: the engine keeps the caller's memory, never a copy of it.
@@ -323,7 +324,17 @@ NB_MODULE(_engine, m) {
       .def_prop_ro("bytes_per_tensor", &KvBlockLayout::bytes_per_tensor)
       .def_prop_ro("bytes_per_layer", &KvBlockLayout::bytes_per_layer)
       .def_prop_ro("bytes_per_block", &KvBlockLayout::bytes_per_block)
-      .def("offset_of", &KvBlockLayout::offset_of, nb::arg("layer"), nb::arg("value"),
+      .def(
+          "offset_of",
+          [](const KvBlockLayout& layout, const PyInteger& layer, bool value) {
+            // Any integer: one out of range gets the layout's own LayoutError naming `layer`.
+            const std::string expected = "0 <= layer < " + std::to_string(layout.num_layers());
+            return layout.offset_of(
+                integer_argument<LayoutError, std::uint32_t>(
+                    layer, "layer", 0, layout.num_layers() - 1, expected),
+                value);
+          },
+          nb::arg("layer"), nb::arg("value"),
            "Byte offset of one layer's K (value=False) or V (value=True) in a block of raw words "
            "(the exact layout; compressed slots are laid out as SPEC.md §5 says).")
       .def("__repr__",
@@ -473,6 +484,26 @@ NB_MODULE(_engine, m) {
           },
           nb::arg("hashes"), nb::arg("device_blocks"),
           "Plans stores of these device blocks under these hashes in the next step.")
+      .def(
+          "plan_step",
+          [](BoundEngine& self, nb::typed<nb::iterable, int> load_hashes,
+             nb::typed<nb::iterable, int> load_device_blocks,
+             nb::typed<nb::iterable, int> store_hashes,
+             nb::typed<nb::iterable, int> store_device_blocks) {
+            const std::vector<std::uint64_t> load_values = hashes_from(load_hashes, "load_hashes");
+            const std::vector<std::int64_t> load_blocks =
+                device_blocks_from(load_device_blocks, "load_device_blocks");
+            const std::vector<std::uint64_t> store_values =
+                hashes_from(store_hashes, "store_hashes");
+            const std::vector<std::int64_t> store_blocks =
+                device_blocks_from(store_device_blocks, "store_device_blocks");
+            Release release;
+            self.engine.plan_step(load_values, load_blocks, store_values, store_blocks);
+          },
+          nb::arg("load_hashes"), nb::arg("load_device_blocks"), nb::arg("store_hashes"),
+          nb::arg("store_device_blocks"),
+          "plan_load and plan_store in one call: both are checked whole before either is "
+          "planned, so a refused call plans nothing.")
       .def(
           "build_step", [](BoundEngine& self) { self.engine.build_step(); },
           nb::call_guard<Release>(), "Freezes the plan: hits pin their blocks, misses are dropped.")

@@ -59,6 +59,49 @@ struct KvViewRule {
   int cuda_device = -1;                   // the GPU its memory must be on (CUDA route)
 };
 
+// Why numpy could not hand `item` over (DLPack and the buffer protocol both refuse it), naming
+// the dtype or strides refused; empty for anything that is not a numpy-like array.
+inline std::string unexported_array_problem(nb::handle item) {
+  nb::object dtype = nb::getattr(item, "dtype", nb::none());
+  nb::object shape = nb::getattr(item, "shape", nb::none());
+  nb::object strides = nb::getattr(item, "strides", nb::none());
+  if (!nb::hasattr(dtype, "isnative") || !nb::hasattr(dtype, "kind") ||
+      !nb::hasattr(dtype, "itemsize") || !nb::isinstance<nb::tuple>(shape) ||
+      !nb::isinstance<nb::tuple>(strides) || nb::len(shape) != nb::len(strides)) {
+    return {};
+  }
+  const std::string text = nb::str(dtype).c_str();
+  const std::string kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));
+  if (kind.size() != 1 || std::string("biufc").find(kind) == std::string::npos) {
+    return "expected an array of numbers (numpy or DLPack); got one of dtype " + text;
+  }
+  if (!nb::cast<bool>(dtype.attr("isnative"))) {
+    return "expected an array in this machine's byte order; got one of dtype " + text +
+           " (byte-swapped)";
+  }
+  const auto element = nb::cast<std::int64_t>(dtype.attr("itemsize"));
+  std::vector<std::int64_t> byte_strides;
+  bool whole = true;
+  const nb::tuple extents = nb::borrow<nb::tuple>(shape);
+  const nb::tuple steps = nb::borrow<nb::tuple>(strides);
+  for (std::size_t dim = 0; dim < steps.size(); ++dim) {
+    std::int64_t extent = 0;
+    std::int64_t stride = 0;
+    if (!nb::try_cast<std::int64_t>(extents[dim], extent) ||
+        !nb::try_cast<std::int64_t>(steps[dim], stride)) {
+      return {};
+    }
+    byte_strides.push_back(stride);
+    // As numpy exports: a dimension of extent 1 may have any stride, never used.
+    whole = whole && (extent == 1 || (element > 0 && stride % element == 0));
+  }
+  if (!whole) {
+    return "expected strides that are multiples of its " + std::to_string(element) +
+           "-byte elements; got " + list_text(byte_strides) + " (in bytes)";
+  }
+  return {};
+}
+
 // `item` as an Array in the memory `rule` asks for (not yet its type or shape). Cast once: a
 // DLPack capsule can be taken only once.
 template <typename Array>
@@ -66,13 +109,21 @@ Array device_array(nb::handle item, const std::string& name, const KvViewRule& r
   using offload::EngineInputError;
   Array array;
   if (!nb::try_cast<Array>(item, array, /*convert=*/false)) {
+    const std::string problem = unexported_array_problem(item);
+    if (!problem.empty()) throw EngineInputError(name + ": " + problem);
+    const std::string type = nb::type_name(item.type()).c_str();
     nb::ndarray<nb::ro> read_only;
     if (nb::try_cast(item, read_only, /*convert=*/false)) {
+      // A numpy scalar hands over its value read-only (buffer protocol, no DLPack): it is not
+      // an array to write into at all.
+      if (read_only.ndim() == 0 && !nb::hasattr(item, "__dlpack__")) {
+        throw EngineInputError(name + ": expected an array (numpy or DLPack); got a " + type +
+                               " scalar");
+      }
       throw EngineInputError(name + ": expected a writable array (loads write into it); got a "
                                     "read-only one");
     }
-    throw EngineInputError(name + ": expected an array (numpy or DLPack); got " +
-                           nb::type_name(item.type()).c_str());
+    throw EngineInputError(name + ": expected an array (numpy or DLPack); got " + type);
   }
   const bool on_cuda = rule.route == offload::Route::cuda;
   const std::int32_t type = array.device_type();
@@ -243,19 +294,26 @@ inline KvLayerView kv_layer_view(nb::handle item, const std::string& name,
 }
 
 // For modules other than activekv._engine: raise their EngineInputError (KV tensors refused
-// above, bad input to the engine) as activekv._engine's class, so Python catches one type whichever
-// binding refused. Call after translate_standard_exceptions: later translators are tried first.
-inline void translate_engine_input_errors() {
-  nb::object type = nb::module_::import_("activekv._engine").attr("EngineInputError");
+// above, bad input to the engine) and EngineStateError (engine hooks out of order) as
+// activekv._engine's classes, so Python catches one type whichever binding raised it. Call after
+// translate_standard_exceptions: later translators are tried first.
+template <typename Error>
+void translate_as_engine_error(const char* name) {
+  nb::object type = nb::module_::import_("activekv._engine").attr(name);
   nb::register_exception_translator(
       [](const std::exception_ptr& raised, void* payload) {
         try {
           std::rethrow_exception(raised);
-        } catch (const offload::EngineInputError& error) {
+        } catch (const Error& error) {
           PyErr_SetString(static_cast<PyObject*>(payload), error.what());
         }
       },
       type.release().ptr());  // a reference kept for good: modules are never unloaded
+}
+
+inline void translate_engine_errors() {
+  translate_as_engine_error<offload::EngineInputError>("EngineInputError");
+  translate_as_engine_error<offload::EngineStateError>("EngineStateError");
 }
 
 }  // namespace activekv::bindings

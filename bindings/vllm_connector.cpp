@@ -422,19 +422,26 @@ void check_engine_arguments(const Settings& settings) {
   }
 }
 
-// A worker's engine and the block index it publishes for the scheduler's process.
+// A worker's engine, the KV caches it views and the block index it publishes for the
+// scheduler's process.
 struct WorkerEngine {
   explicit WorkerEngine(const Settings& settings)
       : engine(settings.layout, settings.mode, settings.cpu_bytes, settings.num_regions,
                settings.region_blocks, settings.num_device_blocks, settings.route),
         index(settings.engine_id, settings.rank, engine.num_slots()) {}
 
+  // The arrays the engine's views point into, replaced with them (GIL held). Kept here, not by
+  // the core that registered them: the engine is shared by every worker core of its engine_id,
+  // and outlives any one of them. Declared before `engine`, so released after it: its last owner
+  // never drains transfers into freed memory.
+  std::vector<nb::ndarray<>> kv_arrays;
   Engine engine;
   SharedIndexWriter index;
 };
 
 // The worker cores of one process share one engine per vLLM engine_id (one rank's pool and its
-// index, which admits one writer). Guarded by the GIL.
+// index, which admits one writer): vLLM makes one worker connector per process, but a new one
+// may be made while the last is not yet collected. Guarded by the GIL.
 std::shared_ptr<WorkerEngine> shared_engine(const Settings& settings) {
   static std::map<std::string, std::weak_ptr<WorkerEngine>> engines;
   std::weak_ptr<WorkerEngine>& slot = engines[settings.engine_id];
@@ -640,17 +647,19 @@ class ConnectorCore {
     }
     // GIL held: the engine's views and the arrays keeping their memory alive change together.
     engine_->register_kv_caches(views);
-    kv_arrays_ = std::move(arrays);
+    worker_->kv_arrays = std::move(arrays);
     layer_index_.clear();
     for (std::size_t i = 0; i < settings_.layer_names.size(); ++i) {
       layer_index_[settings_.layer_names[i]] = static_cast<std::int64_t>(i);
     }
   }
 
-  void start_load_kv(nb::handle connector, nb::handle /*forward_context*/) { begin_step(connector); }
+  void start_load_kv(nb::handle connector, nb::handle /*forward_context*/) {
+    begin_step(connector, "start_load_kv");
+  }
 
   void wait_for_layer_load(nb::handle connector, const std::string& layer_name) {
-    begin_step(connector);
+    begin_step(connector, "wait_for_layer_load");
     const std::int64_t layer = layer_of(layer_name);
     std::vector<std::size_t> lost;
     {
@@ -662,7 +671,7 @@ class ConnectorCore {
 
   void save_kv_layer(nb::handle connector, const std::string& layer_name, nb::handle /*kv_layer*/,
                      nb::handle /*attn_metadata*/) {
-    begin_step(connector);
+    begin_step(connector, "save_kv_layer");
     const std::int64_t layer = layer_of(layer_name);
     void* const compute_stream = current_compute_stream();
     nb::gil_scoped_release release;
@@ -670,7 +679,7 @@ class ConnectorCore {
   }
 
   void wait_for_save(nb::handle connector) {
-    begin_step(connector);  // a step without a forward has had no hook yet
+    begin_step(connector, "wait_for_save");  // a step without a forward has had no hook yet
     {
       nb::gil_scoped_release release;
       engine_->wait_for_save();
@@ -781,9 +790,15 @@ class ConnectorCore {
 
   // The first hook of a step gives the engine the step's plan. vLLM calls start_load_kv before
   // the forward only when a step has synchronous loads; otherwise the layer hooks come first.
-  void begin_step(nb::handle connector) {
+  void begin_step(nb::handle connector, const char* hook) {
     if (step_running_) return;
-    worker_engine("the worker's step");
+    worker_engine(hook);
+    // Before anything is planned: a hook refused here leaves the engine as it was, so the step
+    // can start once the caches are registered.
+    if (worker_->kv_arrays.empty()) {
+      throw activekv::offload::EngineStateError(
+          std::string(hook) + ": called out of order; expected register_kv_caches first");
+    }
     nb::object metadata = connector.attr("_get_connector_metadata")();
     StepPlan* plan = nullptr;
     if (!nb::try_cast<StepPlan*>(nb::getattr(metadata, "plan", nb::none()), plan) ||
@@ -805,8 +820,8 @@ class ConnectorCore {
     std::vector<std::size_t> missed;
     {
       nb::gil_scoped_release release;
-      engine_->plan_load(load_keys, load_blocks);
-      engine_->plan_store(store_keys, store_blocks);
+      // One call: a step refused for a bad store plans none of its loads either.
+      engine_->plan_step(load_keys, load_blocks, store_keys, store_blocks);
       // A block the scheduler half saw committed may be gone by now (evicted by a store that
       // ran between its lookup and this step): vLLM counted those tokens as loaded, so they
       // are reported as failed loads and recomputed, never left as whatever the block held.
@@ -829,9 +844,7 @@ class ConnectorCore {
 
   Settings settings_;
   std::string role_;
-  // Worker half: the KV caches the engine's views point into, released after the engine (members
-  // go in reverse order), so that its last owner never drains transfers into freed memory.
-  std::vector<nb::ndarray<>> kv_arrays_;
+  // Worker half: the engine and the KV caches it views (shared by the cores of its engine_id).
   std::shared_ptr<WorkerEngine> worker_;
   Engine* engine_ = nullptr;  // worker_'s
   // Scheduler half.
@@ -863,7 +876,7 @@ bool register_connector() {
 NB_MODULE(_vllm, m) {
   m.doc() = "ActiveKV's vLLM connector: the native core behind activekv.vllm_connector.";
   activekv::bindings::translate_standard_exceptions();
-  activekv::bindings::translate_engine_input_errors();
+  activekv::bindings::translate_engine_errors();
   nb::exception<ConnectorConfigError>(m, "ConnectorConfigError", PyExc_ValueError);
   m.attr("CONNECTOR_NAME") = kConnectorName;
 

@@ -45,6 +45,9 @@ __all__ = ["Engine", "decode_layer", "encode_layer", "stored_block_bytes", "stor
 # ("bfloat16" where ml_dtypes provides it; numpy itself has none).
 _OWN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
+# The most staging regions an engine may have (SPEC.md §7).
+MAX_REGIONS = 2**20
+
 KNOWN_FAULTS = frozenset({"lru_mru_first", "extent_split_smallest"})
 FAULTS: set[str] = set()
 
@@ -154,12 +157,12 @@ def _integers(values: Any, name: str, low: int, high: int, expected: str) -> lis
     return result
 
 
-def _hashes(values: Any) -> list[int]:
-    return _integers(values, "hashes", 0, 2**64, "an unsigned 64-bit block hash")
+def _hashes(values: Any, name: str = "hashes") -> list[int]:
+    return _integers(values, name, 0, 2**64, "an unsigned 64-bit block hash")
 
 
-def _device_blocks(values: Any) -> list[int]:
-    return _integers(values, "device_blocks", -(2**63), 2**63, "a device block index")
+def _device_blocks(values: Any, name: str = "device_blocks") -> list[int]:
+    return _integers(values, name, -(2**63), 2**63, "a device block index")
 
 
 def _non_negative(value: Any, name: str) -> int:
@@ -167,6 +170,42 @@ def _non_negative(value: Any, name: str) -> int:
     if not 0 <= value < 2**63:
         raise ValueError(f"{name}: expected a non-negative integer below 2**63; got {value}")
     return value
+
+
+def _is_own(dtype: np.dtype, own: str) -> bool:
+    """Whether `dtype` is the layout's own dtype (numpy's name `own`) in this machine's byte
+    order: a byte-swapped one has the same name but other bits."""
+    return dtype.name == own and dtype.isnative
+
+
+def _check_exportable(array: Any, name: str) -> None:
+    """What the bindings cannot take over at all (neither DLPack nor the buffer protocol hands it
+    over), refused with their messages (bindings/kv_views.h): not an array, an array of no
+    numbers, byte-swapped, or with strides that split its elements."""
+    if isinstance(array, np.generic):
+        raise ValueError(
+            f"{name}: expected an array (numpy or DLPack); got a {type(array).__name__} scalar"
+        )
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{name}: expected an array (numpy or DLPack); got {type(array).__name__}")
+    dtype = array.dtype
+    if dtype.kind not in "biufc" and dtype.name not in _OWN_DTYPES.values():
+        # (bfloat16 from ml_dtypes is the reference's own, though no binding takes it.)
+        raise ValueError(
+            f"{name}: expected an array of numbers (numpy or DLPack); got one of dtype {dtype}"
+        )
+    if not dtype.isnative:
+        raise ValueError(
+            f"{name}: expected an array in this machine's byte order; got one of dtype {dtype} "
+            f"(byte-swapped)"
+        )
+    # As numpy exports: a dimension of extent 1 may have any stride, never used.
+    placed = zip(array.shape, array.strides, strict=True)
+    if any(extent != 1 and stride % dtype.itemsize for extent, stride in placed):
+        raise ValueError(
+            f"{name}: expected strides that are multiples of its {dtype.itemsize}-byte elements; "
+            f"got {list(array.strides)} (in bytes)"
+        )
 
 
 def _physical_memory_bytes() -> int:
@@ -247,6 +286,8 @@ class Engine:
         _positive(num_regions, "num_regions")
         _positive(region_blocks, "region_blocks")
         _positive(num_device_blocks, "num_device_blocks")
+        if num_regions > MAX_REGIONS:
+            raise ValueError(f"num_regions: expected at most {MAX_REGIONS}; got {num_regions}")
         num_slots = capacity_bytes // slot_bytes
         physical = _physical_memory_bytes()
         if physical and num_slots * slot_bytes > physical:
@@ -330,10 +371,7 @@ class Engine:
     def _layer_view(self, array: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
         """SPEC.md §1: a layer in either form, as (K, V) views [B, T, H, D] of raw words."""
         layout = self._layout
-        if not isinstance(array, np.ndarray):
-            raise ValueError(
-                f"{name}: expected an array (numpy or DLPack); got {type(array).__name__}"
-            )
+        _check_exportable(array, name)
         if not array.flags.writeable:
             raise ValueError(
                 f"{name}: expected a writable array (loads write into it); got a read-only one"
@@ -342,7 +380,7 @@ class Engine:
         types = f"raw words ({self._word.name}) or {own}, of dtype {_dtype_name(layout)}"
         if array.ndim == 4:
             return self._vllm_layer_view(array, name, types)
-        if array.dtype != self._word and array.dtype.name != own:
+        if array.dtype != self._word and not _is_own(array.dtype, own):
             raise ValueError(f"{name}: expected {types}; got {array.dtype}")
         expected_shape = [2, self._num_device_blocks, layout.block_size, layout.num_kv_heads,
                           layout.head_dim]  # fmt: skip
@@ -362,7 +400,7 @@ class Engine:
         strides but a contiguous last dimension: K's D words, then V's, per (block, head, token)."""
         layout = self._layout
         own = _OWN_DTYPES[_dtype_name(layout)]
-        if array.dtype not in (self._word, np.int8, np.uint8) and array.dtype.name != own:
+        if array.dtype not in (self._word, np.int8, np.uint8) and not _is_own(array.dtype, own):
             raise ValueError(f"{name}: expected {types} (or its bytes, int8 or uint8); got "
                              f"{array.dtype}")  # fmt: skip
         word = self._word.itemsize
@@ -390,7 +428,8 @@ class Engine:
                 f"and V words contiguous); got {strides} (in elements)"
             )
         checked_alignment(array, name, word)
-        if any(stride * element % word for stride in strides[:3]):
+        # flags.aligned also covers the strides: stride // element above drops a stray byte.
+        if not array.flags.aligned or any(stride * element % word for stride in strides[:3]):
             raise ValueError(
                 f"{name}: expected strides that keep words aligned (multiples of {word} bytes); "
                 f"got {strides} (in {element}-byte elements)"
@@ -413,12 +452,31 @@ class Engine:
         return found
 
     def plan_load(self, hashes: Any, device_blocks: Any) -> None:
-        planned = self._checked_plan(hashes, device_blocks)
-        self._add_to_plan(self._planned_loads, planned, "plan_load")
+        loads = self._checked_plan(_hashes(hashes), _device_blocks(device_blocks))
+        self._add_to_plan(loads, [], "plan_load")
 
     def plan_store(self, hashes: Any, device_blocks: Any) -> None:
-        planned = self._checked_plan(hashes, device_blocks)
-        self._add_to_plan(self._planned_stores, planned, "plan_store")
+        stores = self._checked_plan(_hashes(hashes), _device_blocks(device_blocks))
+        self._add_to_plan([], stores, "plan_store")
+
+    def plan_step(
+        self,
+        load_hashes: Any,
+        load_device_blocks: Any,
+        store_hashes: Any,
+        store_device_blocks: Any,
+    ) -> None:
+        """plan_load and plan_store in one call: every argument and limit of both is checked
+        before either is planned (SPEC.md §6 rule 11)."""
+        values = (
+            _hashes(load_hashes, "load_hashes"),
+            _device_blocks(load_device_blocks, "load_device_blocks"),
+            _hashes(store_hashes, "store_hashes"),
+            _device_blocks(store_device_blocks, "store_device_blocks"),
+        )
+        loads = self._checked_plan(values[0], values[1], "load_")
+        stores = self._checked_plan(values[2], values[3], "store_")
+        self._add_to_plan(loads, stores, "plan_step", "load_", "store_")
 
     def build_step(self) -> None:
         if self._phase != "planning":
@@ -567,45 +625,54 @@ class Engine:
             raise ValueError(f"layer: expected 0 <= layer < {self._num_layers}; got {layer}")
         return layer
 
-    def _checked_plan(self, hashes: Any, device_blocks: Any) -> list[tuple[int, int]]:
-        hash_values = _hashes(hashes)
-        device_values = _device_blocks(device_blocks)
+    def _checked_plan(
+        self, hash_values: list[int], device_values: list[int], prefix: str = ""
+    ) -> list[tuple[int, int]]:
         if len(device_values) != len(hash_values):
             raise ValueError(
-                f"device_blocks: expected one device block per hash ({len(hash_values)}); "
+                f"{prefix}device_blocks: expected one device block per hash ({len(hash_values)}); "
                 f"got {len(device_values)}"
             )
         for index, device in enumerate(device_values):
             if not 0 <= device < self._num_device_blocks:
                 raise ValueError(
-                    f"device_blocks[{index}]: expected 0 <= device block < "
+                    f"{prefix}device_blocks[{index}]: expected 0 <= device block < "
                     f"{self._num_device_blocks}; got {device}"
                 )
         return list(zip(hash_values, device_values, strict=True))
 
     def _add_to_plan(
-        self, plan: list[tuple[int, int]], planned: list[tuple[int, int]], call: str
+        self,
+        loads: list[tuple[int, int]],
+        stores: list[tuple[int, int]],
+        call: str,
+        load_prefix: str = "",
+        store_prefix: str = "",
     ) -> None:
+        """Checks hook order, then both plans' limits (SPEC.md §6 rule 9), then plans both."""
         if self._phase != "planning":
             self._out_of_order(call)
-        if len(plan) + len(planned) > self._region_blocks:
-            raise ValueError(
-                f"hashes: a step moves at most region_blocks = {self._region_blocks} blocks each "
-                f"way; {call} would plan {len(plan) + len(planned)}"
-            )
-        if plan is self._planned_loads:
-            self._check_load_targets(planned)
-        plan.extend(planned)
+        for plan, planned, prefix in ((self._planned_loads, loads, load_prefix),
+                                      (self._planned_stores, stores, store_prefix)):  # fmt: skip
+            if len(plan) + len(planned) > self._region_blocks:
+                raise ValueError(
+                    f"{prefix}hashes: a step moves at most region_blocks = {self._region_blocks} "
+                    f"blocks each way; {call} would plan {len(plan) + len(planned)}"
+                )
+            if plan is self._planned_loads:
+                self._check_load_targets(planned, prefix)
+        self._planned_loads.extend(loads)
+        self._planned_stores.extend(stores)
 
-    def _check_load_targets(self, planned: list[tuple[int, int]]) -> None:
+    def _check_load_targets(self, planned: list[tuple[int, int]], prefix: str) -> None:
         """SPEC.md §6 rule 6: a device block receives one hash's bytes per step."""
         target = {device: block_hash for block_hash, device in self._planned_loads}
         for index, (block_hash, device) in enumerate(planned):
             loaded = target.setdefault(device, block_hash)
             if loaded != block_hash:
                 raise ValueError(
-                    f"device_blocks[{index}]: expected a device block no other hash of this "
-                    f"step loads into; got {device} (hash {loaded}'s)"
+                    f"{prefix}device_blocks[{index}]: expected a device block no other hash of "
+                    f"this step loads into; got {device} (hash {loaded}'s)"
                 )
 
     def _out_of_order(self, call: str) -> None:

@@ -207,10 +207,19 @@ class ReferenceConnector(KVConnectorBase_V1):
     def _begin_step(self) -> None:
         if self._running:
             return
+        # Before planning: a hook refused here leaves the engine as it was.
+        if not self._engine._kv:
+            raise RuntimeError("called out of order; expected register_kv_caches first")
         plan = self._get_connector_metadata()
         assert isinstance(plan, ReferencePlan)
-        self._engine.plan_load([k for k, _ in plan.loads], [b for _, b in plan.loads])
-        self._engine.plan_store([k for k, _ in plan.stores], [b for _, b in plan.stores])
+        # One call: a step refused for a bad store plans none of its loads either.
+        loads, stores = plan.loads, plan.stores
+        self._engine.plan_step(
+            [k for k, _ in loads],
+            [b for _, b in loads],
+            [k for k, _ in stores],
+            [b for _, b in stores],
+        )
         self._engine.build_step()
         self._engine.start_load()
         self._running = True

@@ -103,6 +103,7 @@ def _mid_step_calls(driver: Driver) -> list[Any]:
         "start_load": engine.start_load,
         "plan_load": lambda: engine.plan_load([1], [2]),
         "plan_store": lambda: engine.plan_store([1], [2]),
+        "plan_step": lambda: engine.plan_step([1], [2], [3], [4]),
         "register_kv_caches": lambda: engine.register_kv_caches(driver.kv),
         "wait_for_save": engine.wait_for_save,
     }
@@ -119,7 +120,7 @@ def _mid_step_calls(driver: Driver) -> list[Any]:
     engine.plan_store([9], [5])
     for position, key in enumerate(order):
         for other, call in hooks.items():
-            planning_call = other in ("plan_load", "plan_store", "register_kv_caches")
+            planning_call = other in ("plan_load", "plan_store", "plan_step", "register_kv_caches")
             # register_kv_caches is allowed until the step runs (SPEC §6 rule 8).
             registering_before_run = other == "register_kv_caches" and position <= 1
             if other == key or (position == 0 and planning_call) or registering_before_run:
@@ -159,6 +160,9 @@ def test_hooks_out_of_order_at_every_point_of_a_step(native):
         ("exact", 2**70, 1, 1, 1),
         ("exact", 8, 1, 1, -(2**64)),
         ("exact", 2**40 * 1024, 1, 1, 1),
+        # More regions than any pool: EngineInputError before the pool is allocated or sized.
+        ("exact", 8, 2**20 + 1, 1, 1),
+        ("exact", 2**40 * 1024, 2**20 + 1, 1, 1),
     ],
 )
 def test_construction_errors_match_the_reference(native, arguments):
@@ -166,6 +170,8 @@ def test_construction_errors_match_the_reference(native, arguments):
     theirs = SimpleNamespace(num_layers=1, block_size=1, num_kv_heads=1, head_dim=1, dtype="fp32")
     error, message = raised(lambda: native.Engine(ours, *arguments))
     assert error is ValueError
+    with pytest.raises((native.EngineInputError, native.LayoutError)):  # LayoutError: the mode
+        native.Engine(ours, *arguments)
     assert (error, message) == raised(lambda: reference.Engine(theirs, *arguments))
 
 
@@ -185,6 +191,15 @@ def test_a_layout_dimension_out_of_range_is_a_value_error_naming_it(native, dime
     with pytest.raises(native.LayoutError, match=text) as caught:
         native.KvBlockLayout(*dimensions, native.KvDtype.bf16)
     assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("layer", [-1, 3, 2**40, 2**70])
+def test_offset_of_a_layer_out_of_range_is_a_layout_error_naming_it(native, layer):
+    layout = native.KvBlockLayout(3, 16, 2, 8, native.KvDtype.bf16)
+    with pytest.raises(native.LayoutError, match=rf"^layer: expected 0 <= layer < 3; got {layer}$"):
+        layout.offset_of(layer, False)
+    last_value = 2 * layout.bytes_per_layer + layout.bytes_per_tensor
+    assert layout.offset_of(np.int64(2), True) == last_value
 
 
 @pytest.mark.parametrize("stream", [-1, 2**64, 2**100])

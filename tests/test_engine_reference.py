@@ -246,6 +246,40 @@ def scenario_load_targets(module: Any) -> Transcript:
     return t
 
 
+def scenario_plan_step(module: Any) -> Transcript:
+    """plan_load and plan_store in one call: a call refused for its stores (or a limit) plans
+    none of its loads, so the step built next neither hits nor overwrites their device blocks
+    (SPEC.md §6 rule 11); an accepted call plans both."""
+    t = Transcript(Driver(module, slots=4, region_blocks=2))
+    t.step(seed=1, stores=[(1, 5), (2, 6)])
+    engine = t.driver.engine
+    for call in (
+        lambda: engine.plan_step([1], [5], [9], [8]),  # a store's device block out of range
+        lambda: engine.plan_step([1, 2], [5, 6], [7, 8, 9], [0, 1, 2]),  # too many stores
+        lambda: engine.plan_step([1, 2], [5, 5], [], []),  # two hashes into one device block
+        lambda: engine.plan_step([1], [5], [9, 10], [0]),  # store lists of two lengths
+        lambda: engine.plan_step([1], [5], ["x"], [0]),  # a store hash that is no integer
+    ):
+        t.records.append(("refused", raised(call)))
+    t.step(seed=2)  # the refused calls planned nothing: no hit, device blocks 5, 6 as filled
+    engine.plan_step([1], [3], [9], [0])
+    engine.plan_load([2], [7])
+    t.records.append(("refused", raised(lambda: engine.plan_step([], [], [10, 11], [1, 2]))))
+    t.step(seed=3)  # the accepted plans, run by the step built next
+    t.lookup([9, 10])
+    return t
+
+
+def scenario_huge_region_blocks(module: Any) -> Transcript:
+    """Any region_blocks below 2**63 serves (SPEC.md §6 rule 10): a step's reservation is bounded
+    by the pool, not by region_blocks."""
+    t = Transcript(Driver(module, slots=2, region_blocks=2**62))
+    t.step(seed=1, stores=[(1, 0), (2, 1)])
+    t.step(seed=2, stores=[(3, 2), (4, 3), (5, 4)])  # evicts 1 and 2, refuses 5
+    t.step(seed=3, loads=[(3, 6), (4, 7)])
+    return t
+
+
 def scenario_random(
     module: Any, seed: int = 7, dtype: str = "bf16", mode: str = "exact",
     kv_layout: str | None = None,
@@ -302,6 +336,8 @@ SCENARIOS: dict[str, Callable[[Any], Transcript]] = {
     "no_forward": scenario_no_forward,
     "extents": scenario_extents,
     "load_targets": scenario_load_targets,
+    "plan_step": scenario_plan_step,
+    "huge_region_blocks": scenario_huge_region_blocks,
     "random_bf16": lambda module: scenario_random(module, 7, "bf16"),
     "random_fp32": lambda module: scenario_random(module, 8, "fp32"),
     "random_fp16": lambda module: scenario_random(module, 9, "fp16"),
@@ -330,6 +366,16 @@ def _bad_layers(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
     raw = np.zeros(kv[0].nbytes + 1, np.uint8)[1:]
     misaligned = raw.view(kv[0].dtype).reshape(shape)
     wide = np.zeros((*shape[:-1], 2 * shape[-1]), dtype=kv[0].dtype)
+    # Words 17 bytes apart along the last dimension: strides that split elements (SPEC.md §1).
+    spread = np.zeros(kv[0].size * 17 + 4, np.uint8)
+    strides = tuple(stride // kv[0].itemsize * 17 for stride in kv[0].strides)
+    split = np.ndarray(shape, kv[0].dtype, spread, 0, strides)
+    # vLLM's view form [B, H, T, 2 * D], aligned at its start, its tokens 17 bytes apart.
+    blocks, tokens, heads, dim = shape[1:]
+    split_view = np.ndarray((blocks, heads, tokens, 2 * dim), kv[0].dtype, spread, 0,
+                            (tokens * 17 * heads, tokens * 17, 17, kv[0].itemsize))  # fmt: skip
+    scalar = kv[2].dtype.type(0)
+    swapped = np.zeros(shape, ">f2")  # the layout's fp16, byte-swapped
     register = driver.engine.register_kv_caches
     return [
         ("too few layers", lambda: register(kv[:-1]), "layers: expected num_layers = 3"),
@@ -342,6 +388,30 @@ def _bad_layers(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
         ("strided", lambda: register(replaced(1, wide[..., ::2])), "layers[1]: expected a C-"),
         ("fortran", lambda: register(replaced(0, np.asfortranarray(kv[0]))), "C-contiguous"),
         ("read-only", lambda: register(replaced(2, read_only)), "layers[2]: expected a writable"),
+        # What neither DLPack nor the buffer protocol hands over: named by dtype or strides.
+        (
+            "byte-swapped own dtype",
+            lambda: register(replaced(1, swapped)),
+            "layers[1]: expected an array in this machine's byte order; got one of dtype >f2",
+        ),
+        ("objects", lambda: register(replaced(0, kv[0].astype(object))), "got one of dtype object"),
+        (
+            "a scalar",
+            lambda: register(replaced(2, scalar)),
+            "layers[2]: expected an array (numpy or DLPack); got a uint16 scalar",
+        ),
+        (
+            "split elements",
+            lambda: register(replaced(1, split)),
+            "layers[1]: expected strides that are multiples of its 2-byte elements; got "
+            "[1088, 136, 68, 68, 17] (in bytes)",
+        ),
+        (
+            "split elements of a view",
+            lambda: register(replaced(0, split_view)),
+            "layers[0]: expected strides that are multiples of its 2-byte elements; got "
+            "[34, 34, 17, 2] (in bytes)",
+        ),
         (
             "misaligned",
             lambda: register(replaced(1, misaligned)),
@@ -364,6 +434,19 @@ def bad_inputs(driver: Driver) -> list[tuple[str, Callable[[], Any], str]]:
         ("hash 2**64", lambda: engine.plan_load([2**64], [0]), "hashes[0]"),
         ("hash str", lambda: engine.plan_store(["x"], [0]), "hashes[0]"),
         ("too many loads", lambda: engine.plan_load([1, 2, 3, 4, 5], range(5)), "region_blocks"),
+        # Loads that are good, stores that are not: nothing planned (SPEC.md §6 rule 11), so
+        # check_usable's first step has no leftover load of 501 into device block 2.
+        (
+            "half-refused step",
+            lambda: engine.plan_step([501], [2], [9], [8]),
+            "store_device_blocks[0]: expected 0 <= device block < 8; got 8",
+        ),
+        (
+            "half-refused step, a store limit",
+            lambda: engine.plan_step([501], [2], [1, 2, 3, 4, 5], range(5)),
+            "store_hashes: a step moves at most region_blocks = 4",
+        ),
+        ("plan_step load hash", lambda: engine.plan_step([-1], [2], [], []), "load_hashes[0]"),
         ("layer -1", lambda: engine.wait_for_layer_load(-1), "layer: expected 0 <= layer < 3"),
         ("layer 2**70", lambda: engine.wait_for_layer_load(2**70), "layer: expected 0 <= layer"),
         ("fault layer -2**64", lambda: engine.inject_fence_fault("store", -(2**64)), "layer"),
@@ -791,12 +874,55 @@ def test_start_load_needs_registered_kv():
         (("exact", 2**63, 1, 1, 1), "capacity_bytes: expected a non-negative integer below 2"),
         (("exact", 8, 1, 2**70, 1), "region_blocks: expected a non-negative integer below 2"),
         (("exact", 2**62, 1, 1, 1), "capacity_bytes: expected a pool that fits in this machine"),
+        # Before the pool's memory: a pool no machine holds is not what is named.
+        (("exact", 2**62, 2**20 + 1, 1, 1), "num_regions: expected at most 1048576; got 1048577"),
     ],
 )
 def test_construction_errors(arguments, text):
     layout = SimpleNamespace(num_layers=1, block_size=1, num_kv_heads=1, head_dim=1, dtype="fp32")
     with pytest.raises(ValueError, match=text):
         reference.Engine(layout, *arguments)
+
+
+def test_a_refused_plan_step_plans_nothing():
+    transcript = scenario_plan_step(reference)
+    refused = [record[1] for record in transcript.records if record[0] == "refused"]
+    limit = "a step moves at most region_blocks = 2 blocks each way; plan_step would plan 3"
+    elsewhere = "expected a device block no other hash of this step loads into; got"
+    assert refused == [
+        (ValueError, "store_device_blocks[0]: expected 0 <= device block < 8; got 8"),
+        (ValueError, f"store_hashes: {limit}"),
+        (ValueError, f"load_device_blocks[1]: {elsewhere} 5 (hash 1's)"),
+        (ValueError, "store_device_blocks: expected one device block per hash (2); got 1"),
+        (ValueError, "store_hashes[0]: expected an unsigned 64-bit block hash; got 'x'"),
+        (ValueError, f"store_hashes: {limit}"),
+    ]
+    steps = [record for record in transcript.records if record[0] == "step"]
+    assert steps[1][2] == []  # no load of 1 left from a refused call
+    assert steps[2][2] == [("hit", 1), ("hit", 2), ("loaded", 1), ("loaded", 2), ("commit", 9)]
+
+
+def test_a_half_refused_step_leaves_its_loads_unplanned_with_plan_load_it_does_not():
+    """The negative control of rule 11: planned apart, a refused store leaves the loads."""
+    driver = make(slots=4)
+    driver.fill(1)
+    driver.step(stores=[(1, 5)])
+    driver.events()
+    driver.engine.plan_load([1], [2])
+    with pytest.raises(ValueError, match="device_blocks"):
+        driver.engine.plan_store([9], [8])
+    driver.step()
+    assert driver.events() == [("hit", 1), ("loaded", 1)]
+
+
+def test_any_region_blocks_serves():
+    records = scenario_huge_region_blocks(reference).records
+    steps = [record[2] for record in records if record[0] == "step"]
+    assert steps == [
+        [("commit", 1), ("commit", 2)],
+        [("evict", 1), ("evict", 2), ("refuse", 5), ("commit", 3), ("commit", 4)],
+        [("hit", 3), ("hit", 4), ("loaded", 3), ("loaded", 4)],
+    ]
 
 
 def test_a_device_block_receives_one_hash_per_step():

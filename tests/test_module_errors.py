@@ -4,8 +4,8 @@ Every module links its own copy of the C++ runtime, so nanobind's built-in trans
 the first module imported) cannot match another module's std::invalid_argument; before each
 module registered its own, `_fabric`'s argument errors became "exception could not be translated"
 once `_engine` had been imported. `_vllm` raises the KV tensors it refuses as `_engine`'s own
-EngineInputError (bindings/kv_views.h), whichever was imported first. Each order runs in a fresh
-interpreter.
+EngineInputError and a hook out of order as `_engine`'s own EngineStateError (bindings/kv_views.h),
+whichever was imported first. Each order runs in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ try:
     core.register_kv_caches({{"l0": np.zeros((2, 1, 1, 1, 8), np.float16)}})
 except Exception as error:
     raised.append(type(error).__name__ + ":" + str(type(error) is engine.EngineInputError))
+# A hook out of order (no KV caches registered): _engine's EngineStateError, as the engine raises.
+shim = NS(_get_connector_metadata=lambda: NS(plan=vllm.StepPlan()))
+try:
+    core.start_load_kv(shim, None)
+except Exception as error:
+    raised.append(type(error).__name__ + ":" + str(type(error) is engine.EngineStateError))
 print(raised)
 """
 
@@ -61,5 +67,5 @@ def test_argument_errors_are_value_errors_in_any_import_order(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert result.stdout.strip() == (
-        "['ValueError', 'EngineInputError:True', 'EngineInputError:True']"
+        "['ValueError', 'EngineInputError:True', 'EngineInputError:True', 'EngineStateError:True']"
     ), result.stdout

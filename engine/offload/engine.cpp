@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <unordered_map>
@@ -66,6 +67,11 @@ std::size_t checked_slot_bytes(const KvBlockLayout& layout, CompressionMode mode
   positive(num_regions, "num_regions");
   positive(region_blocks, "region_blocks");
   positive(num_device_blocks, "num_device_blocks");
+  // Checked here, not only by the staging pool, so that a refused count allocates no pool.
+  if (num_regions > kMaxRegions) {
+    throw EngineInputError("num_regions: expected at most " + std::to_string(kMaxRegions) +
+                           "; got " + std::to_string(num_regions));
+  }
   const std::size_t num_slots = capacity_bytes / slot_bytes;
   const std::size_t physical = physical_memory_bytes();
   if (physical != 0 && num_slots * slot_bytes > physical) {
@@ -199,14 +205,41 @@ std::size_t Engine::lookup(const std::vector<std::uint64_t>& hashes) {
 
 void Engine::plan_load(const std::vector<std::uint64_t>& hashes,
                        const std::vector<std::int64_t>& device_blocks) {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  add_to_plan(planned_loads_, checked_plan(hashes, device_blocks), "plan_load");
+  plan_step(hashes, device_blocks, {}, {}, "plan_load", "", "");
 }
 
 void Engine::plan_store(const std::vector<std::uint64_t>& hashes,
                         const std::vector<std::int64_t>& device_blocks) {
+  plan_step({}, {}, hashes, device_blocks, "plan_store", "", "");
+}
+
+void Engine::plan_step(const std::vector<std::uint64_t>& load_hashes,
+                       const std::vector<std::int64_t>& load_device_blocks,
+                       const std::vector<std::uint64_t>& store_hashes,
+                       const std::vector<std::int64_t>& store_device_blocks) {
+  plan_step(load_hashes, load_device_blocks, store_hashes, store_device_blocks, "plan_step",
+            "load_", "store_");
+}
+
+void Engine::plan_step(const std::vector<std::uint64_t>& load_hashes,
+                       const std::vector<std::int64_t>& load_device_blocks,
+                       const std::vector<std::uint64_t>& store_hashes,
+                       const std::vector<std::int64_t>& store_device_blocks, const char* call,
+                       const std::string& load_prefix, const std::string& store_prefix) {
   const std::lock_guard<std::mutex> lock(mutex_);
-  add_to_plan(planned_stores_, checked_plan(hashes, device_blocks), "plan_store");
+  // Everything is checked before anything is planned (SPEC.md §6 rules 9 and 11).
+  const std::vector<PlannedBlock> loads =
+      checked_plan(load_hashes, load_device_blocks, load_prefix);
+  const std::vector<PlannedBlock> stores =
+      checked_plan(store_hashes, store_device_blocks, store_prefix);
+  if (phase_ != Phase::planning) out_of_order(call);
+  check_plan_limits(planned_loads_, loads, call, load_prefix);
+  check_plan_limits(planned_stores_, stores, call, store_prefix);
+  // Reserved first, so that the appends cannot throw between the two plans.
+  planned_loads_.reserve(planned_loads_.size() + loads.size());
+  planned_stores_.reserve(planned_stores_.size() + stores.size());
+  planned_loads_.insert(planned_loads_.end(), loads.begin(), loads.end());
+  planned_stores_.insert(planned_stores_.end(), stores.begin(), stores.end());
 }
 
 std::vector<std::size_t> Engine::build_step() {
@@ -340,10 +373,10 @@ std::uint32_t Engine::checked_layer(std::int64_t layer) const {
 }
 
 std::vector<Engine::PlannedBlock> Engine::checked_plan(
-    const std::vector<std::uint64_t>& hashes,
-    const std::vector<std::int64_t>& device_blocks) const {
+    const std::vector<std::uint64_t>& hashes, const std::vector<std::int64_t>& device_blocks,
+    const std::string& prefix) const {
   if (device_blocks.size() != hashes.size()) {
-    throw EngineInputError("device_blocks: expected one device block per hash (" +
+    throw EngineInputError(prefix + "device_blocks: expected one device block per hash (" +
                            std::to_string(hashes.size()) + "); got " +
                            std::to_string(device_blocks.size()));
   }
@@ -352,7 +385,7 @@ std::vector<Engine::PlannedBlock> Engine::checked_plan(
   for (std::size_t index = 0; index < hashes.size(); ++index) {
     const std::int64_t device_block = device_blocks[index];
     if (device_block < 0 || static_cast<std::uint64_t>(device_block) >= num_device_blocks_) {
-      throw EngineInputError("device_blocks[" + std::to_string(index) +
+      throw EngineInputError(prefix + "device_blocks[" + std::to_string(index) +
                              "]: expected 0 <= device block < " +
                              std::to_string(num_device_blocks_) + "; got " +
                              std::to_string(device_block));
@@ -362,7 +395,17 @@ std::vector<Engine::PlannedBlock> Engine::checked_plan(
   return blocks;
 }
 
-void Engine::check_load_targets(const std::vector<PlannedBlock>& blocks) const {
+void Engine::check_plan_limits(const std::vector<PlannedBlock>& plan,
+                               const std::vector<PlannedBlock>& blocks, const char* call,
+                               const std::string& prefix) const {
+  if (blocks.empty()) return;  // nothing added: the plan so far was within its limits
+  // One layer of a step's loads (or stores) travels in one region.
+  if (plan.size() + blocks.size() > staging_.region_blocks()) {
+    throw EngineInputError(prefix + "hashes: a step moves at most region_blocks = " +
+                           std::to_string(staging_.region_blocks()) + " blocks each way; " +
+                           call + " would plan " + std::to_string(plan.size() + blocks.size()));
+  }
+  if (&plan != &planned_loads_) return;
   std::unordered_map<std::size_t, std::uint64_t> target;  // device block -> the hash loaded
   for (const PlannedBlock& planned : planned_loads_) {
     target.emplace(planned.device_block, planned.hash);
@@ -370,26 +413,13 @@ void Engine::check_load_targets(const std::vector<PlannedBlock>& blocks) const {
   for (std::size_t index = 0; index < blocks.size(); ++index) {
     const auto [at, added] = target.emplace(blocks[index].device_block, blocks[index].hash);
     if (!added && at->second != blocks[index].hash) {
-      throw EngineInputError("device_blocks[" + std::to_string(index) +
+      throw EngineInputError(prefix + "device_blocks[" + std::to_string(index) +
                              "]: expected a device block no other hash of this step loads "
                              "into; got " +
                              std::to_string(blocks[index].device_block) + " (hash " +
                              std::to_string(at->second) + "'s)");
     }
   }
-}
-
-void Engine::add_to_plan(std::vector<PlannedBlock>& plan, std::vector<PlannedBlock> blocks,
-                         const char* call) {
-  if (phase_ != Phase::planning) out_of_order(call);
-  // One layer of a step's loads (or stores) travels in one region.
-  if (plan.size() + blocks.size() > staging_.region_blocks()) {
-    throw EngineInputError("hashes: a step moves at most region_blocks = " +
-                           std::to_string(staging_.region_blocks()) + " blocks each way; " +
-                           call + " would plan " + std::to_string(plan.size() + blocks.size()));
-  }
-  if (&plan == &planned_loads_) check_load_targets(blocks);
-  plan.insert(plan.end(), blocks.begin(), blocks.end());
 }
 
 void Engine::out_of_order(const std::string& call) const {
@@ -598,8 +628,11 @@ void Engine::allocate_stores() {
   hashes.reserve(stores_.size());
   for (const StoreEntry& entry : stores_) hashes.push_back(entry.hash);
   // Room for everything below, so that nothing fails once the store has changed: an evict or
-  // refuse event per store, plus one extent's (region_blocks) surplus evictions.
-  events_.reserve(events_.size() + 2 * stores_.size() + staging_.region_blocks());
+  // refuse event per store, plus one extent's surplus evictions. An extent holds one step's
+  // stores, so at most region_blocks and at most num_slots blocks: bounded by the pool, since
+  // region_blocks may be anything up to 2**63.
+  events_.reserve(events_.size() + 2 * stores_.size() +
+                  std::min(staging_.region_blocks(), store_.num_slots()));
   run_transfers_.reserve(stores_.size());
   run_scratch_.reserve(stores_.size());
   const StepAllocation step = [&] {

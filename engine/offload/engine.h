@@ -97,9 +97,10 @@ struct StepRuns {
 
 class Engine {
  public:
-  // EngineInputError naming the argument: no whole slot fits in capacity_bytes, or num_regions,
-  // region_blocks or num_device_blocks is 0. The CUDA route pins the pool and makes its streams
-  // and events here (CudaRouteError when it cannot).
+  // EngineInputError naming the argument: no whole slot fits in capacity_bytes, num_regions,
+  // region_blocks or num_device_blocks is 0, num_regions is above kMaxRegions, or the pool is
+  // larger than the machine's memory; checked before anything is allocated. The CUDA route pins
+  // the pool and makes its streams and events here (CudaRouteError when it cannot).
   Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t capacity_bytes,
          std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks,
          Route route = Route::cpu);
@@ -134,6 +135,13 @@ class Engine {
                  const std::vector<std::int64_t>& device_blocks);
   void plan_store(const std::vector<std::uint64_t>& hashes,
                   const std::vector<std::int64_t>& device_blocks);
+  // plan_load and plan_store of one step in one call: every argument and limit of both is checked
+  // before either is planned, so a step refused for its stores plans none of its loads either
+  // (SPEC.md §6 rule 11). Errors name load_hashes, store_device_blocks[i], and so on.
+  void plan_step(const std::vector<std::uint64_t>& load_hashes,
+                 const std::vector<std::int64_t>& load_device_blocks,
+                 const std::vector<std::uint64_t>& store_hashes,
+                 const std::vector<std::int64_t>& store_device_blocks);
   // Pins the planned loads found committed; the device blocks of those that were not (dropped,
   // their data never arrives: a caller that promised them must say so), in plan order.
   std::vector<std::size_t> build_step();
@@ -196,13 +204,22 @@ class Engine {
   };
 
   std::uint32_t checked_layer(std::int64_t layer) const;
+  // plan_load, plan_store and plan_step: `call` and the prefixes name them in messages.
+  void plan_step(const std::vector<std::uint64_t>& load_hashes,
+                 const std::vector<std::int64_t>& load_device_blocks,
+                 const std::vector<std::uint64_t>& store_hashes,
+                 const std::vector<std::int64_t>& store_device_blocks, const char* call,
+                 const std::string& load_prefix, const std::string& store_prefix);
+  // `prefix` names the arguments in messages: "" (hashes, device_blocks) or "load_", "store_".
   std::vector<PlannedBlock> checked_plan(const std::vector<std::uint64_t>& hashes,
-                                         const std::vector<std::int64_t>& device_blocks) const;
-  // SPEC.md §6 rule 6: a device block receives one hash's bytes per step (checked against the
-  // step's planned loads by add_to_plan, when `plan` is planned_loads_).
-  void check_load_targets(const std::vector<PlannedBlock>& blocks) const;
-  void add_to_plan(std::vector<PlannedBlock>& plan, std::vector<PlannedBlock> blocks,
-                   const char* call);
+                                         const std::vector<std::int64_t>& device_blocks,
+                                         const std::string& prefix) const;
+  // The limits that depend on the plan so far (SPEC.md §6 rule 9): region_blocks per direction
+  // and, for loads (`plan` is planned_loads_), rule 6: a device block receives one hash's bytes
+  // per step. Changes nothing.
+  void check_plan_limits(const std::vector<PlannedBlock>& plan,
+                         const std::vector<PlannedBlock>& blocks, const char* call,
+                         const std::string& prefix) const;
   [[noreturn]] void out_of_order(const std::string& call) const;
   std::string expected_next() const;
 

@@ -366,6 +366,7 @@ const IndexHeader* SharedIndexReader::live_table(std::size_t rank) {
 }
 
 std::size_t SharedIndexReader::lookup(const std::vector<std::uint64_t>& hashes) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   std::size_t common = hashes.size();
   for (std::size_t rank = 0; rank < ranks_.size() && common > 0; ++rank) {
     const IndexHeader* header = live_table(rank);
@@ -396,6 +397,7 @@ std::size_t SharedIndexReader::lookup(const std::vector<std::uint64_t>& hashes) 
 }
 
 std::size_t SharedIndexReader::live_ranks() {
+  const std::lock_guard<std::mutex> lock(mutex_);
   std::size_t live = 0;
   for (std::size_t rank = 0; rank < ranks_.size(); ++rank) live += live_table(rank) != nullptr;
   return live;

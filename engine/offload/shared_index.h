@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,12 +86,11 @@ class SharedIndexWriter {
   detail::SharedFile file_;
 };
 
-// The scheduler's side: the leading hashes every rank of `world_size` holds.
+// The scheduler's side: the leading hashes every rank of `world_size` holds. Thread-safe: its
+// calls take one mutex, since looking a rank up may unmap the table another call is reading.
 class SharedIndexReader {
  public:
   SharedIndexReader(const std::string& engine_id, std::size_t world_size);
-  SharedIndexReader(SharedIndexReader&&) = default;
-  SharedIndexReader& operator=(SharedIndexReader&&) = default;
   SharedIndexReader(const SharedIndexReader&) = delete;
   SharedIndexReader& operator=(const SharedIndexReader&) = delete;
 
@@ -103,9 +103,11 @@ class SharedIndexReader {
   std::size_t world_size() const { return ranks_.size(); }
 
  private:
-  // The rank's table mapped and its writer alive, or nullptr (closing what it had mapped).
+  // The rank's table mapped and its writer alive, or nullptr (closing what it had mapped). With
+  // mutex_ held: the header stays mapped until the next call.
   const detail::IndexHeader* live_table(std::size_t rank);
 
+  std::mutex mutex_;
   std::uint64_t engine_tag_;
   std::vector<std::string> names_;
   std::vector<detail::SharedFile> ranks_;

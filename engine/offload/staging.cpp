@@ -16,9 +16,6 @@ std::size_t positive(std::size_t value, const char* what) {
   return value;
 }
 
-// Regions are bookkeeping only, but a count past any sane pool is a mistake, not a request.
-constexpr std::size_t kMaxRegions = std::size_t{1} << 20;
-
 std::size_t region_count(std::size_t value) {
   if (positive(value, "num_regions") > kMaxRegions) {
     throw StagingInputError("num_regions: expected at most " + std::to_string(kMaxRegions) +

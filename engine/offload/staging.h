@@ -39,6 +39,10 @@ class StagingInputError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// The most regions a pool may have (SPEC.md §7): regions are bookkeeping only, but a count past
+// any sane pool is a mistake, not a request.
+inline constexpr std::size_t kMaxRegions = std::size_t{1} << 20;
+
 enum class PrepareStatus : std::uint8_t {
   ok,
   no_region,        // every region is in use (some are not quarantined)

@@ -651,3 +651,93 @@ TEST_CASE("a step's stores take one extent and a prefix loaded back in order is 
   CHECK(runs.store_runs == 0);
   CHECK(engine.store().check_invariants() == "");
 }
+
+TEST_CASE("plan_step checks both plans before planning either: a refused step plans no load") {
+  Engine engine = make_engine(4, 4, 2);
+  DeviceKv kv;
+  engine.register_kv_caches(kv.views());
+  kv.fill(5, 3);
+  run_step(engine, {}, {{7, 5}});
+  check_events(engine, {ev(EventKind::commit, 7)});
+  kv.clear();
+  const auto refused = [&](const std::function<void()>& call, const std::string& expected) {
+    const std::string message = error_message<EngineInputError>(call);
+    CAPTURE(message);
+    CHECK(contains(message, expected));
+  };
+  // Each refused for its stores (or a load's limit) after its loads were found good.
+  refused([&] { engine.plan_step({7}, {5}, {9}, {8}); },
+          "store_device_blocks[0]: expected 0 <= device block < 8; got 8");
+  refused([&] { engine.plan_step({7}, {5}, {9, 10}, {1}); },
+          "store_device_blocks: expected one device block per hash (2); got 1");
+  refused([&] { engine.plan_step({7}, {5}, {1, 2, 3}, {0, 1, 2}); },
+          "store_hashes: a step moves at most region_blocks = 2 blocks each way; plan_step would "
+          "plan 3");
+  refused([&] { engine.plan_step({7, 8, 9}, {5, 6, 7}, {}, {}); }, "load_hashes: a step moves");
+  refused([&] { engine.plan_step({7, 8}, {5, 5}, {}, {}); },
+          "load_device_blocks[1]: expected a device block no other hash");
+  // The step built next has no loads: device block 5 is left as it was, and nothing is hit.
+  CHECK(run_step(engine, {}, {}) == std::vector<std::vector<std::size_t>>(kLayers));
+  check_events(engine, {});
+  CHECK_FALSE(kv.holds(5, 3));
+  CHECK(engine.store().pinned_blocks() == 0);
+  // An accepted plan_step plans both, and its loads arrive.
+  engine.plan_step({7}, {5}, {9}, {1});
+  engine.build_step();
+  engine.start_load();
+  for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
+    engine.wait_for_layer_load(layer);
+    engine.save_kv_layer(layer);
+  }
+  engine.wait_for_save();
+  CHECK(kv.holds(5, 3));
+  check_events(engine, {ev(EventKind::hit, 7), ev(EventKind::loaded, 7), ev(EventKind::commit, 9)});
+  // Out of order: EngineStateError after the arguments were checked, nothing planned.
+  engine.build_step();
+  CHECK(contains(error_message<EngineStateError>([&] { engine.plan_step({7}, {5}, {}, {}); }),
+                 "plan_step: called out of order; expected start_load next"));
+  CHECK(contains(error_message<EngineInputError>([&] { engine.plan_step({7}, {9}, {}, {}); }),
+                 "load_device_blocks[0]"));
+}
+
+TEST_CASE("any region_blocks serves: a step's reservation is bounded by the pool") {
+  // SPEC.md §7 takes region_blocks up to 2**63 - 1: before, each step with stores reserved an
+  // event per region block and failed (length_error, bad_alloc) with the engine stuck mid-step.
+  for (const std::size_t region_blocks :
+       {std::size_t{1} << 31, std::size_t{1} << 40, (std::size_t{1} << 63) - 1}) {
+    CAPTURE(region_blocks);
+    Engine engine = make_engine(2, 2, region_blocks);
+    DeviceKv kv;
+    engine.register_kv_caches(kv.views());
+    kv.fill(0, 1);
+    kv.fill(1, 2);
+    run_step(engine, {}, {{1, 0}, {2, 1}});
+    check_events(engine, {ev(EventKind::commit, 1), ev(EventKind::commit, 2)});
+    kv.fill(2, 3);
+    run_step(engine, {}, {{3, 2}, {4, 3}, {5, 4}});  // evicts the first step's extent, refuses one
+    check_events(engine, {ev(EventKind::evict, 1), ev(EventKind::evict, 2),
+                          ev(EventKind::refuse, 5), ev(EventKind::commit, 3),
+                          ev(EventKind::commit, 4)});
+    kv.clear();
+    run_step(engine, {{3, 6}}, {});
+    CHECK(kv.holds(6, 3));
+    check_events(engine, {ev(EventKind::hit, 3), ev(EventKind::loaded, 3)});
+  }
+}
+
+TEST_CASE("more than 2**20 regions is refused before the pool is allocated") {
+  const std::string message = error_message<EngineInputError>([] {
+    Engine(kLayout, CompressionMode::exact, slot_bytes(), (std::size_t{1} << 20) + 1, 1, 1);
+  });
+  CHECK(message == "num_regions: expected at most 1048576; got 1048577");
+  // Checked before the pool's size against memory: a pool no machine holds is not allocated
+  // (nor reported) for a count that is refused anyway.
+  CHECK(contains(error_message<EngineInputError>([] {
+                   (void)activekv::offload::checked_slot_bytes(
+                       kLayout, CompressionMode::exact, std::size_t{1} << 62,
+                       (std::size_t{1} << 20) + 1, 1, 1);
+                 }),
+                 "num_regions: expected at most"));
+  Engine largest(kLayout, CompressionMode::exact, slot_bytes(), std::size_t{1} << 20, 1, 1);
+  CHECK(largest.staging().num_regions() == std::size_t{1} << 20);
+}

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -246,4 +247,41 @@ TEST_CASE("readers see each published change whole while the writer churns") {
   }
   churn.join();
   MESSAGE("lookups that saw the whole chain: " << whole);
+}
+
+TEST_CASE("one reader serves lookups from several threads while its tables are replaced") {
+  // The scheduler looks blocks up from several threads with the GIL released, and a lookup may
+  // drop the mapping of a table its writer removed: without the reader's mutex another thread's
+  // read of that mapping was a use after munmap (SIGSEGV), and its file a data race.
+  const std::string id = engine_id("threads");
+  std::vector<std::uint64_t> chain;
+  for (std::uint64_t hash = 1; hash <= 1024; ++hash) chain.push_back(hash * 7919);
+  SharedIndexReader reader(id, 1);
+  std::atomic<bool> done{false};
+  std::atomic<std::size_t> partial{0};
+  std::atomic<std::size_t> whole{0};
+  std::vector<std::thread> readers;
+  for (int thread = 0; thread < 2; ++thread) {
+    readers.emplace_back([&] {
+      while (!done) {
+        const std::size_t held = reader.lookup(chain);
+        if (held != 0 && held != chain.size()) ++partial;
+        whole += held == chain.size();
+      }
+    });
+  }
+  readers.emplace_back([&] {
+    while (!done) (void)reader.live_ranks();
+  });
+  for (int round = 0; round < 60; ++round) {
+    // A writer ends cleanly (its table unlinked) and the next makes a new one, some larger, so
+    // readers both drop a removed mapping and map a grown one again.
+    SharedIndexWriter writer(id, 0, round % 2 == 0 ? chain.size() : 4 * chain.size());
+    writer.publish(commits(chain));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  done = true;
+  for (std::thread& thread : readers) thread.join();
+  CHECK(partial.load() == 0);
+  MESSAGE("lookups that saw the whole chain: " << whole.load());
 }
