@@ -183,3 +183,13 @@ def test_an_output_folder_that_is_a_file_is_named_not_raised(tmp_path, capsys):
     assert main(["report", "--out", str(taken), "--state-dir", str(tmp_path / "s")]) == 2
     assert f"error: {taken}: " in capsys.readouterr().err
     assert taken.read_text() == "a file where the report's folder would be"
+
+
+@pytest.mark.integration  # the embedded index's server process
+def test_a_failed_verify_leaves_no_earlier_verify_record(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "verify.json").write_text('{"from": "an earlier verify that passed"}')
+    assert main(["verify", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert not (out / "verify.json").exists()

@@ -285,6 +285,8 @@ def declared_interpreters(
 
 
 def _verify_with(context: Context, index: Index, public_key: Any) -> None:
+    # A verify.json of an earlier pass must not stand for this verify if it fails.
+    records.discard(context.out_dir, records.VerifyRecord)
     version = project_version()
     interpreters = declared_interpreters(context.manifest)
     stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
