@@ -13,11 +13,12 @@ import socket
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from release.errors import GateError
+from release.records import Sha256
 from release.util.atomic import atomic_write
 from release.util.jsonfile import JsonFileError, read_json
 
@@ -58,9 +59,6 @@ class Evidence:
     tools: dict[str, str] = field(default_factory=dict)
     time: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     schema: str = EVIDENCE_SCHEMA
-
-
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class _Fields(BaseModel):
