@@ -866,11 +866,23 @@ def _pyproject_references(m: Manifest) -> list[_Issue]:
     return issues
 
 
+# The parameters each gate reads; any other gate given one would silently ignore it.
+_GATE_PARAMETERS = {"warmup": ("warmup_steps", "steady_steps"), "parity": ("cells", "gpu_cells")}
+
+
 def _gate_references(m: Manifest) -> list[_Issue]:
-    """[gates.<name>] names a gate of the registry, on the runner that gate needs."""
+    """[gates.<name>] names a gate of the registry, on the runner that gate needs, with only the
+    parameters that gate reads."""
     issues: list[_Issue] = []
     known = gate_registry.names()
     for name, gate in m.gates.items():
+        takes = _GATE_PARAMETERS.get(name, ())
+        for key in (k for ks in _GATE_PARAMETERS.values() for k in ks):
+            if key not in takes and getattr(gate, key) is not None:
+                expected = f"one of {', '.join(takes)}" if takes else "no parameters"
+                issues.append(_Issue(("gates", name, key),
+                                     f"no {key}: the {name} gate reads {expected}",
+                                     "a value it would ignore"))  # fmt: skip
         if name not in known:
             issues.append(
                 _Issue(

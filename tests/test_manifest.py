@@ -221,7 +221,7 @@ CASES = [
     pytest.param(
         replace(
             '[gates.policy]\nrunner = "cpu"',
-            '[gates.policy]\nrunner = "gpu"\nwarmup_steps = 1\nsteady_steps = 1',
+            '[gates.policy]\nrunner = "gpu"',
         ),
         "gates.policy.runner",
         '"cpu" (the policy gate runs there)',
@@ -599,6 +599,14 @@ CASES = [
         'gates.policy."po\\u001b[2Jx"',
         "one of the keys runner",
         id="key-with-a-control-character",
+    ),
+    pytest.param(
+        replace(
+            '[gates.policy]\nrunner = "cpu"', '[gates.policy]\nrunner = "cpu"\nwarmup_steps = 3'
+        ),
+        "gates.policy.warmup_steps",
+        "no warmup_steps: the policy gate reads no parameters",
+        id="parameter-of-another-gate",
     ),
     pytest.param(
         replace('name = "gpu-exact-bf16-t16-h8d128-l8"', 'name = "exact-fp16-t16-h8d64-l4"'),
