@@ -296,6 +296,13 @@ def _attester(value: str) -> str:
 Attester = Annotated[StrictStr, AfterValidator(_attester)]
 
 
+def _public_key_file(value: str) -> str:
+    _no_control_characters(value)
+    named = value.endswith(".pub.json") and PurePosixPath(value).name != ".pub.json"
+    _check(named, 'the path of a public key file "<name>.pub.json" (relative: to the manifest)')
+    return value
+
+
 class ChannelSpec(_Model):
     """``[release.channels.<name>]``: the gates a channel requires, the key that signs it, and
     whose gate attestations it takes."""
@@ -514,7 +521,7 @@ class SignSpec(_Model):
 
     key: Annotated[StrictStr, AfterValidator(_signing_key)]
     # The signer's public key file (*.pub.json); a signer URI key needs it (release/trust/sign.py).
-    public_key: Path | None = None
+    public_key: Annotated[StrictStr, AfterValidator(_public_key_file)] | None = None
 
     @property
     def generated(self) -> bool:

@@ -192,6 +192,10 @@ def test_valid_variants_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     for transform in (
         shim(),
         replace('key = "file:/etc/activekv/stable-signing-key.pem"', 'key = "gcpkms:projects/p/k"'),
+        replace(
+            'key = "file:/etc/activekv/stable-signing-key.pem"',
+            'key = "gcpkms:projects/p/k"\npublic_key = "keys/stable.pub.json"',
+        ),
         replace('index = "embedded"', REMOTE),
         replace('platform = "manylinux_2_28_x86_64"', 'platform = "manylinux_2_17_aarch64"'),
     ):
@@ -607,6 +611,15 @@ CASES = [
         "gates.policy.warmup_steps",
         "no warmup_steps: the policy gate reads no parameters",
         id="parameter-of-another-gate",
+    ),
+    pytest.param(
+        replace(
+            'key = "file:/etc/activekv/stable-signing-key.pem"',
+            'key = "gcpkms:projects/p/k"\npublic_key = ""',
+        ),
+        "sign.stable.public_key",
+        'the path of a public key file "<name>.pub.json"',
+        id="public-key-empty",
     ),
     pytest.param(
         replace('name = "gpu-exact-bf16-t16-h8d128-l8"', 'name = "exact-fp16-t16-h8d64-l4"'),
