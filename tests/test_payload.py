@@ -114,7 +114,20 @@ def shim_manifest(
         ("activekv/NOTICE.md", "license"),
         ("activekv/libhelper.so", "other"),
         ("activekv/data.bin", "other"),
-        ("activekv.pth", "other"),
+        ("activekv.pth", "path-config"),
+        # What is installed and run, wherever it hides: never metadata.
+        ("activekv/evil.pth", "path-config"),
+        (f"{DIST_INFO}/evil.pth", "path-config"),
+        (f"{DIST_INFO}/hook.py", "python"),
+        (f"{DIST_INFO}/__pycache__/hook.cpython-311.pyc", "bytecode"),
+        (f"{DIST_INFO}/notes.txt", "other"),
+        (f"{DIST_INFO}/licenses/LICENSE", "license"),
+        ("activekv-0.1.0.data/scripts/activekv-tool.pyi", "data-scripts"),
+        ("activekv-0.1.0.data/scripts/py.typed", "data-scripts"),
+        ("activekv-0.1.0.data/data/share/x.pyi", "data-data"),
+        ("activekv-0.1.0.data/headers/x.h", "data-headers"),
+        ("activekv-0.1.0.data/purelib/activekv/x.py", "python"),
+        ("activekv-0.1.0.data/platlib/activekv/_x.abi3.so", "extension"),
     ],
 )
 def test_classify(path: str, kind: str) -> None:

@@ -52,7 +52,15 @@ def classify(path: str) -> str:
         return "other"
     name = parts[-1]
     if parts[0].endswith(".dist-info"):
-        return "sbom" if len(parts) > 2 and parts[1] == "sboms" else "metadata"
+        return _dist_info_kind(parts[1:])
+    if parts[0].endswith(".data") and len(parts) > 1:
+        if parts[1] not in ("purelib", "platlib"):  # scripts, data, headers: installed elsewhere
+            return f"data-{parts[1]}"
+        parts = parts[2:]  # installed beside the package, so judged as if there
+        if not parts:
+            return "other"
+    if name.endswith(".pth"):  # run by site at every interpreter start, wherever it lands
+        return "path-config"
     if parts[0].endswith(".libs"):
         return "vendored-library"
     if _EXTENSION.search(name):
@@ -68,6 +76,23 @@ def classify(path: str) -> str:
     if name.upper().startswith(("LICENSE", "COPYING", "NOTICE")):
         return "license"
     return "other"
+
+
+# What a wheel's .dist-info holds that installers read as metadata (PEP 427, 566, 639, 770).
+_METADATA_FILES = frozenset({"METADATA", "WHEEL", "RECORD", "entry_points.txt"})
+
+
+def _dist_info_kind(inside: tuple[str, ...]) -> str:
+    """The kind of a member of the .dist-info folder (`inside`: its path below that folder):
+    only the files installers read count as metadata; anything else (a .py, a .pth) is judged
+    as what it is."""
+    if len(inside) > 1 and inside[0] == "sboms":
+        return "sbom"
+    if len(inside) > 1 and inside[0] == "licenses":
+        return "license"
+    if len(inside) == 1 and inside[0] in _METADATA_FILES:
+        return "metadata"
+    return "other" if not inside else classify("/".join(("x", *inside)))
 
 
 # (framework, version) -> the framework's wheel, whose files the citations name.
