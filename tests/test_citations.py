@@ -109,6 +109,29 @@ def test_a_clean_shim_verifies(framework: Path) -> None:
             "activekv/shim.py:6: uncited line",
             id="multi-line-string",
         ),
+        pytest.param(  # a blank line's hash is the empty string's: it would cite anything
+            {"l4": f"        return x  # cites: fakefw==1.0 fakefw/base.py:2 {line_digest('')}"},
+            "activekv/shim.py:6: cites fakefw/base.py:2, which is '': expected a line of code",
+            id="blank-line-cited",
+        ),
+        pytest.param(
+            {
+                "l4": "        return x  # cites: fakefw==1.0 fakefw-1.0.dist-info/METADATA:1 "
+                + line_digest("Metadata-Version: 2.1")
+            },
+            "expected a line of the framework's Python source",
+            id="not-python-cited",
+        ),
+        pytest.param(
+            {"l4": f"        import os; return x  {fakefw_cite('fakefw/caller.py', 2)}"},
+            "activekv/shim.py:6: expected one statement per line",
+            id="two-statements",
+        ),
+        pytest.param(
+            {"l4": f"        return exec('x')  {fakefw_cite('fakefw/caller.py', 2)}"},
+            "activekv/shim.py:6: exec: expected no code run from strings",
+            id="exec",
+        ),
     ],
 )
 def test_each_violation_names_the_shim_line(
@@ -117,6 +140,33 @@ def test_each_violation_names_the_shim_line(
     problems = problems_of(fakefw_shim(**override), framework)
     assert len(problems) == 1, problems
     assert expected in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        pytest.param(  # a lone CR is a line break to the compiler, none to a line reader
+            fakefw_shim().replace(b"\n        return x", b"\r        import os\n        return x"),
+            "lone \\r",
+            id="lone-cr",
+        ),
+        pytest.param(
+            b"# coding: utf-7\n" + fakefw_shim(),
+            "its coding cookie says utf-7",
+            id="utf-7",
+        ),
+    ],
+)
+def test_a_shim_read_otherwise_by_the_compiler_fails(
+    framework: Path, source: bytes, expected: str
+) -> None:
+    (problem,) = problems_of(source, framework)
+    assert expected in problem
+
+
+def test_a_class_with_an_empty_body_on_its_line_is_one_statement(framework: Path) -> None:
+    line = f"class Shim(Base): pass  {fakefw_cite('fakefw/base.py', 3)}"
+    assert problems_of(fakefw_shim(l2=line, l3="", l4=""), framework) == []
 
 
 def test_wrong_line_number_points_at_the_cited_text(framework: Path) -> None:

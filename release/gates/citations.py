@@ -29,6 +29,7 @@ cited line (a wrong line number or a line the framework changed).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import re
@@ -85,8 +86,67 @@ def line_digest(text: str) -> str:
     return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()[:8]
 
 
+# Names that run code from a string or reach the builtins around the citations: a cited line
+# holding one could do anything its citation does not say.
+_DYNAMIC_CODE = frozenset(
+    {"exec", "eval", "compile", "__import__", "__builtins__", "builtins", "breakpoint"}
+)
+
+
+def _source_problems(shim: str, source: bytes) -> list[CitationProblem]:
+    """What makes the lines Python compiles other than the lines read here: an encoding other
+    than UTF-8 (a coding cookie such as utf-7 turns text into code), a lone carriage return (a
+    line break to the compiler, none to a line reader), two statements on one line (one citation
+    for both), and names that run code from strings."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+        text = source.decode("utf-8-sig")
+    except (SyntaxError, UnicodeDecodeError) as error:
+        return [CitationProblem(shim, 1, f"expected UTF-8 Python source; got {error}")]
+    if encoding not in ("utf-8", "utf-8-sig"):
+        return [
+            CitationProblem(shim, 1, f"expected UTF-8 source; its coding cookie says {encoding}")
+        ]
+    for number, line in enumerate(text.split("\n"), start=1):
+        if "\r" in line.removesuffix("\r"):
+            said = "expected lines ended by \\n or \\r\\n; got a lone \\r (a line break to Python)"
+            return [CitationProblem(shim, number, said)]
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as error:
+        return [CitationProblem(shim, error.lineno or 1, f"expected Python source; got {error}")]
+    problems: list[CitationProblem] = []
+    starts: dict[int, list[ast.stmt]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt):
+            starts.setdefault(node.lineno, []).append(node)
+        named = (node.id if isinstance(node, ast.Name)
+                 else node.name.split(".")[0] if isinstance(node, ast.alias)
+                 else getattr(node, "attr", None))  # fmt: skip
+        if named in _DYNAMIC_CODE:
+            said = f"{named}: expected no code run from strings"
+            problems.append(CitationProblem(shim, getattr(node, "lineno", 1), said))
+    for number, statements in sorted(starts.items()):
+        if len(statements) > 1 and not _empty_body(statements):
+            problems.append(CitationProblem(shim, number, "expected one statement per line (one "
+                                            "citation cannot answer for two)"))  # fmt: skip
+    return problems
+
+
+def _empty_body(statements: list[ast.stmt]) -> bool:
+    """A compound statement whose same-line body does nothing: ``class X(Base): pass``."""
+    head, *rest = statements
+    return isinstance(head, (ast.ClassDef, ast.FunctionDef)) and all(
+        isinstance(s, ast.Pass)
+        or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and s.value.value is ...)
+        for s in rest
+    )
+
+
 def parse_shim(shim: str, source: bytes) -> tuple[list[Citation], list[CitationProblem]]:
     """The citations of every code line of ``source`` and the lines that have none."""
+    if found := _source_problems(shim, source):
+        return [], found
     problems: list[CitationProblem] = []
     code_lines: set[int] = set()
     comments: dict[int, str] = {}
@@ -159,10 +219,15 @@ def check_against_wheel(
                 )
             lines = files[c.path]
             where = f"{c.path}:{c.line}"
-            if lines is None:
+            if not c.path.endswith(".py"):
+                message = f"cites {where}: expected a line of the framework's Python source"
+            elif lines is None:
                 message = f"cites {where}, but {framework_wheel.name} has no file {c.path}"
             elif c.line > len(lines):
                 message = f"cites {where}, but {c.path} has only {len(lines)} lines"
+            elif not lines[c.line - 1].strip() or lines[c.line - 1].strip().startswith("#"):
+                message = (f"cites {where}, which is {lines[c.line - 1].strip()!r}: expected a "
+                           "line of code, not a blank line or a comment")  # fmt: skip
             else:
                 actual = line_digest(lines[c.line - 1])
                 if actual == c.digest:
