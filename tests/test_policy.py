@@ -226,6 +226,20 @@ def test_vendored_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: P
     _assert_fails(evidence, wheel, f"{vendored}: a vendored CUDA library")
 
 
+@pytest.mark.parametrize(
+    "library",
+    ["libcudnn_ops-1a2b.so.9", "libnvinfer_plugin-3c4d.so.10", "libcusparseLt-5e6f.so.0",
+     "libcufftw-7a8b.so.11", "libcudart-1234abcd.so.13"],
+)  # fmt: skip
+def test_every_library_of_a_cuda_family_is_vendored_cuda(
+    objects: Objects, manifest: Manifest, tmp_path: Path, library: str
+) -> None:
+    vendored = f"activekv.libs/{library}"
+    wheel = platform_wheel(tmp_path / "dist", objects.zig_228, extra={vendored: b"not ELF"})
+    evidence = run_policy_gate(manifest, wheel_set(wheel), tmp_path / "out")
+    _assert_fails(evidence, wheel, f"{vendored}: a vendored CUDA library")
+
+
 def test_needed_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
     readelf = shutil.which("readelf")
     if readelf is not None:

@@ -26,9 +26,12 @@ from release.manifest import Manifest
 from release.util.elf import ELF_MAGIC, ElfReadError, dt_needed
 from release.wheelset import WheelSet
 
+# Every library of these families (libcudnn_ops, libnvinfer_plugin, libcusparseLt, libcufftw
+# too): a prefix, whatever follows it.
 _CUDA_LIBRARY = re.compile(
-    r"^lib(cuda|cudart|cublas|cublasLt|cufft|curand|cusparse|cusolver|cupti|nvrtc|nvJitLink|"
-    r"nccl|cudnn|nvinfer|nvToolsExt)\b"
+    r"^lib(cuda|cublas|cufft|curand|cusparse|cusolver|cupti|nvrtc|nvJitLink|nccl|cudnn|nvinfer|"
+    r"nvToolsExt|nvonnxparser|nvparsers|nvblas|nvjpeg|npp|cufile|cudla|nvptxcompiler|nvvm|nvml|"
+    r"nvidia-ml)"
 )
 _SHOWN_POLICY = re.compile(r'platform tag:\s*"((?:manylinux_(\d+)_(\d+)|linux)_\w+)"')
 _TAG_GLIBC = re.compile(r"^manylinux_(\d+)_(\d+)_")
