@@ -65,7 +65,9 @@ def _kinds(cell_name: str, implementation) -> set[str]:
 def test_gate_passes_and_binds_evidence_to_the_wheel(built_wheel, tmp_path):
     subset = [PRESSURE, REFUSALS, FAULTS, ALL_QUARANTINED, FP8, INT8, REQUESTS, REQUESTS_TIGHT]
     evidence = run_parity_gate(MANIFEST, wheel_set(built_wheel), tmp_path, cells=subset)
-    assert evidence.verdict == "pass", evidence.reason
+    # Some cells are not the gate: every one passed, but the verdict is not a pass.
+    assert evidence.verdict == "not-run", evidence.reason
+    assert evidence.reason.startswith(f"judged {len(subset)} of the {len(CELLS)} cells (--cell)")
     assert evidence.artefacts == {built_wheel.name: sha256_file(built_wheel)}
     record = json.loads((tmp_path / "evidence" / "parity.json").read_text())
     judged = record["figures"]["wheels"][built_wheel.name]
@@ -216,7 +218,8 @@ def test_every_wheel_is_judged_in_an_interpreter_of_its_version(tmp_path):
     given = (pythons["3.12"], pythons["3.10"])  # --python, matched by version, not by order
     evidence = run_parity_gate(MANIFEST, wheels, tmp_path / "out", cells=[REFUSALS],
                                interpreters=given, cache_dir=CACHE)  # fmt: skip
-    assert evidence.verdict == "pass", evidence.reason
+    assert evidence.verdict == "not-run", evidence.reason  # one cell of them all
+    assert "every wheel passed them" in evidence.reason
     assert evidence.artefacts == {wheel.name: wheel.sha256 for wheel in wheels}
     assert len(evidence.artefacts) == 3
     judged = evidence.figures["wheels"]

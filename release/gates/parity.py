@@ -193,10 +193,17 @@ def run_parity_gate(
     summary = {key: "; ".join(f"{name}: {figures[key]}" for name, figures in per_wheel.items()
                               if key in figures)
                for key in ("exact", "compressed")}  # fmt: skip
+    verdict, reason = judged.verdict, judged.reason
+    declared = len(_chosen_cells(manifest, (), device))
+    if verdict == "pass" and len(chosen) < declared:
+        # Some cells passing is not the gate passing: publishing must never take it as that.
+        verdict = "not-run"
+        reason = (f"judged {len(chosen)} of the {declared} cells (--cell); every wheel passed "
+                  "them, but the gate's verdict needs all of them")  # fmt: skip
     evidence = Evidence(
-        gate="gpu-parity" if device == "cuda" else "parity", runner=runner, verdict=judged.verdict,
+        gate="gpu-parity" if device == "cuda" else "parity", runner=runner, verdict=verdict,
         artefacts=wheels.digests, figures={"wheels": per_wheel, **summary},
-        reason=judged.reason, tools={"interpreters": ", ".join(
+        reason=reason, tools={"interpreters": ", ".join(
             f"{name}: Python {f.get('python', '-')}" for name, f in per_wheel.items())},
     )  # fmt: skip
     write_evidence(out_dir, evidence)
