@@ -417,6 +417,15 @@ class Shim(_Model):
     sha256: Annotated[
         StrictStr, AfterValidator(_pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)"))
     ]
+    # The sha256 of the framework wheel the citations are checked against: the framework's own
+    # file, not any wheel that carries its name and version.
+    framework_sha256: (
+        Annotated[
+            StrictStr,
+            AfterValidator(_pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)")),
+        ]
+        | None
+    ) = None
 
 
 FileKind = Literal["extension", "stub", "typed-marker", "metadata", "license", "shim", "sbom"]

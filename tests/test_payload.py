@@ -71,6 +71,7 @@ def shim_manifest(
     allow_shim: bool = True,
     framework: str = "vllm",
     version: str = "0.33.0",
+    framework_sha256: str | None = None,
 ) -> Manifest:
     """The real manifest with one declared shim (and "shim" among the allowed kinds or not)."""
     text = REAL.read_text()
@@ -81,7 +82,9 @@ def shim_manifest(
         text = text.replace(kinds, kinds.replace(', "shim"', ""))
     entry = (
         f'{{ path = "{SHIM_PATH}", framework = "{framework}", version = "{version}", '
-        f'sha256 = "{sha256}" }}'
+        f'sha256 = "{sha256}"'
+        + (f', framework_sha256 = "{framework_sha256}"' if framework_sha256 else "")
+        + " }"
     )
     text = shims.sub(f"shims = [\n  {entry},\n]\n", text)
     path = tmp_path / "manifest.toml"
@@ -276,6 +279,21 @@ def test_declared_cited_shim_passes_and_fetches_the_framework_once(
     assert [p.name for p in (tmp_path / "cache" / "frameworks").iterdir()] == [
         "fakefw-1.0-py3-none-any.whl"
     ]
+
+
+def test_a_framework_wheel_other_than_the_pinned_one_is_refused(
+    tmp_path: Path, fakefw: list[str]
+) -> None:
+    """A wheel of the framework's name and version that is not the one pinned (another build, a
+    hand-made stand-in in the cache) cannot be what citations are checked against."""
+    (pinned,) = Path(fakefw[-1]).glob("*.whl")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    digest = hashlib.sha256(pinned.read_bytes()).hexdigest()
+    _, evidence = audit(tmp_path / "a", fakefw, {SHIM_PATH: SHIM_TEXT}, framework_sha256=digest)
+    assert evidence.verdict == "pass", evidence.reason
+    with pytest.raises(GateError, match=r"expected the fakefw==1\.0 wheel the manifest pins"):
+        audit(tmp_path / "b", fakefw, {SHIM_PATH: SHIM_TEXT}, framework_sha256="0" * 64)
 
 
 def test_declared_shim_with_other_content_fails(tmp_path: Path, fakefw: list[str]) -> None:

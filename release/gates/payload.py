@@ -30,6 +30,7 @@ from release.gates.citations import verify_shim
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.sbom import sbom_problems
 from release.manifest import Manifest, Shim
+from release.util.digests import sha256_file
 from release.util.framework_cache import framework_wheel
 from release.wheelset import WheelSet
 
@@ -108,7 +109,15 @@ def _shim_problem(shim: Shim, source: bytes, frameworks: FrameworkSource | None)
             f"{shim.path}: its citations of {shim.framework}=={shim.version} need the framework's "
             "wheel; expected a framework cache directory (framework_cache)"
         )
-    fetch = partial(frameworks, shim.framework, shim.version)
+
+    def fetch() -> Path:
+        wheel = frameworks(shim.framework, shim.version)
+        if shim.framework_sha256 and (found := sha256_file(wheel)) != shim.framework_sha256:
+            raise GateError(f"{wheel}: expected the {shim.framework}=={shim.version} wheel the "
+                            f"manifest pins (framework_sha256 {shim.framework_sha256}); got "
+                            f"sha256 {found}")  # fmt: skip
+        return wheel
+
     problems = verify_shim(shim.path, source, shim.framework, shim.version, fetch)
     return "; ".join(f"line {p.line}: {p.message}" for p in problems)
 
