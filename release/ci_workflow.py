@@ -52,10 +52,7 @@ HEADER = (
 SCHEMA_NAME = "vendor.github-workflows"  # SchemaStore's schema, vendored by check-jsonschema
 WHEEL_ARTEFACT = "wheel-"
 GPU_RECORDS = "gpu-records"  # the GPU job's evidence and gpu-staging.json, as one tar
-SAME_REPOSITORY = (
-    "github.event_name != 'pull_request' || "
-    "github.event.pull_request.head.repo.full_name == github.repository"
-)
+GPU_EVENTS = "${{ github.event_name == 'push' || github.event_name == 'workflow_dispatch' }}"
 ALWAYS = "${{ !cancelled() }}"  # also after a failed step, so its evidence and report survive
 
 
@@ -84,7 +81,7 @@ DOWNLOAD = ActionPin(
 # zizmor's finding for the GPU job, accepted where the job declares its runner.
 SELF_HOSTED_ACCEPTED = (
     "zizmor: ignore[self-hosted-runner] the GPU gates need the runner's GPU; the job never runs "
-    "a fork's pull request"
+    "on a pull request (only on a push or a manual run)"
 )
 
 
@@ -247,8 +244,10 @@ def _gpu_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
     job = CommentedMap()
     job["name"] = "GPU gates on the built wheels"
     job["needs"] = "wheels"
-    # A self-hosted runner never runs code from a fork's pull request.
-    job["if"] = SAME_REPOSITORY
+    # The self-hosted runner holds the key the channels trust for attestations: it runs for a
+    # tag push or a manual run only, never for a pull request (not even a same-repository one,
+    # whose code any collaborator may change).
+    job["if"] = GPU_EVENTS
     job["runs-on"] = ["self-hosted", *ci.gpu_runner_labels]
     job.yaml_add_eol_comment(SELF_HOSTED_ACCEPTED, "runs-on")
     job["env"] = _channel_env(ci)

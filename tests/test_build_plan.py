@@ -6,12 +6,21 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 
-from release.build.wheels import BuildTarget, SkippedPython, plan_targets, source_date_epoch
+from release.build import wheels
+from release.build.wheels import (
+    BuildTarget,
+    SkippedPython,
+    cibuildwheel_selector,
+    plan_container_targets,
+    plan_targets,
+    source_date_epoch,
+)
 from release.errors import BuildError
 from release.manifest import Manifest, load_manifest
 
@@ -180,3 +189,66 @@ def test_repository_without_source_commits_is_refused(
     with pytest.raises(BuildError, match="SOURCE_DATE_EPOCH") as raised:
         source_date_epoch(tmp_path)
     assert str(tmp_path) in str(raised.value)
+
+
+# --- --toolchain cibuildwheel ---
+
+
+def test_cibuildwheel_plans_from_the_manifest_without_local_interpreters(
+    manifest: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: planning from local interpreters found none here, and CIBW_BUILD=''."""
+    monkeypatch.setattr(wheels, "find_interpreter", lambda version: None)
+    targets, skipped = plan_container_targets(manifest)
+    assert [(t.python, t.stable_abi) for t in targets] == [
+        ("3.10", False), ("3.11", False), ("3.12", True)
+    ]  # fmt: skip
+    assert skipped == [SkippedPython("3.13", SERVED)]
+    assert cibuildwheel_selector(targets).split() == [
+        "cp310-manylinux_x86_64", "cp311-manylinux_x86_64", "cp312-manylinux_x86_64"
+    ]  # fmt: skip
+
+
+def test_an_empty_cibuildwheel_selector_is_refused() -> None:
+    with pytest.raises(BuildError, match=r"CIBW_BUILD"):
+        cibuildwheel_selector([])
+
+
+def _fake_cibuildwheel(names: list[str]) -> Callable[..., None]:
+    def run(source_dir: Path, output_dir: Path, build: str, env: dict[str, str]) -> None:
+        for name in names:
+            with zipfile.ZipFile(output_dir / name, "w") as archive:
+                archive.writestr("activekv/__init__.py", "")
+
+    return run
+
+
+def test_an_unplanned_cibuildwheel_wheel_leaves_the_wheels_folder_alone(
+    manifest: Manifest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Negative control: the tag check ran after the staging folder had replaced out/wheels."""
+    out = tmp_path / "out"
+    (out / "wheels").mkdir(parents=True)
+    (out / "wheels" / "previous.whl").write_text("kept")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    unplanned = "activekv-1.0-cp39-cp39-manylinux_2_28_x86_64.whl"
+    monkeypatch.setattr(wheels, "run_cibuildwheel", _fake_cibuildwheel([unplanned]))
+    targets, skipped = plan_container_targets(manifest, ["3.11"])
+    with pytest.raises(BuildError, match=r"cp39-cp39.*no planned target asked for"):
+        wheels._build_with_cibuildwheel(manifest, targets, skipped, tmp_path, out)
+    assert sorted(p.name for p in (out / "wheels").iterdir()) == ["previous.whl"]
+
+
+def test_planned_cibuildwheel_wheels_replace_the_wheels_folder(
+    manifest: Manifest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    (out / "wheels").mkdir(parents=True)
+    (out / "wheels" / "previous.whl").write_text("replaced")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    made = "activekv-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    monkeypatch.setattr(wheels, "run_cibuildwheel", _fake_cibuildwheel([made]))
+    targets, skipped = plan_container_targets(manifest, ["3.11"])
+    report = wheels._build_with_cibuildwheel(manifest, targets, skipped, tmp_path, out)
+    assert [w.path for w in report.wheels] == [out / "wheels" / made]
+    assert sorted(p.name for p in (out / "wheels").iterdir()) == [made]

@@ -276,6 +276,17 @@ def test_zizmor_finds_nothing_in_the_generated_workflow(manifest: Manifest) -> N
     other finding of any severity."""
     assert manifest.ci is not None
     assert _zizmor(ROOT / manifest.ci.workflow) == []
+
+
+def test_zizmor_finds_nothing_in_what_the_generator_writes_now(
+    manifest: Manifest, tmp_path: Path
+) -> None:
+    """The same on a fresh render (so a generator change is audited before it is committed)."""
+    assert manifest.ci is not None
+    path = tmp_path / manifest.ci.workflow
+    path.parent.mkdir(parents=True)
+    path.write_text(ci_workflow.render(manifest))
+    assert _zizmor(path) == []
     assert ci_workflow.SELF_HOSTED_ACCEPTED.startswith("zizmor: ignore[self-hosted-runner] ")
 
 
@@ -318,7 +329,7 @@ def test_the_gpu_job_runs_on_the_self_hosted_labels_with_the_built_wheels(
     job = committed["jobs"]["gpu-gates"]
     assert job["runs-on"] == ["self-hosted", *manifest.ci.gpu_runner_labels]
     assert job["needs"] == "wheels"
-    assert "pull_request.head.repo.full_name == github.repository" in job["if"]
+    assert job["if"] == ci_workflow.GPU_EVENTS
     downloads = [s for s in _steps(job) if "download-artifact" in s.get("uses", "")]
     assert downloads[0]["with"] == {"pattern": "wheel-*", "merge-multiple": True,
                                     "path": "out/wheels"}  # fmt: skip
@@ -327,6 +338,15 @@ def test_the_gpu_job_runs_on_the_self_hosted_labels_with_the_built_wheels(
     assert upload["if"] == ci_workflow.ALWAYS
     assert upload["with"]["name"] == ci_workflow.GPU_RECORDS
     assert not any("build" in line.split() for line in _run_lines(job))  # never rebuilds
+
+
+def test_the_gpu_job_never_runs_for_a_pull_request(manifest: Manifest) -> None:
+    """Negative control: it ran for a same-repository pull request, on the runner whose key the
+    channels trust. Its condition admits a tag push and a manual run, and no other event."""
+    condition = ci_workflow.generate(manifest)["jobs"]["gpu-gates"]["if"]
+    admitted = set(re.findall(r"github\.event_name == '([a-z_]+)'", condition))
+    assert admitted == {"push", "workflow_dispatch"}
+    assert "pull_request" not in condition and "!=" not in condition and "&&" not in condition
 
 
 def test_the_release_job_runs_on_evidence_only(

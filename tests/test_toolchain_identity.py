@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from release.build.toolchain import RECORDED_BUILD_REQUIREMENTS, resolve_toolchain, toolchain_record
+from release.build.toolchain import (
+    CUDA_FILES,
+    RECORDED_BUILD_REQUIREMENTS,
+    resolve_toolchain,
+    toolchain_record,
+)
 from release.cli import DEFAULT_MANIFEST
 from release.errors import BuildError
 from release.manifest import load_manifest
@@ -56,7 +61,8 @@ def test_every_tool_has_a_version_path_and_the_sha256_of_its_bytes(record, toolc
             [str(toolchain.zig), "version"], capture_output=True, text=True, check=True
         ).stdout.strip()
     )
-    assert record["nvcc"] == "13.0"
+    assert record["nvcc"] == "13.0"  # what cmake/write_sbom.py checks
+    assert record["nvcc_version"].startswith("13.0.")  # the full version, V13.0.88 -> 13.0.88
     assert record["cmake"] == pyproject()["build-system"]["requires"][2].split("==")[1]
     host = Path(record["cuda_host_compiler_path"])
     assert host == toolchain.cuda_host_compiler.resolve() and not host.is_symlink()
@@ -87,3 +93,32 @@ def test_a_different_compiler_binary_gives_a_different_digest(
 def test_no_cmake_on_the_build_path_is_an_error(toolchain, tmp_path: Path) -> None:
     with pytest.raises(BuildError, match=r"no cmake on the build's PATH"):
         toolchain_record(toolchain, str(tmp_path))
+
+
+def test_the_cuda_files_linked_or_run_are_recorded_by_digest(record, toolchain) -> None:
+    """Negative control: only the nvcc driver was hashed, so a new libcudart_static.a (linked
+    into every module) kept the record and the wheel cache's key."""
+    for name in CUDA_FILES:
+        path = Path(record[f"{name}_path"])
+        assert path.is_file() and path.is_relative_to(toolchain.cuda_root.resolve()), name
+        assert record[f"{name}_sha256"] == sha256_file(path), name
+    assert Path(record["cudart_static_path"]).name == "libcudart_static.a"
+
+
+def test_a_different_cudart_static_gives_a_different_record(
+    record, toolchain, tmp_path: Path
+) -> None:
+    root = tmp_path / "cuda"
+    for name in CUDA_FILES:
+        source = Path(record[f"{name}_path"])
+        copy = root / CUDA_FILES[name][0]
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.symlink_to(source)
+    changed_lib = root / CUDA_FILES["cudart_static"][0]
+    changed_lib.unlink()
+    shutil.copy2(record["cudart_static_path"], changed_lib)
+    with changed_lib.open("ab") as stream:
+        stream.write(b"\0")
+    changed = toolchain_record(dataclasses.replace(toolchain, cuda_root=root), _build_path())
+    assert changed["cudart_static_sha256"] != record["cudart_static_sha256"]
+    assert changed["cicc_sha256"] == record["cicc_sha256"]

@@ -6,6 +6,7 @@ declared manylinux policy allows, whatever the build machine's glibc is (docs/to
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -21,6 +22,22 @@ from release.util.framework_cache import framework_wheel
 from release.util.pins import dependency_group, pyproject
 
 _NVCC_RELEASE = re.compile(r"release (\d+\.\d+)")
+# The full version (V13.0.88): patch releases change the compiler, so the record keeps all of it.
+_NVCC_VERSION = re.compile(r"\bV(\d+(?:\.\d+)+)")
+
+# CUDA files besides nvcc that decide the wheels' bytes: the static runtime linked into every
+# module, the device compilers nvcc drives, and the header that names the toolkit's version.
+# Each entry: the record's key, then the paths (relative to the CUDA root) tried in order.
+CUDA_FILES: dict[str, tuple[str, ...]] = {
+    "cudart_static": (
+        "lib64/libcudart_static.a",
+        "lib/libcudart_static.a",
+        "targets/x86_64-linux/lib/libcudart_static.a",
+    ),
+    "cicc": ("nvvm/bin/cicc",),
+    "ptxas": ("bin/ptxas",),
+    "cuda_h": ("include/cuda.h", "targets/x86_64-linux/include/cuda.h"),
+}
 
 
 def _ccache_environment(cache_dir: Path) -> dict[str, str]:
@@ -98,7 +115,9 @@ class Toolchain(HostToolchain):
         return {
             "zig": _first_line([str(self.zig), "version"]),
             "zig_target": self.zig_target,
+            # cmake/write_sbom.py checks "nvcc" against major.minor; the full version is apart.
             "nvcc": _first_line([str(self.nvcc), "--version"], pick=_NVCC_RELEASE),
+            "nvcc_version": _first_line([str(self.nvcc), "--version"], pick=_NVCC_VERSION),
             "cuda_host_compiler": _first_line([str(self.cuda_host_compiler), "--version"]),
             "ccache": _first_line([str(self.ccache), "--version"]) if self.ccache else "not used",
         }
@@ -124,6 +143,9 @@ def toolchain_record(toolchain: Toolchain, search_path: str) -> dict[str, str]:
     nvcc = toolchain.nvcc.resolve()
     record["nvcc_path"] = str(nvcc)
     record["nvcc_sha256"] = sha256_file(nvcc)
+    for name, path in cuda_files(toolchain.cuda_root).items():
+        record[f"{name}_path"] = str(path)
+        record[f"{name}_sha256"] = sha256_file(path)
     host = toolchain.cuda_host_compiler.resolve()
     record["cuda_host_compiler_path"] = str(host)
     record["cuda_host_compiler_sha256"] = sha256_file(host)
@@ -144,6 +166,19 @@ def toolchain_record(toolchain: Toolchain, search_path: str) -> dict[str, str]:
         record[f"{name}_file"] = distribution.name
         record[f"{name}_sha256"] = sha256_file(distribution)
     return record
+
+
+def cuda_files(cuda_root: Path) -> dict[str, Path]:
+    """The files of :data:`CUDA_FILES` under ``cuda_root``; BuildError names a missing one."""
+    found: dict[str, Path] = {}
+    for name, candidates in CUDA_FILES.items():
+        paths = [cuda_root / c for c in candidates if (cuda_root / c).is_file()]
+        if not paths:
+            raise BuildError(
+                f"toolchain: CUDA root {cuda_root}: expected {name} at one of {list(candidates)}"
+            )
+        found[name] = paths[0].resolve()
+    return found
 
 
 def _cmake_binary(search_path: str) -> Path:
@@ -194,10 +229,12 @@ def zig_target(manifest: Manifest) -> str:
     return f"x86_64-linux-gnu.{major}.{minor}"
 
 
-def _write_wrapper(path: Path, argv: list[str]) -> Path:
+def _write_wrapper(path: Path, argv: list[str], zig_sha256: str) -> Path:
     # CMake wants one executable per compiler, so `zig c++ -target …` is wrapped in a script.
+    # ccache (CCACHE_COMPILERCHECK=content) hashes this text, not zig: naming zig's digest here
+    # makes a new zig at the same path miss the objects the old one compiled.
     quoted = " ".join(f"'{arg}'" for arg in argv)
-    text = f'#!/bin/sh\nexec {quoted} "$@"\n'
+    text = f'#!/bin/sh\n# zig sha256 {zig_sha256}\nexec {quoted} "$@"\n'
     if not path.exists() or path.read_text() != text:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
@@ -234,17 +271,33 @@ def _system_nvcc() -> Path | None:
     return Path(found) if found else None
 
 
+PINS_STAMP = ".pins-sha256"  # in the install folder: the pins it was installed from
+
+
+def _pins_digest(pins: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(pins)).encode()).hexdigest()
+
+
+def _installed_pins(target: Path) -> str | None:
+    stamp = target / PINS_STAMP
+    return stamp.read_text().strip() if stamp.is_file() else None
+
+
 def _install_cuda_wheels(target: Path) -> Path:
-    """Installs the pinned NVIDIA compiler wheels into `target`; returns the CUDA root."""
+    """Installs the pinned NVIDIA compiler wheels into `target` unless it holds exactly the
+    current pins (a stamp records them: changed pins reinstall); returns the CUDA root."""
     root = target / "nvidia" / "cu13"
-    if not (root / "bin" / "nvcc").is_file():
-        pins = dependency_group("cuda-compiler")
+    pins = dependency_group("cuda-compiler")
+    digest = _pins_digest(pins)
+    if _installed_pins(target) != digest or not (root / "bin" / "nvcc").is_file():
+        print("toolchain: installing the pinned NVIDIA compiler wheels (no CUDA toolkit used)")
         staging = target.with_name(target.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(staging), *pins],
             check=True,
         )
+        (staging / PINS_STAMP).write_text(digest + "\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.replace(target)
     # nvcc.profile searches lib64; FindCUDAToolkit wants the unversioned libcudart.so.
@@ -270,7 +323,6 @@ def resolve_host_toolchain(manifest: Manifest, cache_dir: Path) -> HostToolchain
         raise BuildError(f"ACTIVEKV_CUDA_COMPILER: expected 'auto' or 'wheels'; got {choice!r}")
     nvcc = _system_nvcc() if choice == "auto" else None
     if nvcc is None:
-        print("toolchain: installing the pinned NVIDIA compiler wheels (no CUDA toolkit used)")
         cuda_root = _install_cuda_wheels(tool_dir / "cuda-wheels")
         nvcc = cuda_root / "bin" / "nvcc"
     cuda_root = nvcc.resolve().parent.parent
@@ -305,14 +357,19 @@ def resolve_toolchain(manifest: Manifest, cache_dir: Path) -> Toolchain:
     wrapper_dir = cache_dir / "toolchain" / f"zig-{target}"
     wrapper_dir.mkdir(parents=True, exist_ok=True)
     zig = find_zig()
+    zig_sha256 = sha256_file(zig)
     host = resolve_host_toolchain(manifest, cache_dir)
     return Toolchain(
         **{field.name: getattr(host, field.name) for field in fields(host)},
         zig=zig,
         # The names contain "clang" so ccache treats the wrappers as the clang they are.
-        cc=_write_wrapper(wrapper_dir / "zig-clang", [str(zig), "cc", "-target", target]),
-        cxx=_write_wrapper(wrapper_dir / "zig-clang++", [str(zig), "c++", "-target", target]),
-        ar=_write_wrapper(wrapper_dir / "zig-ar", [str(zig), "ar"]),
-        ranlib=_write_wrapper(wrapper_dir / "zig-ranlib", [str(zig), "ranlib"]),
+        cc=_write_wrapper(
+            wrapper_dir / "zig-clang", [str(zig), "cc", "-target", target], zig_sha256
+        ),
+        cxx=_write_wrapper(
+            wrapper_dir / "zig-clang++", [str(zig), "c++", "-target", target], zig_sha256
+        ),
+        ar=_write_wrapper(wrapper_dir / "zig-ar", [str(zig), "ar"], zig_sha256),
+        ranlib=_write_wrapper(wrapper_dir / "zig-ranlib", [str(zig), "ranlib"], zig_sha256),
         zig_target=target,
     )

@@ -35,7 +35,10 @@ from release.util.interpreters import find_interpreter
 from release.util.progress import console, tracked
 from release.wheelset import version_tuple
 
-# What decides a wheel's bytes, besides the toolchain and the interpreter.
+# The licence files the wheel takes: pyproject's [tool.scikit-build] wheel.license-files
+# (tests/test_build_cache_key.py keeps them equal), as git pathspecs and Path.glob patterns.
+LICENSE_FILES = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
+# What decides a wheel's bytes, besides the toolchain, the interpreter and the build environment.
 SOURCE_ROOTS = (
     "CMakeLists.txt",
     "pyproject.toml",
@@ -44,7 +47,22 @@ SOURCE_ROOTS = (
     "bindings",
     "shims",
     "cmake",
+    *LICENSE_FILES,
 )
+# Environment variables the compilers, nvcc, CMake, scikit-build-core or the project's CMake
+# files read (engine/CMakeLists.txt reads $ENV{TensorRT_ROOT}); the build passes the whole
+# environment on, so each of these that is set takes part in the wheel cache's key.
+BUILD_ENV_NAMES = frozenset({
+    "CC", "CXX", "CUDACXX", "CUDAHOSTCXX", "CUDAARCHS", "AR", "RANLIB",
+    "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CUDAFLAGS",
+    "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "PKG_CONFIG_PATH",
+    "CUDA_HOME", "CUDA_PATH", "ACTIVEKV_CUDA_COMPILER", "SOURCE_DATE_EPOCH",
+})  # fmt: skip
+# Prefixes read by nvcc (NVCC_PREPEND_FLAGS, NVCC_APPEND_FLAGS, NVCC_CCBIN), CMake and
+# scikit-build-core (CMAKE_ARGS, CMAKE_PREFIX_PATH, SKBUILD_*); the suffix is find_package's
+# <Package>_ROOT (TensorRT_ROOT, CUDAToolkit_ROOT).
+BUILD_ENV_PREFIXES = ("NVCC_", "CMAKE_", "SKBUILD_", "ZIG_")
+BUILD_ENV_SUFFIXES = ("_ROOT",)
 
 
 @dataclass(frozen=True)
@@ -149,15 +167,45 @@ def source_date_epoch(source_dir: Path) -> int:
     return int(result.stdout.strip())
 
 
+def _source_files(source_dir: Path, root: str) -> list[Path]:
+    """The files of one SOURCE_ROOTS entry: a folder's tree, a file, or a glob's matches."""
+    files: list[Path] = []
+    for path in sorted(source_dir.glob(root)):
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return files
+
+
 def _source_digest(source_dir: Path) -> str:
     digest = hashlib.sha256()
     for root in SOURCE_ROOTS:
-        path = source_dir / root
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in files:
+        for file in _source_files(source_dir, root):
             digest.update(file.relative_to(source_dir).as_posix().encode() + b"\0")
             digest.update(sha256_file(file).encode())
     return digest.hexdigest()
+
+
+def is_build_variable(name: str) -> bool:
+    """Whether the build reads environment variable `name` (see BUILD_ENV_NAMES)."""
+    return (
+        name in BUILD_ENV_NAMES
+        or name.startswith(BUILD_ENV_PREFIXES)
+        or name.endswith(BUILD_ENV_SUFFIXES)
+    )
+
+
+def build_environment_digest(env: Mapping[str, str]) -> str:
+    """sha256 of the build-relevant variables of `env` (the one the build runs with), names and
+    values, in name order: a changed flag or root misses the wheel cache."""
+    relevant = sorted((name, value) for name, value in env.items() if is_build_variable(name))
+    return hashlib.sha256(json.dumps(relevant).encode()).hexdigest()
+
+
+def toolchain_key(defines: Mapping[str, str], record: Mapping[str, str]) -> str:
+    """The CMake settings and the toolchain record without paths: the record holds the sha256
+    of every tool and CUDA file (toolchain_record), so a changed one is a new key."""
+    portable = sorted((k, v) for k, v in record.items() if not k.endswith("_path"))
+    key_text = repr(sorted(defines.items())) + repr(portable)
+    return hashlib.sha256(key_text.encode()).hexdigest()[:12]
 
 
 def _cmake_settings(manifest: Manifest, toolchain: Toolchain) -> dict[str, str]:
@@ -247,13 +295,13 @@ class WheelBuilder:
         # The provenance's record of the tools, which the wheel's SBOM names (cmake/write_sbom.py).
         self.record = toolchain_record(self.toolchain, self.env["PATH"])
         self.defines["ACTIVEKV_TOOLCHAIN_RECORD"] = str(_write_sbom_record(self.record, cache_dir))
-        key_text = repr(sorted(self.defines.items())) + repr(self.toolchain.identity())
-        self.toolchain_key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
+        self.toolchain_key = toolchain_key(self.defines, self.record)
 
     def _cache_key(self, target: BuildTarget) -> str:
         parts = [
             _source_digest(self.source_dir),
             self.toolchain_key,
+            build_environment_digest(self.env),
             str(self.epoch),
             target.python,
             str(target.stable_abi),
@@ -357,10 +405,11 @@ def build_wheels(
     epoch: int | None = None,
 ) -> BuildReport:
     """Builds every planned wheel; `<out>/wheels/` changes only when all of them succeeded."""
-    targets, skipped = plan_targets(manifest, only)
     kind = toolchain_kind or manifest.build.toolchain.kind
     if kind == "cibuildwheel":
+        targets, skipped = plan_container_targets(manifest, only)
         return _build_with_cibuildwheel(manifest, targets, skipped, source_dir, out_dir)
+    targets, skipped = plan_targets(manifest, only)
     if not targets:
         reasons = "; ".join(f"{s.python}: {s.reason}" for s in skipped)
         raise BuildError(
@@ -388,6 +437,43 @@ def build_wheels(
     return BuildReport(wheels, tuple(skipped), builder.record, builder.epoch)
 
 
+def plan_container_targets(
+    manifest: Manifest, only: Sequence[str] = ()
+) -> tuple[list[BuildTarget], list[SkippedPython]]:
+    """The plan for cibuildwheel: from the manifest alone, as its manylinux containers hold
+    every CPython (the local interpreters are not the ones that build)."""
+    return plan_targets(manifest, only, find=lambda version: Path(f"python{version}"))
+
+
+def cibuildwheel_selector(targets: Sequence[BuildTarget]) -> str:
+    """CIBW_BUILD for `targets`; an empty one is refused, as cibuildwheel reads "" as "*"."""
+    build = selectors([t.python for t in targets]).strip()
+    if not build:
+        raise BuildError(
+            "--toolchain cibuildwheel: expected at least one planned wheel for CIBW_BUILD; "
+            "the plan is empty (an empty CIBW_BUILD would build every identifier)"
+        )
+    return build
+
+
+def _claim_wheels(
+    wheels: Sequence[Path], targets: Sequence[BuildTarget], seconds: float
+) -> list[BuiltWheel]:
+    """Each wheel with the target that asked for it; BuildError for one no target asked for."""
+    by_tag = {f"cp{t.python.replace('.', '')}": t for t in targets}
+    built: list[BuiltWheel] = []
+    for wheel in wheels:
+        interpreter = next(iter(parse_wheel_filename(wheel.name)[3])).interpreter
+        if interpreter not in by_tag:
+            raise BuildError(
+                f"cibuildwheel made {wheel.name}, which no planned target asked for "
+                f"(expected tags {sorted(by_tag)})"
+            )
+        target = by_tag[interpreter]
+        built.append(BuiltWheel(wheel, target.python, target.serves, seconds, False))
+    return built
+
+
 def _build_with_cibuildwheel(
     manifest: Manifest,
     targets: list[BuildTarget],
@@ -396,29 +482,19 @@ def _build_with_cibuildwheel(
     out_dir: Path,
 ) -> BuildReport:
     """The same plan through cibuildwheel; its wheels get the same post-link check."""
+    build = cibuildwheel_selector(targets)
     epoch = source_date_epoch(source_dir)
     started = time.monotonic()
     with _staging_area(out_dir) as staging:
-        run_cibuildwheel(
-            source_dir,
-            staging,
-            selectors([t.python for t in targets]),
-            {"SOURCE_DATE_EPOCH": str(epoch)},
-        )
+        run_cibuildwheel(source_dir, staging, build, {"SOURCE_DATE_EPOCH": str(epoch)})
         wheels = sorted(staging.glob("*.whl"))
         problems = [p for wheel in wheels for p in check_wheel_objects(wheel)]
         if problems:
             raise BuildError("post-link check:\n  " + "\n  ".join(problems))
+        # Inside the staging block: a wheel no target asked for leaves <out>/wheels alone.
+        staged = _claim_wheels(wheels, targets, time.monotonic() - started)
     final = out_dir / "wheels"
-    seconds = time.monotonic() - started
-    by_tag = {f"cp{t.python.replace('.', '')}": t for t in targets}
-    built = []
-    for wheel in sorted(final.glob("*.whl")):
-        interpreter = next(iter(parse_wheel_filename(wheel.name)[3])).interpreter
-        if interpreter not in by_tag:
-            raise BuildError(f"cibuildwheel made {wheel.name}, which no planned target asked for")
-        target = by_tag[interpreter]
-        built.append(BuiltWheel(wheel, target.python, target.serves, seconds, False))
-    return BuildReport(
-        tuple(built), tuple(skipped), {"cibuildwheel": "manylinux containers"}, epoch
+    built = tuple(
+        BuiltWheel(final / w.path.name, w.python, w.serves, w.seconds, w.cached) for w in staged
     )
+    return BuildReport(built, tuple(skipped), {"cibuildwheel": "manylinux containers"}, epoch)
