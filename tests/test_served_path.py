@@ -475,3 +475,90 @@ def test_the_shared_shim_is_named_by_digest_with_every_wheel_that_carries_it(
     bare = build_files_wheel(tmp_path / "d", {"activekv/py.typed": b""}, name="activekv",
                              version="0.1.0", tag="cp310-cp310-manylinux_2_28_x86_64")  # fmt: skip
     assert shared_file(wheel_set(a, bare))[1] == [f"{bare.name}: carries no {shim}"]
+
+
+# --- the driver's result comes only from its report file, never from stdout
+
+
+def planted_driver(path: Path, body: str) -> Path:
+    """A stand-in for served_path_driver.py taking its arguments and running `body` (RESULT is
+    a good driver result, REPORT the report path)."""
+    path.write_text(
+        "import argparse, atexit, json\n"
+        "from pathlib import Path\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--report', type=Path, required=True)\n"
+        "REPORT = parser.parse_known_args()[0].report\n"
+        f"RESULT = {json.dumps(good_result())!r}\n" + body
+    )
+    return path
+
+
+@pytest.fixture
+def driven_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The gate run with this interpreter as vLLM's, on a wheel for it carrying the shim."""
+    from packaging.tags import sys_tags
+
+    from release.gates import served_path
+
+    tags = [str(tag) for tag in sys_tags()]
+    monkeypatch.setattr(served_path, "vllm_interpreter", lambda _: (Path(sys.executable), tags))
+    return build_files_wheel(
+        tmp_path / "dist", {SHIM_PATH: b"# the shim\n"}, name="activekv", version="0.1.0",
+        tag=f"cp{sys.version_info.major}{sys.version_info.minor}-none-any",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "verdict", "reason"),
+    [
+        # A plugin printing at exit: the report is judged, the noise is not parsed.
+        (
+            "atexit.register(print, 'plugin: goodbye')\nprint(RESULT)\nREPORT.write_text(RESULT)\n",
+            "pass",
+            "",
+        ),
+        # Exit 0, nothing printed, no report.
+        ("", "fail", "the driver exited 0 without writing its report served-path.json; stdout: ''"),
+        # Exit 0 with a result on stdout only: not a report.
+        ("print(RESULT)\n", "fail", "the driver exited 0 without writing its report"),
+        (
+            "print('half')\nREPORT.write_text(RESULT[:40])\n",
+            "fail",
+            "expected a JSON report from the driver, served-path.json is not",
+        ),
+        (
+            "REPORT.write_text('[]')\n",
+            "fail",
+            'expected a report {"engine": {...}, "reference": {...}} from the driver',
+        ),
+        (
+            "REPORT.write_text(json.dumps({'engine': {}, 'reference': {}}))\n",
+            "fail",
+            "the driver's report lacks what the judgement reads (KeyError('steps'))",
+        ),
+    ],
+)
+def test_the_verdict_comes_from_the_drivers_report(
+    driven_here: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    verdict: str,
+    reason: str,
+) -> None:
+    from release.gates import served_path
+
+    monkeypatch.setattr(served_path, "DRIVER", planted_driver(tmp_path / "driver.py", body))
+    evidence = run_served_path_gate(wheel_set(driven_here), tmp_path / "out")
+    assert evidence.verdict == verdict, evidence.reason
+    assert evidence.reason.startswith(reason), evidence.reason
+
+
+def test_the_driver_writes_its_report_whole(tmp_path: Path) -> None:
+    from release.scripts.served_path_driver import write_report
+
+    report = tmp_path / "served-path.json"
+    write_report(report, good_result())
+    assert json.loads(report.read_text()) == good_result()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["served-path.json"]

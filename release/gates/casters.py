@@ -5,11 +5,18 @@ nanobind writes a C++ type it has no caster for into the signature as its C++ na
 only when called. The gate installs each wheel with the interpreter it serves, imports every
 native module from there, reads the ``__nb_signature__`` of every function, method and property
 (release/scripts/caster_scan.py) and fails naming each function whose signature holds a C++ name.
+
+The scanner runs with ``-I -S`` (no site-packages: the wheel's ``activekv`` is a namespace
+package, which a regular one anywhere on the path would replace) and writes its result to a report
+file, never stdout (an imported module may print to it). The gate fails, quoting the scanner's
+output, when that report is missing or unreadable, when a native module of the wheel is not in
+it, or when one was imported from outside the install folder.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -17,6 +24,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
@@ -71,19 +79,86 @@ def native_modules(wheel: Path) -> list[str]:
     return sorted(modules)
 
 
+class ScanError(Exception):
+    """The scan of one wheel gave no verdict: the scanner failed, wrote no report, or the report
+    does not cover the wheel's native modules as installed."""
+
+
+def output_tail(result: subprocess.CompletedProcess[str], lines: int = 5) -> str:
+    """The last `lines` lines of the child's stdout and stderr, quoted for a failure."""
+    stdout = "\n".join(result.stdout.strip().splitlines()[-lines:])
+    stderr = "\n".join(result.stderr.strip().splitlines()[-lines:])
+    return f"stdout: {stdout!r}; stderr: {stderr!r}"
+
+
+def read_report(report: Path, result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The scanner's report: a JSON object with a list of modules; ScanError quoting the child's
+    output when it is missing or is not that."""
+    try:
+        loaded = json.loads(report.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScanError(
+            f"the scanner exited {result.returncode} without writing its report {report.name}; "
+            f"{output_tail(result)}"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise ScanError(
+            f"expected a JSON report from the scanner, {report.name} is not: {error}; "
+            f"{output_tail(result)}"
+        ) from None
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("modules"), list):
+        raise ScanError(
+            f'expected a report {{"flags": ..., "modules": [...]}} from the scanner, got '
+            f"{str(loaded)[:200]!r}; {output_tail(result)}"
+        )
+    return loaded
+
+
+def coverage_problems(report: dict[str, Any], site: Path, expected: list[str]) -> list[str]:
+    """What keeps `report` from judging the wheel installed in `site`: a scanner run with the
+    interpreter's site-packages, a native module of the wheel not scanned, or one imported from
+    outside `site` (another ``activekv`` on the path)."""
+    problems: list[str] = []
+    flags = report.get("flags") or {}
+    if not (flags.get("isolated") and flags.get("no_site")):
+        problems.append(
+            f"expected the scanner to run isolated, without site (-I -S); flags {flags}"
+        )
+    root = Path(os.path.realpath(site))
+    scanned = {str(m.get("name")): m for m in report["modules"] if isinstance(m, dict)}
+    for name in expected:
+        module = scanned.get(name)
+        if module is None:
+            problems.append(f"{name}: in the wheel, not in the scanner's report")
+            continue
+        file = module.get("file")
+        if not isinstance(file, str) or not Path(os.path.realpath(file)).is_relative_to(root):
+            problems.append(f"{name}: imported from {file}, expected a file under {root}")
+    problems += [f"{name}: scanned, not a native module of the wheel" for name in
+                 sorted(set(scanned) - set(expected))]  # fmt: skip
+    return problems
+
+
 def scan_wheel(wheel: Path, python: Path, work: Path) -> list[dict[str, object]]:
-    """Installs `wheel` with `python` into `work` and lists every bound signature of its modules."""
+    """Installs `wheel` with `python` into `work` and lists every bound signature of its modules;
+    ScanError unless every native module of the wheel was scanned from where it was installed."""
     site = install_private(python, wheel, work / "site")
-    env = clean_pip_env()
+    report = work / "caster-scan.json"
+    modules = native_modules(wheel)
     result = subprocess.run(
-        [str(python), "-I", str(SCANNER), str(site), *native_modules(wheel)],
-        env=env, capture_output=True, text=True,
+        [str(python), "-I", "-S", str(SCANNER), "--report", str(report), "--site", str(site),
+         *modules],
+        env=clean_pip_env(), capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode != 0:
         tail = " ".join(result.stderr.strip().splitlines()[-3:])
-        raise ImportError(f"importing the native modules of {wheel.name} failed: {tail}")
-    scanned: list[dict[str, object]] = json.loads(result.stdout)
-    return scanned
+        raise ScanError(f"importing the native modules of {wheel.name} failed: {tail}")
+    loaded = read_report(report, result)
+    if problems := coverage_problems(loaded, site, modules):
+        raise ScanError(
+            f"the scan does not judge {wheel.name}: {'; '.join(problems)}; {output_tail(result)}"
+        )
+    return [entry for module in loaded["modules"] for entry in module.get("entries", [])]
 
 
 def run_casters_gate(
@@ -105,7 +180,7 @@ def run_casters_gate(
         with tempfile.TemporaryDirectory(prefix="activekv-casters-") as work:
             try:
                 scanned = scan_wheel(wheel.path, python, Path(work))
-            except (ImportError, GateError, subprocess.CalledProcessError) as error:
+            except (ScanError, GateError, subprocess.CalledProcessError) as error:
                 detail = getattr(error, "stderr", "") or str(error)
                 problems.append(f"{wheel.name}: {detail.strip()}")
                 continue

@@ -13,6 +13,8 @@ Python), when a hook never reaches the connector, when the steps loaded or commi
 when the engine's plans and events differ from the reference's. It reports
 "dispatch sites: reference N → engine M": distinct first-party code objects the steps ran.
 Where no interpreter has vLLM, the verdict is "not-run" ("not run: vLLM not installed").
+The driver writes its result to a report file, not stdout (vLLM, its plugins and the shim may
+print there); a driver that fails, or writes no readable report, is a failure quoting its output.
 """
 
 from __future__ import annotations
@@ -164,6 +166,69 @@ def judge(result: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     return problems, figures
 
 
+class DriverError(Exception):
+    """The driver gave no result to judge: it failed, or wrote no readable report."""
+
+
+def output_tail(run: subprocess.CompletedProcess[str], lines: int = 15) -> str:
+    """The last `lines` lines of the driver's stdout and stderr, quoted for a failure."""
+    stdout = "\n".join(run.stdout.strip().splitlines()[-lines:])
+    stderr = "\n".join(run.stderr.strip().splitlines()[-lines:])
+    return f"stdout: {stdout!r}; stderr: {stderr!r}"
+
+
+def driver_result(run: subprocess.CompletedProcess[str], report: Path) -> dict[str, Any]:
+    """The result the driver wrote to `report`; DriverError quoting its output when it failed,
+    wrote none, or wrote something other than a JSON object with both connectors' runs."""
+    if run.returncode != 0:
+        tail = "\n".join(run.stderr.strip().splitlines()[-15:])
+        raise DriverError(f"the driver failed (exit {run.returncode}):\n{tail}")
+    try:
+        result = json.loads(report.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DriverError(
+            f"the driver exited 0 without writing its report {report.name}; {output_tail(run)}"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise DriverError(
+            f"expected a JSON report from the driver, {report.name} is not: {error}; "
+            f"{output_tail(run)}"
+        ) from None
+    if not isinstance(result, dict) or not all(
+        isinstance(result.get(side), dict) for side in ("engine", "reference")
+    ):
+        raise DriverError(
+            f'expected a report {{"engine": {{...}}, "reference": {{...}}}} from the driver, got '
+            f"{str(result)[:200]!r}; {output_tail(run)}"
+        )
+    return result
+
+
+def drive_and_judge(
+    python: Path, wheel: Wheel, work: Path, layers: int, steps: int
+) -> tuple[list[str], dict[str, Any]]:
+    """Installs `wheel` for `python` into `work`, runs the driver there, and judges its report:
+    the problems (the driver's own failure among them) and the figures."""
+    site = install_private(python, wheel.path, work / "site")
+    report = work / "served-path.json"
+    run = subprocess.run(
+        [str(python), "-I", str(DRIVER), "--report", str(report), "--site", str(site),
+         "--reference", str(REFERENCE_DIR), "--layers", str(layers), "--steps", str(steps)],
+        env={**clean_pip_env(), "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
+    )  # fmt: skip
+    try:
+        result = driver_result(run, report)
+    except DriverError as error:
+        return [str(error)], {}
+    result["layers"] = layers
+    try:
+        return judge(result)
+    except (KeyError, TypeError, ValueError) as error:
+        return [
+            f"the driver's report lacks what the judgement reads ({error!r}); {output_tail(run)}"
+        ], {}
+
+
 def run_served_path_gate(
     wheels: WheelSet,
     out_dir: Path,
@@ -188,21 +253,8 @@ def run_served_path_gate(
         return evidence
     python, tags = found
     wheel = wheel_for(wheels, tags)
-    env = clean_pip_env()
     with tempfile.TemporaryDirectory(prefix="activekv-served-path-") as work:
-        site = install_private(python, wheel.path, Path(work) / "site")
-        run = subprocess.run(
-            [str(python), "-I", str(DRIVER), "--site", str(site), "--reference", str(REFERENCE_DIR),
-             "--layers", str(layers), "--steps", str(steps)],
-            env={**env, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
-        )  # fmt: skip
-    if run.returncode != 0:
-        tail = "\n".join(run.stderr.strip().splitlines()[-15:])
-        problems, figures = [f"the driver failed (exit {run.returncode}):\n{tail}"], {}
-    else:
-        result = json.loads(run.stdout.strip().splitlines()[-1])
-        result["layers"] = layers
-        problems, figures = judge(result)
+        problems, figures = drive_and_judge(python, wheel, Path(work), layers, steps)
     problems += shim_problems
     # The verdict is on the shim, which every wheel carries byte for byte (shim_problems fail
     # otherwise): it holds for each of them, so the evidence names them all.

@@ -1,15 +1,27 @@
 """Lists the nanobind signature of every function and method of native modules, as JSON.
 
 Run by the casters gate (release/gates/casters.py) with the interpreter a wheel serves, as a script:
-``python -I caster_scan.py SITE MODULE...``. It imports each module from SITE (the installed
-wheel) and prints ``[{"name": qualified name, "signatures": [...]}, ...]``. Standard library only.
+``python -I -S caster_scan.py --report REPORT --site SITE MODULE...``. ``-S`` keeps the
+interpreter's own site-packages off the path, so a regular ``activekv`` package installed there
+cannot stand in for the wheel's namespace package. It imports each module from SITE (the installed
+wheel) and, once every module is scanned, writes REPORT (atomically; never stdout, which an
+imported module may write to)::
+
+    {"flags": {"isolated": 1, "no_site": 1},
+     "modules": [{"name": ..., "file": module.__file__,
+                  "entries": [{"name": qualified name, "signatures": [...]}, ...]}, ...]}
+
+Standard library only.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -46,11 +58,29 @@ def scan(module: Any) -> list[dict[str, Any]]:
     return found
 
 
+def scan_module(name: str) -> dict[str, Any]:
+    """One module's record: where it was imported from, and its bound callables."""
+    module = importlib.import_module(name)
+    return {"name": name, "file": getattr(module, "__file__", None), "entries": scan(module)}
+
+
+def write_report(report: Path, result: dict[str, Any]) -> None:
+    """Writes `result` to `report` whole or not at all (a partial file, then a rename)."""
+    partial = report.with_name(report.name + ".partial")
+    partial.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(partial, report)
+
+
 def main(argv: list[str]) -> int:
-    site, *modules = argv
-    sys.path.insert(0, site)
-    result = [entry for name in modules for entry in scan(importlib.import_module(name))]
-    json.dump(result, sys.stdout)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--report", type=Path, required=True)
+    parser.add_argument("--site", type=Path, required=True)
+    parser.add_argument("modules", nargs="*")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(args.site))
+    modules = [scan_module(name) for name in args.modules]
+    flags = {"isolated": sys.flags.isolated, "no_site": sys.flags.no_site}
+    write_report(args.report, {"flags": flags, "modules": modules})
     return 0
 
 

@@ -4,7 +4,8 @@ Run by the served-path gate (release/gates/served_path.py) with an interpreter t
 or
 newer, for ``sys.monitoring``), as a script::
 
-    python -I served_path_driver.py --site SITE --reference DIR [--layers 4] [--steps 6]
+    python -I served_path_driver.py --report REPORT --site SITE --reference DIR [--layers 4]
+        [--steps 6]
 
 SITE holds the installed activekv wheel; DIR is the checkout's ``reference/`` (the Python
 reference connector, never shipped). Both connectors run the same way: a real vLLM ``Scheduler``
@@ -14,8 +15,10 @@ calls in the order of ``KVConnectorModelRunnerMixin._get_kv_connector_output`` a
 attention layers' ``maybe_transfer_kv_layer`` (wait_for_layer_load, then save_kv_layer, per
 layer). A second request shares the first's prompt, so later steps load what earlier ones stored.
 
-Prints one JSON object: per connector, per step, the first-party frames and code objects, the
-hooks called, the plans, and the engine's event counts. Standard library, vLLM and torch only.
+Writes one JSON object to REPORT, whole or not at all, once both connectors ran (never to stdout,
+which vLLM, its plugins and the shim may print to): per connector, per step, the first-party frames
+and code objects, the hooks called, the plans, and the engine's event counts. Standard library,
+vLLM and torch only.
 """
 
 from __future__ import annotations
@@ -357,8 +360,16 @@ def drive(
             "steps": records, "events": events}  # fmt: skip
 
 
+def write_report(report: Path, result: dict[str, Any]) -> None:
+    """Writes `result` to `report` whole or not at all (a partial file, then a rename)."""
+    partial = report.with_name(report.name + ".partial")
+    partial.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(partial, report)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--report", type=Path, required=True)
     parser.add_argument("--site", type=Path, required=True)
     parser.add_argument("--reference", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=4)
@@ -381,7 +392,7 @@ def main(argv: list[str]) -> int:
             args.steps,
         ),
     }
-    print(json.dumps(result))
+    write_report(args.report, result)
     return 0
 
 
