@@ -33,6 +33,7 @@ from release.gates.served_path import (
     judge,
     run_served_path_gate,
     shared_file,
+    vllm_interpreter,
 )
 
 SHIM_CODES = {
@@ -562,3 +563,16 @@ def test_the_driver_writes_its_report_whole(tmp_path: Path) -> None:
     write_report(report, good_result())
     assert json.loads(report.read_text()) == good_result()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["served-path.json"]
+
+
+def test_an_interpreter_that_prints_before_the_probe_is_judged_not_crashed(tmp_path: Path) -> None:
+    """A .pth or sitecustomize may print at start: the probe's answer is its last line."""
+    noisy = tmp_path / "python-noisy"
+    noisy.write_text(f'#!/bin/sh\necho "hello from a .pth"\nexec {sys.executable} "$@"\n')
+    noisy.chmod(0o755)
+    has_vllm = importlib.util.find_spec("vllm") is not None and sys.version_info >= (3, 12)
+    if has_vllm:
+        assert vllm_interpreter(noisy)[0] == noisy
+    else:
+        with pytest.raises(GateError, match=r"expected Python 3.12\+ that imports vllm"):
+            vllm_interpreter(noisy)

@@ -62,10 +62,8 @@ def vllm_interpreter(explicit: Path | None = None) -> tuple[Path, list[str]] | N
             )
         except (OSError, subprocess.TimeoutExpired):
             continue
-        if result.returncode == 0:
-            probe = json.loads(result.stdout)
-            if probe["ok"]:
-                return python, probe["tags"]
+        if result.returncode == 0 and (probe := _probe_answer(result.stdout)) is not None:
+            return python, probe
         if explicit is not None:
             detail = result.stderr.strip()[-300:] or "no vllm, or Python older than 3.12"
             raise GateError(
@@ -73,6 +71,20 @@ def vllm_interpreter(explicit: Path | None = None) -> tuple[Path, list[str]] | N
                 f"packaging); got {detail}"
             )
     return None
+
+
+def _probe_answer(stdout: str) -> list[str] | None:
+    """The wheel tags the probe printed last, when it found vLLM; None for no vLLM, or output
+    that is not the probe's (a .pth or sitecustomize of that interpreter may print first)."""
+    lines = stdout.strip().splitlines()
+    try:
+        probe = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    if not isinstance(probe, dict) or probe.get("ok") is not True:
+        return None
+    tags = probe.get("tags")
+    return tags if isinstance(tags, list) and all(isinstance(t, str) for t in tags) else None
 
 
 def wheel_for(wheels: WheelSet, tags: list[str]) -> Wheel:
