@@ -382,8 +382,9 @@ class BuildSettings(_Model):
         StrictStr,
         AfterValidator(
             _pattern(
-                r"manylinux_[0-9]+_[0-9]+_(x86_64|aarch64)",
-                'a platform "manylinux_<major>_<minor>_x86_64" (or _aarch64)',
+                # x86_64 only: the hermetic toolchain targets x86_64-linux-gnu (zig_target).
+                r"manylinux_[0-9]+_[0-9]+_x86_64",
+                'a platform "manylinux_<major>_<minor>_x86_64" (the toolchain builds x86_64)',
             )
         ),
     ]

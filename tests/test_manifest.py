@@ -197,7 +197,7 @@ def test_valid_variants_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
             'key = "gcpkms:projects/p/k"\npublic_key = "keys/stable.pub.json"',
         ),
         replace('index = "embedded"', REMOTE),
-        replace('platform = "manylinux_2_28_x86_64"', 'platform = "manylinux_2_17_aarch64"'),
+        replace('platform = "manylinux_2_28_x86_64"', 'platform = "manylinux_2_17_x86_64"'),
     ):
         manifest = load_text(tmp_path, monkeypatch, transform(text))
         assert manifest.path == Path("bad.toml")
@@ -620,6 +620,12 @@ CASES = [
         "sign.stable.public_key",
         'the path of a public key file "<name>.pub.json"',
         id="public-key-empty",
+    ),
+    pytest.param(
+        replace('platform = "manylinux_2_28_x86_64"', 'platform = "manylinux_2_28_aarch64"'),
+        "build.platform",
+        "(the toolchain builds x86_64)",
+        id="platform-aarch64",
     ),
     pytest.param(
         replace('name = "gpu-exact-bf16-t16-h8d128-l8"', 'name = "exact-fp16-t16-h8d64-l4"'),
