@@ -176,9 +176,14 @@ def test_a_server_that_would_overwrite_is_never_let_to(
         assert set(listed.values()) == {sha256_file(w) for w in wheels}
 
 
-def _killed_after_first_upload(command: list[str], env: dict[str, str], server: PypiServer) -> str:
-    """Runs a publish and kills it once the index lists its first upload; that file's name."""
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env={**env, PAUSE_ENV: "60"},
+def _killed_after_first_upload(
+    command: list[str], env: dict[str, str], server: PypiServer, scratch: Path
+) -> str:
+    """Runs a publish and kills it once the index lists its first upload; that file's name. Its
+    temporary files go to `scratch` (a killed publish cannot remove its private copies)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(command, cwd=REPO_ROOT,
+                               env={**env, PAUSE_ENV: "60", "TMPDIR": str(scratch)},
                                start_new_session=True, stdout=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -201,7 +206,7 @@ def test_a_killed_publish_is_completed_by_running_it_again(
         target = _target(server, tuf_server)
         command = [sys.executable, "-m", "release", "publish", "--out", str(out),
                    "--state-dir", str(state), *target]  # fmt: skip
-        first = _killed_after_first_upload(command, _as(server), server)
+        first = _killed_after_first_upload(command, _as(server), server, tmp_path / "tmp")
         assert TufRepository(tuf_server.folder).targets() == {}  # nothing committed yet
 
         # The version's files were fixed when it started: another set is refused.
