@@ -15,7 +15,6 @@ it, or when one was imported from outside the install folder.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any
 
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
+from release.gates.child_report import output_tail, read_child_report
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.payload import classify
 from release.util.interpreters import find_interpreter
@@ -84,32 +84,17 @@ class ScanError(Exception):
     does not cover the wheel's native modules as installed."""
 
 
-def output_tail(result: subprocess.CompletedProcess[str], lines: int = 5) -> str:
-    """The last `lines` lines of the child's stdout and stderr, quoted for a failure."""
-    stdout = "\n".join(result.stdout.strip().splitlines()[-lines:])
-    stderr = "\n".join(result.stderr.strip().splitlines()[-lines:])
-    return f"stdout: {stdout!r}; stderr: {stderr!r}"
+_TAIL_LINES = 5  # of the scanner's output, quoted in a failure
 
 
 def read_report(report: Path, result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The scanner's report: a JSON object with a list of modules; ScanError quoting the child's
     output when it is missing or is not that."""
-    try:
-        loaded = json.loads(report.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ScanError(
-            f"the scanner exited {result.returncode} without writing its report {report.name}; "
-            f"{output_tail(result)}"
-        ) from None
-    except (OSError, ValueError) as error:
-        raise ScanError(
-            f"expected a JSON report from the scanner, {report.name} is not: {error}; "
-            f"{output_tail(result)}"
-        ) from None
+    loaded = read_child_report(report, result, "scanner", ScanError, _TAIL_LINES)
     if not isinstance(loaded, dict) or not isinstance(loaded.get("modules"), list):
         raise ScanError(
             f'expected a report {{"flags": ..., "modules": [...]}} from the scanner, got '
-            f"{str(loaded)[:200]!r}; {output_tail(result)}"
+            f"{str(loaded)[:200]!r}; {output_tail(result, _TAIL_LINES)}"
         )
     return loaded
 
@@ -156,7 +141,8 @@ def scan_wheel(wheel: Path, python: Path, work: Path) -> list[dict[str, object]]
     loaded = read_report(report, result)
     if problems := coverage_problems(loaded, site, modules):
         raise ScanError(
-            f"the scan does not judge {wheel.name}: {'; '.join(problems)}; {output_tail(result)}"
+            f"the scan does not judge {wheel.name}: {'; '.join(problems)}; "
+            f"{output_tail(result, _TAIL_LINES)}"
         )
     return [entry for module in loaded["modules"] for entry in module.get("entries", [])]
 

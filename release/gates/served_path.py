@@ -31,6 +31,7 @@ from typing import Any
 
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
+from release.gates.child_report import output_tail, read_child_report
 from release.gates.contract import GateInputs, Judges, Runner
 from release.scripts.served_path_driver import HOOKS as DRIVER_HOOKS
 from release.util.paths import REFERENCE_DIR, script
@@ -182,11 +183,7 @@ class DriverError(Exception):
     """The driver gave no result to judge: it failed, or wrote no readable report."""
 
 
-def output_tail(run: subprocess.CompletedProcess[str], lines: int = 15) -> str:
-    """The last `lines` lines of the driver's stdout and stderr, quoted for a failure."""
-    stdout = "\n".join(run.stdout.strip().splitlines()[-lines:])
-    stderr = "\n".join(run.stderr.strip().splitlines()[-lines:])
-    return f"stdout: {stdout!r}; stderr: {stderr!r}"
+_TAIL_LINES = 15  # of the driver's output, quoted in a failure
 
 
 def driver_result(run: subprocess.CompletedProcess[str], report: Path) -> dict[str, Any]:
@@ -195,23 +192,13 @@ def driver_result(run: subprocess.CompletedProcess[str], report: Path) -> dict[s
     if run.returncode != 0:
         tail = "\n".join(run.stderr.strip().splitlines()[-15:])
         raise DriverError(f"the driver failed (exit {run.returncode}):\n{tail}")
-    try:
-        result = json.loads(report.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DriverError(
-            f"the driver exited 0 without writing its report {report.name}; {output_tail(run)}"
-        ) from None
-    except (OSError, ValueError) as error:
-        raise DriverError(
-            f"expected a JSON report from the driver, {report.name} is not: {error}; "
-            f"{output_tail(run)}"
-        ) from None
+    result = read_child_report(report, run, "driver", DriverError, _TAIL_LINES)
     if not isinstance(result, dict) or not all(
         isinstance(result.get(side), dict) for side in ("engine", "reference")
     ):
         raise DriverError(
             f'expected a report {{"engine": {{...}}, "reference": {{...}}}} from the driver, got '
-            f"{str(result)[:200]!r}; {output_tail(run)}"
+            f"{str(result)[:200]!r}; {output_tail(run, _TAIL_LINES)}"
         )
     return result
 
@@ -237,7 +224,8 @@ def drive_and_judge(
         return judge(result)
     except (KeyError, TypeError, ValueError) as error:
         return [
-            f"the driver's report lacks what the judgement reads ({error!r}); {output_tail(run)}"
+            f"the driver's report lacks what the judgement reads ({error!r}); "
+            f"{output_tail(run, _TAIL_LINES)}"
         ], {}
 
 
