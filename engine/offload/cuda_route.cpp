@@ -195,13 +195,15 @@ constexpr std::size_t kCopyEngineMinBytes = std::size_t{128} << 10;
 // kernels; with 528 KiB ones 1.84-1.85x against 1.81x (same bench, engine rows, two runs).
 constexpr std::size_t kCompressedStoreCopyEngineMinBytes = std::size_t{256} << 10;
 // Runs of consecutive slots (SPEC.md §4): each run crosses as one linear copy (its span of the
-// layer's plane of the pool), so the copy engines' cost per copy is paid per run. A layer's runs
-// take the copy engines from these mean sizes (the same per-layer batch rows, alone: loads of
-// 128 KiB copies 54 GB/s against the kernels' 51; stores only from 256 KiB, 51 against 52 at 128
-// KiB). Store runs start higher also so that a step whose loads stay on the kernels keeps its
-// stores there too: copy engines one way and SM copies the other moved 50-59 GB/s both ways.
-constexpr std::size_t kLoadRunMinBytes = std::size_t{128} << 10;
-constexpr std::size_t kStoreRunMinBytes = std::size_t{256} << 10;
+// layer's plane of the pool), so the copy engines' cost per copy is paid per run, and a layer's
+// runs take the copy engines from these mean sizes. Runs forced over single 64 KiB blocks moved
+// 53.9 / 52.0 GB/s each way and 92.1 both at once, against the kernels' 50.1 / 51.2 and 67.0
+// (staging bench, wheel 42cee316). At 128 / 256 KiB, int8's 16 KiB-block request loads (runs of
+// ~93 KiB stored) stayed on the kernels beside stores on the copy engines, and copy engines one
+// way beside SM copies the other moved 50-59 GB/s both ways: 1.71-1.76x exact's tokens/s. Store
+// runs start higher so that a step whose loads stay on the kernels keeps its stores there too.
+constexpr std::size_t kLoadRunMinBytes = std::size_t{64} << 10;
+constexpr std::size_t kStoreRunMinBytes = std::size_t{128} << 10;
 // Where the blocks take the copy engines anyway (per-block copies), runs of this many blocks on
 // average already mean fewer, larger copies (one per run, K and V together, against two per
 // block).

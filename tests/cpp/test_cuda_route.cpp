@@ -219,7 +219,7 @@ TEST_CASE("blocks cross on the copy engines from 128 KiB copies, compressed stor
   CHECK_FALSE(crosses(32, CompressionMode::fp8_e4m3, Direction::load));
 }
 
-TEST_CASE("a layer crosses by runs from 128 KiB load runs or 256 KiB store runs on average, or 2 blocks where blocks take the copy engines") {
+TEST_CASE("a layer crosses by runs from 64 KiB load runs or 128 KiB store runs on average, or 2 blocks where blocks take the copy engines") {
   const auto path = [](std::uint32_t tokens, CompressionMode mode, LayerTransfer layer,
                        std::optional<TransferPath> forced = std::nullopt,
                        Direction direction = Direction::load) {
@@ -229,11 +229,13 @@ TEST_CASE("a layer crosses by runs from 128 KiB load runs or 256 KiB store runs 
   const TransferPath runs = TransferPath::runs_batched;  // the rule's runs are batched
   // 4 tokens: 16 KiB stored layers (8 KiB K, 8 KiB V), kernels by block.
   CHECK(path(4, CompressionMode::exact, {64, 1}) == runs);  // 1 MiB runs
-  CHECK(path(4, CompressionMode::exact, {64, 8}) == runs);  // 128 KiB runs
-  CHECK(path(4, CompressionMode::exact, {63, 8}) == TransferPath::kernels);  // 126 KiB runs
-  CHECK(path(4, CompressionMode::exact, {64, 8}, std::nullopt, Direction::store) ==
-        TransferPath::kernels);  // stores from 256 KiB runs
-  CHECK(path(4, CompressionMode::exact, {64, 4}, std::nullopt, Direction::store) == runs);
+  CHECK(path(4, CompressionMode::exact, {64, 16}) == runs);  // 64 KiB runs
+  CHECK(path(4, CompressionMode::exact, {63, 16}) == TransferPath::kernels);  // 63 KiB runs
+  CHECK(path(4, CompressionMode::exact, {64, 16}, std::nullopt, Direction::store) ==
+        TransferPath::kernels);  // stores from 128 KiB runs
+  CHECK(path(4, CompressionMode::exact, {64, 8}, std::nullopt, Direction::store) == runs);
+  CHECK(path(4, CompressionMode::exact, {63, 8}, std::nullopt, Direction::store) ==
+        TransferPath::kernels);
   CHECK(path(4, CompressionMode::exact, {128, 16, false}) == runs);  // any strides
   CHECK(path(4, CompressionMode::exact, {64, 1, true, false}) == TransferPath::kernels);
   CHECK(path(4, CompressionMode::exact, {0, 0}) == TransferPath::kernels);
@@ -244,13 +246,16 @@ TEST_CASE("a layer crosses by runs from 128 KiB load runs or 256 KiB store runs 
   CHECK(path(64, CompressionMode::exact, {8, 4}) == runs);
   CHECK(path(64, CompressionMode::exact, {8, 8, false}) == runs);  // 256 KiB: no block copies
   CHECK(path(64, CompressionMode::exact, {8, 4, true, false}) == TransferPath::block_copies);
-  // Compressed: 4 tokens of int8 are 8.25 KiB stored layers: runs from 16 of them (132 KiB);
-  // stores from 32 (264 KiB).
-  CHECK(path(4, CompressionMode::int8, {16, 1}) == runs);
-  CHECK(path(4, CompressionMode::int8, {15, 1}) == TransferPath::kernels);
-  CHECK(path(4, CompressionMode::int8, {16, 1}, std::nullopt, Direction::store) ==
+  // Compressed: 4 tokens of int8 are 8.25 KiB stored layers: runs from 8 of them (66 KiB);
+  // stores from 16 (132 KiB).
+  CHECK(path(4, CompressionMode::int8, {8, 1}) == runs);
+  CHECK(path(4, CompressionMode::int8, {7, 1}) == TransferPath::kernels);
+  CHECK(path(4, CompressionMode::int8, {11, 1}) == runs);  // request loads: ~11 blocks a run
+  CHECK(path(4, CompressionMode::int8, {8, 1}, std::nullopt, Direction::store) ==
         TransferPath::kernels);
-  CHECK(path(4, CompressionMode::int8, {32, 1}, std::nullopt, Direction::store) == runs);
+  CHECK(path(4, CompressionMode::int8, {15, 1}, std::nullopt, Direction::store) ==
+        TransferPath::kernels);
+  CHECK(path(4, CompressionMode::int8, {16, 1}, std::nullopt, Direction::store) == runs);
   // Forced: wherever the path can move the layer.
   CHECK(path(4, CompressionMode::exact, {8, 8}, TransferPath::runs) == TransferPath::runs);
   CHECK(path(64, CompressionMode::exact, {8, 1}, TransferPath::kernels) == TransferPath::kernels);
