@@ -415,6 +415,24 @@ struct CudaRoute::Resources {
   std::vector<const void*> sources;
   std::vector<std::size_t> sizes;
 
+  // Adds one linear copy of `bytes` to the layer's batch: in, pool to device; out, the reverse.
+  void batch_linear(std::uint8_t* stored, std::uint8_t* on_device, std::size_t bytes, bool in) {
+    destinations.push_back(in ? static_cast<void*>(on_device) : stored);
+    sources.push_back(in ? static_cast<const void*>(stored) : on_device);
+    sizes.push_back(bytes);
+  }
+
+  // Submits the layer's linear copies (if any) as one cudaMemcpyBatchAsync on `stream`.
+  void submit_linear(cudaStream_t stream, const char* call) {
+    if (sizes.empty()) return;
+    cudaMemcpyAttributes attributes{};
+    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    std::size_t first = 0;
+    check(cudaMemcpyBatchAsync(destinations.data(), const_cast<const void**>(sources.data()),
+                               sizes.data(), sizes.size(), &attributes, &first, 1, stream),
+          call);
+  }
+
   // Whether `run` crosses directly between its slots and its device blocks (exact mode, path
   // runs, contiguous device tensors whose block stride a pitched copy can step).
   bool direct(const TransferRun& run, TransferPath path, const akv_stage_args& args) const {
@@ -436,9 +454,7 @@ struct CudaRoute::Resources {
     if (height == 1 || (width == layer_bytes && width == device_pitch)) {
       const std::size_t bytes = width * height;
       if (batched) {
-        destinations.push_back(in ? static_cast<void*>(on_device) : stored);
-        sources.push_back(in ? static_cast<const void*>(stored) : on_device);
-        sizes.push_back(bytes);
+        batch_linear(stored, on_device, bytes, in);
         return;
       }
       check(cudaMemcpyAsync(in ? static_cast<void*>(on_device) : stored,
@@ -505,14 +521,8 @@ struct CudaRoute::Resources {
       ++counts.staged_runs;
       position += run.count;
     }
-    if (!sizes.empty()) {
-      cudaMemcpyAttributes attributes{};
-      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      std::size_t first = 0;
-      check(cudaMemcpyBatchAsync(destinations.data(), const_cast<const void**>(sources.data()),
-                                 sizes.data(), sizes.size(), &attributes, &first, 1, stream),
-            in ? "cudaMemcpyBatchAsync (load runs)" : "cudaMemcpyBatchAsync (store runs)");
-    }
+    submit_linear(stream,
+                  in ? "cudaMemcpyBatchAsync (load runs)" : "cudaMemcpyBatchAsync (store runs)");
     if (!batch.empty()) {
       check(cudaMemcpy3DBatchAsync(batch.size(), batch.data(), 0, stream),
             in ? "cudaMemcpy3DBatchAsync (load)" : "cudaMemcpy3DBatchAsync (store)");
@@ -538,27 +548,17 @@ struct CudaRoute::Resources {
     sources.clear();
     sizes.clear();
     auto* host = static_cast<std::uint8_t*>(pinned.host) + args.layer_offset;
-    const auto copy = [&](std::uint8_t* stored, std::uint8_t* on_device, std::size_t bytes) {
-      destinations.push_back(in ? static_cast<void*>(on_device) : stored);
-      sources.push_back(in ? static_cast<const void*>(stored) : on_device);
-      sizes.push_back(bytes);
-    };
     for (std::size_t t = 0; t < transfers.size(); ++t) {
       std::uint8_t* stored = host + transfers[t].slot * layer_bytes;
       if (mode == AKV_MODE_EXACT) {
         std::uint8_t* const keys = args.kv + transfers[t].device_block * args.block_stride;
-        copy(stored, keys, tensor_bytes);
-        copy(stored + tensor_bytes, keys + args.value_offset, tensor_bytes);
+        batch_linear(stored, keys, tensor_bytes, in);
+        batch_linear(stored + tensor_bytes, keys + args.value_offset, tensor_bytes, in);
       } else {
-        copy(stored, args.scratch + t * layer_bytes, layer_bytes);
+        batch_linear(stored, args.scratch + t * layer_bytes, layer_bytes, in);
       }
     }
-    cudaMemcpyAttributes attributes{};
-    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    std::size_t first = 0;
-    check(cudaMemcpyBatchAsync(destinations.data(), const_cast<const void**>(sources.data()),
-                               sizes.data(), sizes.size(), &attributes, &first, 1, stream),
-          in ? "cudaMemcpyBatchAsync (load)" : "cudaMemcpyBatchAsync (store)");
+    submit_linear(stream, in ? "cudaMemcpyBatchAsync (load)" : "cudaMemcpyBatchAsync (store)");
   }
 
   // Waits (bounded) for everything enqueued on the direction's streams.
