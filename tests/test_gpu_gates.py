@@ -176,6 +176,11 @@ def test_a_control_seen_under_the_wrong_rule_fails_the_gate() -> None:
          "engine staging: fail: 2 blocks loaded; expected 64"),
         (lambda r: r["engine_staging"].update(steps=999),
          "engine staging: 999 steps; the manifest requires 1000"),
+        (lambda r: r["boundary_refusals"].pop("allocation"),
+         "boundary request allocation: not tried"),
+        (lambda r: r["boundary_refusals"].pop("capture"), "boundary request capture: not tried"),
+        (lambda r: r["probe_controls"].pop("neither_matches"),
+         "convention probe control neither_matches: not tried"),
     ],
 )  # fmt: skip
 def test_each_other_rule_fails_the_gate(change, problem: str) -> None:
@@ -185,6 +190,13 @@ def test_each_other_rule_fails_the_gate(change, problem: str) -> None:
     assert not judgement.passed
     assert len(judgement.problems) == 1
     assert judgement.problems[0].startswith(problem)
+
+
+def test_zero_steady_steps_are_never_a_pass_even_without_a_manifest_minimum() -> None:
+    report = clean_report()
+    report["timings"]["latency"].update(steps=0)
+    judgement = gpu_gates.judge(report, GateSpec(runner="gpu"))
+    assert judgement.problems == ["latency: 0 steady steps; the manifest requires 1"]
 
 
 def test_library_candidates_prefer_override_then_wheels_then_system(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.per_wheel import PerWheel
 from release.manifest import GateSpec, Manifest
-from release.scripts.cupti_warmup import CONTROLS
+from release.scripts.cupti_warmup import BOUNDARY_REQUESTS, CONTROLS, PROBE_CONTROLS
 from release.util.paths import REPO_ROOT
 from release.util.private_site import install_private
 from release.util.progress import console
@@ -120,29 +120,36 @@ def judge(report: dict[str, Any], spec: GateSpec) -> Judgement:
                             f"the monitor saw {found}")  # fmt: skip
     if not report["planted"]["capture"].get("enqueue_refused"):
         problems.append("an enqueue onto the captured compute stream was not refused")
-    for name, outcome in report["boundary_refusals"].items():
-        if not outcome["refused"]:
+    for name in BOUNDARY_REQUESTS:
+        outcome = report["boundary_refusals"].get(name)
+        if outcome is None:
+            problems.append(f"boundary request {name}: not tried")
+        elif not outcome["refused"]:
             problems.append(f"boundary request {name}: {outcome['message']}")
-    for name, outcome in report["probe_controls"].items():
-        if not outcome["refused"]:
+    for name in PROBE_CONTROLS:
+        outcome = report["probe_controls"].get(name)
+        if outcome is None:
+            problems.append(f"convention probe control {name}: not tried")
+        elif not outcome["refused"]:
             problems.append(f"convention probe control {name}: the worker started")
     probe = report["probe"]
     if probe["packed_matches"] == probe["padded_matches"]:
         problems.append(f"convention probe undecided: {probe}")
     timings = report["timings"]
+    required_steps = spec.steady_steps or 1  # the manifest requires it; never zero steps
     for mode in ("latency", "pipelined"):
-        if timings[mode]["steps"] < (spec.steady_steps or 0):
+        if timings[mode]["steps"] < required_steps:
             problems.append(f"{mode}: {timings[mode]['steps']} steady steps; the manifest "
-                            f"requires {spec.steady_steps}")  # fmt: skip
+                            f"requires {required_steps}")  # fmt: skip
     if not report["output_max_error"] <= report["output_tolerance"]:
         problems.append(f"decode output off by {report['output_max_error']:.3g} (tolerance "
                         f"{report['output_tolerance']})")  # fmt: skip
     staging = report["engine_staging"]
     if staging["status"] != "pass":
         problems.append(f"engine staging: {staging['status']}")
-    elif staging["steps"] < (spec.steady_steps or 0):
+    elif staging["steps"] < required_steps:
         problems.append(f"engine staging: {staging['steps']} steps; the manifest requires "
-                        f"{spec.steady_steps}")  # fmt: skip
+                        f"{required_steps}")  # fmt: skip
     warmup = phase_violations(counts, "warmup")
     # Each runtime allocation also reaches the driver: both domains' callbacks, by API name.
     warmup_calls = {

@@ -39,6 +39,10 @@ CONTROLS = {
     "capture": "runtime_stream_captures",
 }
 CONTROL_STEPS = 16
+# Workers whose convention probe must refuse to start, and requests that break a boundary rule:
+# the gate judges each by name, so a report that leaves one out is not a pass.
+PROBE_CONTROLS = ("both_match", "neither_matches")
+BOUNDARY_REQUESTS = ("allocation", "compute_sync", "capture")
 # The decode layer of the cuBLAS executor: 8 sequences x 16 slots, hidden 512, ffn 2048.
 SHAPE = {"batch": 8, "slots": 16, "hidden": 512, "ffn": 2048}
 OUTPUT_TOLERANCE = 1e-3
@@ -54,6 +58,7 @@ def _probe_controls(fabric: Any, cublas: list[str]) -> dict[str, dict[str, Any]]
         "both_match": {"executor_mixing": "none", "model_mixing": "none"},
         "neither_matches": {"executor_seed": 2, "model_seed": 1},
     }
+    assert tuple(cases) == PROBE_CONTROLS
     results: dict[str, dict[str, Any]] = {}
     for name, overrides in cases.items():
         try:
@@ -72,6 +77,7 @@ def _boundary_refusals(fabric: Any, worker: Any) -> dict[str, dict[str, Any]]:
         "compute_sync": (worker.request_compute_sync, fabric.StreamRuleError),
         "capture": (worker.request_capture, fabric.StreamRuleError),
     }
+    assert tuple(requests) == BOUNDARY_REQUESTS
     results: dict[str, dict[str, Any]] = {}
     for name, (request, error_type) in requests.items():
         try:
