@@ -5,7 +5,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -19,9 +21,19 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 namespace fabric = activekv::fabric;
+using activekv::bindings::integer_argument;
+using activekv::bindings::PyInteger;
 using fabric::ArenaPlan;
 
 namespace {
+
+// An unsigned argument (a size, a count, a seed): ValueError naming it when negative or too large.
+template <typename T = std::size_t>
+T unsigned_argument(const PyInteger& value, const char* name) {
+  return integer_argument<std::invalid_argument, T>(
+      value, name, 0, std::numeric_limits<T>::max(),
+      "a non-negative integer below 2**" + std::to_string(std::numeric_limits<T>::digits));
+}
 
 fabric::TokenMixing parse_mixing(const std::string& text, const char* argument) {
   if (text == "causal") return fabric::TokenMixing::causal_mean;
@@ -65,22 +77,27 @@ std::uintptr_t handle_value(fabric::StreamHandle stream) {
   return reinterpret_cast<std::uintptr_t>(stream);
 }
 
-fabric::WorkerConfig worker_config(std::vector<std::string> cublas_libraries, std::size_t batch,
-                                   std::size_t slots, std::size_t hidden, std::size_t ffn,
+fabric::WorkerConfig worker_config(std::vector<std::string> cublas_libraries,
+                                   const PyInteger& batch, const PyInteger& slots,
+                                   const PyInteger& hidden, const PyInteger& ffn,
                                    const std::string& executor_mixing,
-                                   std::uint64_t executor_seed, const std::string& model_mixing,
-                                   std::uint64_t model_seed, std::size_t workspace_bytes,
-                                   double probe_tolerance, int device) {
+                                   const PyInteger& executor_seed,
+                                   const std::string& model_mixing, const PyInteger& model_seed,
+                                   const PyInteger& workspace_bytes, double probe_tolerance,
+                                   const PyInteger& device) {
   fabric::WorkerConfig config;
   config.cublas_libraries = std::move(cublas_libraries);
-  config.shape = fabric::LayerShape{batch, slots, hidden, ffn};
+  config.shape = fabric::LayerShape{
+      unsigned_argument(batch, "batch"), unsigned_argument(slots, "slots"),
+      unsigned_argument(hidden, "hidden"), unsigned_argument(ffn, "ffn")};
   config.executor_mixing = parse_mixing(executor_mixing, "executor_mixing");
-  config.executor_seed = executor_seed;
+  config.executor_seed = unsigned_argument<std::uint64_t>(executor_seed, "executor_seed");
   config.model_mixing = parse_mixing(model_mixing, "model_mixing");
-  config.model_seed = model_seed;
-  config.workspace_bytes = workspace_bytes;
+  config.model_seed = unsigned_argument<std::uint64_t>(model_seed, "model_seed");
+  config.workspace_bytes = unsigned_argument(workspace_bytes, "workspace_bytes");
   config.probe_tolerance = probe_tolerance;
-  config.device = device;
+  config.device = integer_argument<std::invalid_argument, int>(
+      device, "device", 0, std::numeric_limits<int>::max(), "a CUDA device ordinal (0 or more)");
   return config;
 }
 
@@ -143,8 +160,15 @@ NB_MODULE(_fabric, m) {
   nb::class_<ArenaPlan>(m, "ArenaPlan",
                         "Reservations of the device arena; refused and counted after seal().")
       .def(nb::init<>())
-      .def("reserve", &ArenaPlan::reserve, nb::arg("name"), nb::arg("bytes"),
-           nb::arg("alignment") = 256, "Reserves bytes at an aligned offset; returns the offset.")
+      .def(
+          "reserve",
+          [](ArenaPlan& plan, const std::string& name, const PyInteger& bytes,
+             const PyInteger& alignment) {
+            return plan.reserve(name, unsigned_argument(bytes, "bytes"),
+                                unsigned_argument(alignment, "alignment"));
+          },
+          "name"_a, "bytes"_a, "alignment"_a = 256,
+          "Reserves bytes at an aligned offset; returns the offset.")
       .def("seal", &ArenaPlan::seal, "Ends warm-up: later reservations raise ArenaSealedError.")
       .def_prop_ro("sealed", &ArenaPlan::sealed)
       .def_prop_ro("total_bytes", &ArenaPlan::total_bytes)
@@ -220,10 +244,11 @@ NB_MODULE(_fabric, m) {
       .def(
           "__init__",
           [](fabric::DecodeWorker* self, std::vector<std::string> cublas_libraries,
-             std::size_t batch, std::size_t slots, std::size_t hidden, std::size_t ffn,
-             const std::string& executor_mixing, std::uint64_t executor_seed,
-             const std::string& model_mixing, std::uint64_t model_seed,
-             std::size_t workspace_bytes, double probe_tolerance, int device) {
+             const PyInteger& batch, const PyInteger& slots, const PyInteger& hidden,
+             const PyInteger& ffn, const std::string& executor_mixing,
+             const PyInteger& executor_seed, const std::string& model_mixing,
+             const PyInteger& model_seed, const PyInteger& workspace_bytes,
+             double probe_tolerance, const PyInteger& device) {
             new (self) fabric::DecodeWorker(worker_config(
                 std::move(cublas_libraries), batch, slots, hidden, ffn, executor_mixing,
                 executor_seed, model_mixing, model_seed, workspace_bytes, probe_tolerance,
@@ -261,22 +286,24 @@ NB_MODULE(_fabric, m) {
       .def("seal", &fabric::DecodeWorker::seal, "Ends warm-up: the arena refuses every request.")
       .def(
           "run_latency",
-          [](fabric::DecodeWorker& w, std::uint64_t steps) {
+          [](fabric::DecodeWorker& w, const PyInteger& steps) {
+            const auto count = unsigned_argument<std::uint64_t>(steps, "steps");
             fabric::StepTimings timings{};
             {
               nb::gil_scoped_release release;
-              timings = w.run_latency(steps);
+              timings = w.run_latency(count);
             }
             return timings_dict(timings);
           },
           "steps"_a, "Runs steps one at a time, each waited for through its completion event.")
       .def(
           "run_pipelined",
-          [](fabric::DecodeWorker& w, std::uint64_t steps) {
+          [](fabric::DecodeWorker& w, const PyInteger& steps) {
+            const auto count = unsigned_argument<std::uint64_t>(steps, "steps");
             fabric::StepTimings timings{};
             {
               nb::gil_scoped_release release;
-              timings = w.run_pipelined(steps);
+              timings = w.run_pipelined(count);
             }
             return timings_dict(timings);
           },
@@ -285,17 +312,18 @@ NB_MODULE(_fabric, m) {
            "Max relative error of the last step's output against the host reference.")
       .def(
           "request_allocation",
-          [](fabric::DecodeWorker& w, std::size_t bytes) {
-            w.arena().allocate(fabric::MemoryKind::device, "python.request", bytes);
+          [](fabric::DecodeWorker& w, const PyInteger& bytes) {
+            w.arena().allocate(fabric::MemoryKind::device, "python.request",
+                               unsigned_argument(bytes, "bytes"));
           },
           "bytes"_a, "Asks the arena for device memory (refused with ArenaSealedError after seal).")
       .def(
           "request_compute_sync",
-          [](fabric::DecodeWorker& w) { w.streams().synchronize(w.streams().compute()); },
+          &fabric::DecodeWorker::request_compute_sync,
           "Asks to synchronise the compute stream (always refused with StreamRuleError).")
       .def(
           "request_capture",
-          [](fabric::DecodeWorker& w) { w.streams().begin_capture(w.streams().compute()); },
+          &fabric::DecodeWorker::request_capture,
           "Asks to capture the compute stream (always refused with StreamRuleError).")
       .def("plant_violation", &plant_violation, "kind"_a,
            "Negative controls of the GPU gate: a raw cudaMalloc (\"device_allocation\"), "

@@ -68,6 +68,18 @@ def test_bad_worker_arguments_are_named(fabric: ModuleType) -> None:
         fabric.DecodeWorker(["libc.so.6"], executor_mixing="sideways")
     with pytest.raises(ValueError, match="hidden: expected at least 1; got 0"):
         fabric.DecodeWorker(["libc.so.6"], hidden=0)
+    # Checked before any library is loaded, each naming its argument (not nanobind's TypeError).
+    for argument, value, expected in (
+        ("batch", -1, "batch: expected a non-negative integer below 2\\*\\*64; got -1"),
+        ("model_seed", 2**64, "model_seed: expected a non-negative integer below 2\\*\\*64"),
+        ("device", -1, "device: expected a CUDA device ordinal"),
+        ("workspace_bytes", 2**41, "workspace_bytes: expected at most 1099511627776"),
+    ):
+        with pytest.raises(ValueError, match=expected):
+            fabric.DecodeWorker(["/nonexistent/libcublas.so.13"], **{argument: value})
+    with pytest.raises(ValueError, match="batch \\* slots \\* hidden: 4294967296 floats"):
+        fabric.DecodeWorker(["/nonexistent/libcublas.so.13"], batch=131072, slots=1,
+                            hidden=32768, ffn=1)  # fmt: skip
 
 
 @no_gpu
@@ -91,6 +103,8 @@ def test_without_a_gpu_cupti_refuses_to_subscribe_cleanly(fabric: ModuleType) ->
 
 def test_the_arena_plan_still_seals(fabric: ModuleType) -> None:
     plan = fabric.ArenaPlan()
+    with pytest.raises(ValueError, match="bytes: expected a non-negative integer"):
+        plan.reserve("kv", -1)
     assert plan.reserve("kv", 100) == 0
     plan.seal()
     with pytest.raises(fabric.ArenaSealedError, match="refused after warm-up"):

@@ -28,7 +28,9 @@ void* DeviceArena::allocate(MemoryKind kind, const std::string& name, std::size_
   const std::lock_guard<std::mutex> lock(mutex_);
   Block& target = block(kind);
   try {
-    return static_cast<char*>(target.base) + target.plan.reserve(name, bytes, alignment);
+    return static_cast<char*>(target.base) +
+           target.plan.reserve(name, bytes, alignment,
+                               reinterpret_cast<std::uintptr_t>(target.base));
   } catch (const ArenaSealedError&) {
     last_refusal_ = target.plan.last_refusal();
     throw;

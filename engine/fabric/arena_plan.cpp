@@ -8,7 +8,8 @@ namespace activekv::fabric {
 ArenaPlan::ArenaPlan(std::string kind, std::size_t capacity)
     : kind_(std::move(kind)), capacity_(capacity) {}
 
-std::size_t ArenaPlan::reserve(const std::string& name, std::size_t bytes, std::size_t alignment) {
+std::size_t ArenaPlan::reserve(const std::string& name, std::size_t bytes, std::size_t alignment,
+                               std::uintptr_t origin) {
   if (sealed_) {
     const std::string what = (kind_.empty() ? std::string("reservation") : kind_ + " allocation") +
                              " '" + name + "' of " + std::to_string(bytes) + " bytes";
@@ -22,7 +23,9 @@ std::size_t ArenaPlan::reserve(const std::string& name, std::size_t bytes, std::
     throw std::invalid_argument("alignment: expected a power of two; got " +
                                 std::to_string(alignment));
   }
-  const std::size_t offset = (end_ + alignment - 1) & ~(alignment - 1);
+  // The padding that brings origin + end_ to a multiple of alignment.
+  const std::size_t padding = (alignment - ((origin + end_) & (alignment - 1))) & (alignment - 1);
+  const std::size_t offset = end_ + padding;
   if (offset < end_ || bytes > std::numeric_limits<std::size_t>::max() - offset) {
     throw std::length_error("arena: reservation '" + name + "' overflows the address space");
   }

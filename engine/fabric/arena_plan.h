@@ -34,10 +34,13 @@ class ArenaPlan {
   // allocation 'x'"); `capacity` bounds the plan (the arena's block; unbounded by default).
   explicit ArenaPlan(std::string kind = "", std::size_t capacity = kUnbounded);
 
-  // Reserves `bytes` at a multiple of `alignment` (a power of two); returns the offset. After
-  // seal() ArenaSealedError (counted); beyond the capacity ArenaExhaustedError; std::invalid_
-  // argument for a bad alignment. A failure changes nothing else.
-  std::size_t reserve(const std::string& name, std::size_t bytes, std::size_t alignment);
+  // Reserves `bytes` at a multiple of `alignment` (a power of two) from `origin`, the address
+  // offset 0 stands for (so that an arena's addresses are aligned, whatever its block's base);
+  // returns the offset. After seal() ArenaSealedError (counted); beyond the capacity
+  // ArenaExhaustedError; std::invalid_argument for a bad alignment. A failure changes nothing
+  // else.
+  std::size_t reserve(const std::string& name, std::size_t bytes, std::size_t alignment,
+                      std::uintptr_t origin = 0);
   void seal() { sealed_ = true; }
 
   bool sealed() const { return sealed_; }

@@ -69,6 +69,15 @@ CublasExecutor::CublasExecutor(const std::vector<std::string>& library_candidate
       weight_seed_(weight_seed),
       workspace_bytes_(workspace_bytes) {
   shape_.validate();
+  check_workspace_bytes(workspace_bytes_);
+}
+
+void CublasExecutor::check_workspace_bytes(std::size_t workspace_bytes) {
+  if (workspace_bytes > kMaxWorkspaceBytes) {
+    throw std::invalid_argument("workspace_bytes: expected at most " +
+                                std::to_string(kMaxWorkspaceBytes) + " (1 TiB); got " +
+                                std::to_string(workspace_bytes));
+  }
 }
 
 CublasExecutor::~CublasExecutor() {

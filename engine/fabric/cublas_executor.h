@@ -20,6 +20,10 @@ namespace activekv::fabric {
 class CublasExecutor final : public Executor {
  public:
   static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t{32} << 20;  // Hopper's advice
+  // More than any GPU's memory; keeps the arena's size arithmetic far from wrapping around.
+  static constexpr std::size_t kMaxWorkspaceBytes = std::size_t{1} << 40;
+  // std::invalid_argument naming workspace_bytes when it is over kMaxWorkspaceBytes.
+  static void check_workspace_bytes(std::size_t workspace_bytes);
 
   CublasExecutor(const std::vector<std::string>& library_candidates, const LayerShape& shape,
                  TokenMixing mixing, std::uint64_t weight_seed,

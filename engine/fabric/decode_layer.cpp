@@ -18,9 +18,14 @@ void LayerShape::validate() const {
                                   " is too large for cuBLAS's int dimensions");
     }
   }
-  if (batch * slots > static_cast<std::size_t>(std::numeric_limits<int>::max() / 4) ||
-      rows() > std::numeric_limits<std::size_t>::max() / (hidden > ffn ? hidden : ffn)) {
+  // Each field is at most INT_MAX / 4, so these products fit a size_t.
+  if (rows() > static_cast<std::size_t>(std::numeric_limits<int>::max() / 4)) {
     throw std::invalid_argument("batch * slots: too many rows for cuBLAS's int dimensions");
+  }
+  // The residual copy counts the activation's floats in an int (cublasScopy).
+  if (activation_floats() > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw std::invalid_argument("batch * slots * hidden: " + std::to_string(activation_floats()) +
+                                " floats is too many for cuBLAS's int counts");
   }
 }
 

@@ -2,19 +2,33 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace activekv::fabric {
 
+namespace {
+
+// `executor`, prepared: its tensor sizes are known only then (TensorRT's come from the engine).
+Executor& prepared(Executor& executor, DeviceArena& arena, StreamManager& streams) {
+  executor.prepare(arena, streams);
+  if (executor.input_bytes() == 0 || executor.output_bytes() == 0) {
+    throw std::logic_error("decode step: executor " + executor.name() +
+                           " has an empty input or output tensor after prepare()");
+  }
+  return executor;
+}
+
+}  // namespace
+
 DecodeStep::DecodeStep(DeviceArena& arena, StreamManager& streams, Executor& executor)
     : streams_(streams),
-      executor_(executor),
-      input_bytes_(executor.input_bytes()),
-      output_bytes_(executor.output_bytes()),
+      executor_(prepared(executor, arena, streams)),
+      input_bytes_(executor_.input_bytes()),
+      output_bytes_(executor_.output_bytes()),
       host_input_(nullptr),
       host_output_(nullptr),
       device_input_(nullptr),
       device_output_(nullptr) {
-  executor_.prepare(arena, streams);
   host_input_ = arena.allocate(MemoryKind::pinned, "step.host_input", input_bytes_);
   host_output_ = arena.allocate(MemoryKind::pinned, "step.host_output", output_bytes_);
   device_input_ = arena.allocate(MemoryKind::device, "step.device_input", input_bytes_);
@@ -40,10 +54,19 @@ void DecodeStep::wait() {
 }
 
 std::vector<float> DecodeStep::run(const std::vector<float>& rows) {
+  if (rows.size() * sizeof(float) != input_bytes_) {
+    throw std::invalid_argument("decode step: rows: expected " + std::to_string(input_bytes_) +
+                                " bytes of floats; got " + std::to_string(rows.size()) +
+                                " floats");
+  }
+  if (output_bytes_ % sizeof(float) != 0) {
+    throw std::logic_error("decode step: the executor's output of " +
+                           std::to_string(output_bytes_) + " bytes is not whole floats");
+  }
   std::memcpy(host_input_, rows.data(), input_bytes_);
   enqueue();
   wait();
-  std::vector<float> output(rows.size());
+  std::vector<float> output(output_bytes_ / sizeof(float));
   std::memcpy(output.data(), host_output_, output_bytes_);
   return output;
 }

@@ -15,7 +15,8 @@ namespace activekv::fabric {
 
 class DecodeStep {
  public:
-  // Prepares `executor` and reserves the step's buffers; must run before the arena is sealed.
+  // Prepares `executor`, then reserves the step's buffers at the sizes it has once prepared;
+  // must run before the arena is sealed.
   DecodeStep(DeviceArena& arena, StreamManager& streams, Executor& executor);
 
   void* host_input() { return host_input_; }
@@ -27,8 +28,9 @@ class DecodeStep {
   void enqueue();
   // Waits for the last enqueued step through its completion event.
   void wait();
-  // One whole step on `rows` (input_bytes of floats): copied in, enqueued, waited for; returns the
-  // output rows (the convention probe's RunRows).
+  // One whole step on `rows` (exactly input_bytes of floats, else std::invalid_argument): copied
+  // in, enqueued, waited for; returns the output (output_bytes of floats; the convention probe's
+  // RunRows).
   std::vector<float> run(const std::vector<float>& rows);
   std::uint64_t steps() const { return steps_; }
 

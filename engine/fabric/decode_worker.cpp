@@ -29,6 +29,7 @@ StepTimings summarise(std::vector<double> micros, double seconds, std::uint64_t 
 
 DecodeWorker::DecodeWorker(const WorkerConfig& config) : config_(config) {
   config_.shape.validate();
+  CublasExecutor::check_workspace_bytes(config_.workspace_bytes);
   // libcublas first: a missing library is named even on a machine without a GPU.
   executor_ = std::make_unique<CublasExecutor>(config_.cublas_libraries, config_.shape,
                                                config_.executor_mixing, config_.executor_seed,
@@ -63,7 +64,13 @@ DecodeWorker::~DecodeWorker() {
   }
 }
 
+std::uint64_t DecodeWorker::steps() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return step_->steps();
+}
+
 StepTimings DecodeWorker::run_latency(std::uint64_t steps) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   std::vector<double> micros;
   micros.reserve(steps);
   const auto start = std::chrono::steady_clock::now();
@@ -81,6 +88,7 @@ StepTimings DecodeWorker::run_latency(std::uint64_t steps) {
 }
 
 StepTimings DecodeWorker::run_pipelined(std::uint64_t steps) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   const auto start = std::chrono::steady_clock::now();
   for (std::uint64_t i = 0; i < steps; ++i) step_->enqueue();
   if (steps > 0) step_->wait();
@@ -91,10 +99,21 @@ StepTimings DecodeWorker::run_pipelined(std::uint64_t steps) {
 }
 
 double DecodeWorker::verify_last_output() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
   const LayerWeights weights = LayerWeights::generate(config_.shape, config_.executor_seed);
   const std::vector<float> expected =
       host_layer_forward(config_.shape, weights, config_.executor_mixing, steady_input_);
   return max_relative_error(static_cast<const float*>(step_->host_output()), expected);
+}
+
+void DecodeWorker::request_compute_sync() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  streams_->synchronize(streams_->compute());
+}
+
+void DecodeWorker::request_capture() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  streams_->begin_capture(streams_->compute());
 }
 
 }  // namespace activekv::fabric

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -53,15 +54,20 @@ class DecodeWorker {
   const CublasExecutor& executor() const { return *executor_; }
   DeviceArena& arena() { return *arena_; }
   StreamManager& streams() { return *streams_; }
-  std::uint64_t steps() const { return step_->steps(); }
+  std::uint64_t steps() const;
 
   void seal() { arena_->seal(); }
+  // The calls below may come from several threads (Python releases the GIL while steps run):
+  // each holds the worker's lock, since the step's buffers, events and counters are one.
   // Each step enqueued and waited for through its completion event (decode latency).
   StepTimings run_latency(std::uint64_t steps);
   // `steps` steps enqueued back to back, one wait at the end (throughput per step).
   StepTimings run_pipelined(std::uint64_t steps);
   // Max relative error of the last step's output against the host reference of the layer.
   double verify_last_output() const;
+  // Asks to synchronise, or to capture, the compute stream: always StreamRuleError.
+  void request_compute_sync();
+  void request_capture();
 
  private:
   WorkerConfig config_;
@@ -73,6 +79,7 @@ class DecodeWorker {
   std::vector<float> steady_input_;
   ProbeReport probe_{};
   TensorConvention convention_ = TensorConvention::padded_batch;
+  mutable std::mutex mutex_;
 };
 
 }  // namespace activekv::fabric

@@ -4,6 +4,7 @@
 
 #include "test_support.h"
 
+#include <cstdint>
 #include <cstddef>
 #include <limits>
 #include <stdexcept>
@@ -65,6 +66,16 @@ TEST_CASE("reservations are placed at aligned offsets") {
     CAPTURE(i);
     CHECK(reservations[i].offset >= reservations[i - 1].offset + reservations[i - 1].bytes);
   }
+}
+
+TEST_CASE("reservations align the address they stand for, not only the offset") {
+  ArenaPlan plan;
+  // A block based 256 bytes past a 512 boundary (cudaMalloc promises only 256).
+  const std::uintptr_t origin = 4096 + 256;
+  CHECK(plan.reserve("first", 100, 512, origin) == 256);
+  CHECK((origin + 256) % 512 == 0);
+  CHECK(plan.reserve("next", 8, 256, origin) == 512);  // 356 rounded up to the next 256 address
+  CHECK(plan.reserve("byte", 1, 1, origin) == 520);
 }
 
 TEST_CASE("an alignment that is not a power of two is rejected") {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -29,7 +30,11 @@ class FakeBackend final : public fabric::DeviceBackend {
   void* allocate(MemoryKind kind, std::size_t bytes) override {
     ++allocations[kind == MemoryKind::device ? 0 : 1];
     if (failing_kind && *failing_kind == kind) throw std::runtime_error("no memory of that kind");
-    void* memory = std::calloc(bytes > 0 ? bytes : 1, 1);
+    // 256-byte aligned, zeroed, as cudaMalloc's blocks are aligned.
+    const std::size_t rounded = (bytes + 255) / 256 * 256;
+    void* memory = std::aligned_alloc(256, rounded > 0 ? rounded : 256);
+    if (memory == nullptr) throw std::bad_alloc();
+    std::memset(memory, 0, rounded > 0 ? rounded : 256);
     live.insert(memory);
     return memory;
   }

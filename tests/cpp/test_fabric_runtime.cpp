@@ -5,7 +5,9 @@
 
 #include "test_support.h"
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -49,6 +51,17 @@ TEST_CASE("the arena takes its blocks once and carves aligned buffers") {
     CHECK(backend.allocations[1] == 1);
   }
   CHECK(backend.live.empty());  // both blocks released with the arena
+}
+
+TEST_CASE("the arena aligns addresses, whatever its block's base") {
+  FakeBackend backend;  // blocks 256-byte aligned, as cudaMalloc's; TensorRT may ask for more
+  DeviceArena arena(backend, 1 << 16, 0);
+  arena.allocate(MemoryKind::device, "byte", 1, 1);
+  for (const std::size_t alignment : {std::size_t{256}, std::size_t{4096}}) {
+    CAPTURE(alignment);
+    void* buffer = arena.allocate(MemoryKind::device, "aligned", 8, alignment);
+    CHECK(reinterpret_cast<std::uintptr_t>(buffer) % alignment == 0);
+  }
 }
 
 TEST_CASE("after seal every request is refused and counted and none reaches the backend") {
@@ -213,6 +226,55 @@ TEST_CASE("a decode step built after seal is refused") {
       error_message<ArenaSealedError>([&] { DecodeStep step(arena, streams, executor); });
   CHECK(contains(message, "host.scratch"));
   CHECK(arena.refused_after_seal() == 1);
+}
+
+namespace {
+
+// An executor whose sizes are known only once prepared (as TensorRT's, read from the engine),
+// and whose output is wider than its input.
+class LateSizedExecutor final : public activekv::fabric::Executor {
+ public:
+  std::string name() const override { return "late-sized"; }
+  std::size_t input_bytes() const override { return input_; }
+  std::size_t output_bytes() const override { return output_; }
+  void prepare(DeviceArena&, StreamManager&) override {
+    input_ = 4 * sizeof(float);
+    output_ = 16 * sizeof(float);
+  }
+  void enqueue(const void*, void* output, activekv::fabric::StreamHandle) override {
+    std::memset(output, 0x3f, output_);  // the whole output tensor, as an engine writes it
+  }
+
+ private:
+  std::size_t input_ = 0;
+  std::size_t output_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("the decode step sizes its buffers from the prepared executor, and run checks rows") {
+  FakeBackend backend;
+  LateSizedExecutor executor;
+  DeviceArena arena(backend, 1 << 12, 1 << 12);
+  StreamManager streams(backend, 0, 2);
+  DecodeStep step(arena, streams, executor);
+  CHECK(step.input_bytes() == 4 * sizeof(float));
+  CHECK(step.output_bytes() == 16 * sizeof(float));
+  CHECK(arena.used(MemoryKind::device) >= 20 * sizeof(float));
+  const std::vector<float> output = step.run(std::vector<float>(4, 1.0f));
+  CHECK(output.size() == 16);  // the executor's output, not the input's length
+  const std::string message =
+      error_message<std::invalid_argument>([&] { step.run(std::vector<float>(3, 1.0f)); });
+  CHECK(contains(message, "rows: expected 16 bytes of floats; got 3 floats"));
+  CHECK(step.steps() == 1);  // the refused run enqueued nothing
+}
+
+TEST_CASE("a layer shape whose activation overflows cuBLAS's int counts is refused") {
+  // Each field and batch * slots are within bounds; batch * slots * hidden is 2**32 floats.
+  const LayerShape shape{131072, 1, 32768, 1};
+  const std::string message = error_message<std::invalid_argument>([&] { shape.validate(); });
+  CHECK(contains(message, "batch * slots * hidden: 4294967296 floats"));
+  LayerShape{65536, 1, 32767, 1}.validate();  // just under INT_MAX floats
 }
 
 TEST_CASE("the CUDA backend starts on a GPU or fails naming the CUDA call") {
