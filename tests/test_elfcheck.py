@@ -104,6 +104,38 @@ def test_gxx_objects_linked_by_zig_leave_libstdcxx_symbols_undefined(objects: Ob
     assert named <= _undefined_by_nm(objects.gxx_under_zig)
 
 
+IOSTREAM_SOURCE = """\
+#include <iostream>
+extern "C" void probe(int value) { std::cout << value << std::endl; }
+"""
+
+
+def test_gxx_iostream_symbols_linked_without_libstdcxx_are_caught(tmp_path: Path) -> None:
+    # std::ostream's members mangle with the So abbreviation (_ZNSolsEi), not St: linked by a
+    # C linker they stay undefined and unversioned, and only the import would fail.
+    gxx, gcc = shutil.which("g++"), shutil.which("gcc")
+    if gxx is None or gcc is None:
+        pytest.skip("the host g++/gcc is missing")
+    source = tmp_path / "stream.cpp"
+    source.write_text(IOSTREAM_SOURCE)
+    run_tool(gxx, "-c", "-fPIC", "-O1", source, "-o", tmp_path / "stream.o")
+    module = tmp_path / "stream.so"
+    run_tool(gcc, "-shared", tmp_path / "stream.o", "-o", module)
+    named = {
+        f.problem.removeprefix("undefined libstdc++ symbol ").split("@")[0]
+        for f in check_shared_object(module)
+    }
+    assert "_ZNSolsEi" in named, named  # std::ostream::operator<<(int)
+    assert named <= _undefined_by_nm(module)
+    zig = zig_binary()
+    if zig is None:
+        pytest.skip("zig is missing")
+    under_libcxx = tmp_path / "stream_zig.so"
+    run_tool(zig, "c++", "-target", ZIG_TARGET, "-shared", "-fPIC", "-O1", source,
+             "-o", under_libcxx)  # fmt: skip
+    assert check_shared_object(under_libcxx) == []
+
+
 def test_gxx_linked_object_needs_libstdcxx(objects: Objects) -> None:
     problems = [f.problem for f in check_shared_object(objects.gxx_linked)]
     assert any(p.startswith("needs libstdc++.so.6") for p in problems), problems

@@ -18,10 +18,13 @@ from elftools.elf.sections import SymbolTableSection
 
 from release.util.elf import ElfReadError, dt_needed
 
-# libstdc++ mangled names: std:: outside libc++'s inline namespace std::__1, the C++ ABI runtime,
-# and the global operators new/delete (which libc++abi defines inside the module when linked).
+# libstdc++ mangled names: std:: outside libc++'s inline namespace std::__1 (St), the standard
+# abbreviations (Sa allocator, Sb basic_string, Ss string, Si istream, So ostream, Sd iostream:
+# types of std:: itself, so never libc++'s), the C++ ABI runtime, and the global operators
+# new/delete (which libc++abi defines inside the module when linked).
 _LIBSTDCXX_SYMBOL = re.compile(
-    r"^(_ZNS[td](?!3__1)|_ZNKS[td](?!3__1)|_ZS[td](?!3__1)|_ZT[ISV]S[td](?!3__1)|"
+    r"^(_ZNS[abdiost](?!3__1)|_ZNKS[abdiost](?!3__1)|_ZS[abdiost](?!3__1)|"
+    r"_ZT[ISV]S[abdiost](?!3__1)|"
     r"_ZTVN10__cxxabiv1|__cxa_|__gxx_personality_v0|_Zn[wa][mj]|_Zd[la]Pv)"
 )
 _LIBSTDCXX_VERSION = re.compile(r"^(GLIBCXX|CXXABI)_")
