@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,6 +38,27 @@ def test_differences_name_the_member_and_the_first_byte(tmp_path):
     assert "activekv/_engine.so: first difference at byte 3 (6 and 6 bytes)" in found
     assert "x/METADATA: only in the first build" in found
     assert "x/RECORD: only in the second build" in found
+
+
+def test_a_release_wheel_the_rebuild_did_not_make_is_a_fail(tmp_path, monkeypatch):
+    """A release wheel under another name (another platform tag) was never compared; that is
+    no pass. The builds are stubbed: both rebuilds make the same wheel."""
+    from release.build import reproduce
+
+    rebuilt = _zip(tmp_path / "activekv-0.1.0-cp312-abi3-manylinux_2_28_x86_64.whl", {"m": b"1"})
+
+    report = SimpleNamespace(wheels=[SimpleNamespace(path=rebuilt)])
+    monkeypatch.setattr(reproduce, "source_date_epoch", lambda source: 1)
+    monkeypatch.setattr(reproduce, "snapshot", lambda source, destination: destination)
+    monkeypatch.setattr(reproduce, "build_wheels", lambda *args, **kwargs: report)
+    out = tmp_path / "out"
+    (out / "wheels").mkdir(parents=True)
+    _zip(out / "wheels" / "activekv-0.1.0-cp312-abi3-manylinux_2_27_x86_64.whl", {"m": b"2"})
+    evidence = run_reproduce_gate(MANIFEST, source_dir=REPO, out_dir=out, cache_dir=CACHE)
+    assert evidence.verdict == "fail"
+    assert "manylinux_2_27_x86_64.whl (release build): the rebuild made no wheel" in (
+        evidence.reason
+    )
 
 
 def test_snapshot_copies_tracked_and_untracked_but_not_ignored(tmp_path):

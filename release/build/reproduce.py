@@ -93,6 +93,13 @@ def run_reproduce_gate(
         if sha256_file(first[name]) != sha256_file(second[name]):
             problems += [f"{name}: {d}" for d in wheel_differences(first[name], second[name])]
     released = {w.name: w for w in (out_dir / "wheels").glob("*.whl")}
+    if not only:
+        # Every release wheel must be one of the rebuilt ones: a pass must cover what ships.
+        made = ", ".join(sorted(first))
+        problems += [
+            f"{name} (release build): the rebuild made no wheel of that name (it made {made})"
+            for name in sorted(set(released) - set(first))
+        ]
     for name in sorted(set(first) & set(released)):
         if sha256_file(first[name]) != sha256_file(released[name]):
             problems += [f"{name} (release build): {d}"
