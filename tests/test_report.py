@@ -9,9 +9,11 @@ import json
 import os
 import shutil
 import subprocess
+from collections import Counter
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from release import cli, records
 from release.evidence import Evidence, write_evidence
 from release.gates.gpu_runner import NO_GPU_RUNNER
 from release.manifest import Manifest, load_manifest
+from release.report import document
 from release.report.document import (
     REPORT_HTML,
     REPORT_MD,
@@ -53,6 +56,31 @@ def manifest() -> Manifest:
     return load_manifest(REAL)
 
 
+def replay(manifest: Manifest, python: str, *, differs: bool) -> dict[str, Any]:
+    """One wheel's parity figures: every declared cell but SKIPPED_CELL replayed, FAILING_CELL
+    differing where `differs`."""
+    cells = [
+        {"cell": c.name, "mode": c.mode, "operations": 30, "events": 120, "seconds": 0.5,
+         "verdict": "differs" if differs and c.name == FAILING_CELL else "bit-identical",
+         "difference": "operation 7: layer 2: device block 3: byte offset 96"
+         if differs and c.name == FAILING_CELL else None}
+        for c in manifest.gates["parity"].cells if c.name != SKIPPED_CELL
+    ]  # fmt: skip
+    return {"status": "fail" if differs else "pass", "python": f"{python}.1", "cells": cells,
+            "exact": "13 of 13 bit-identical",
+            "compressed": f"{10 if differs else 11} of 11 bit-identical"}  # fmt: skip
+
+
+def parity_evidence(
+    manifest: Manifest, wheels: dict[str, dict[str, Any]], reason: str = ""
+) -> Evidence:
+    """The parity gate's evidence on the three built wheels, with `wheels` as its figures."""
+    summary = {key: "; ".join(f"{n}: {f[key]}" for n, f in wheels.items() if key in f)
+               for key in ("exact", "compressed")}  # fmt: skip
+    return Evidence("parity", "fail", ARTEFACTS, figures={"wheels": wheels, **summary},
+                    reason=reason)  # fmt: skip
+
+
 def write_records(
     out: Path, manifest: Manifest, *, staging: bool, served_path: bool, published: bool
 ) -> Path:
@@ -79,20 +107,9 @@ def write_records(
     write_evidence(out, Evidence("payload", "pass", ARTEFACTS, figures={
         "files": [{"kind": "extension"}] * 6 + [{"kind": "stub"}] * 6,
     }))  # fmt: skip
-    cells = [
-        {"cell": c.name, "mode": c.mode, "operations": 30, "events": 120, "seconds": 0.5,
-         "verdict": "differs" if c.name == FAILING_CELL else "bit-identical",
-         "difference": "operation 7: layer 2: device block 3: byte offset 96"
-         if c.name == FAILING_CELL else None}
-        for c in manifest.gates["parity"].cells if c.name != SKIPPED_CELL
-    ]  # fmt: skip
     abi3 = WHEELS["3.12"]
-    write_evidence(out, Evidence("parity", "fail", ARTEFACTS, figures={
-        "wheels": {abi3: {"status": "fail", "python": "3.12.1", "cells": cells,
-                          "exact": "13 of 13 bit-identical",
-                          "compressed": "10 of 11 bit-identical"}},
-        "exact": f"{abi3}: 13 of 13 bit-identical",
-        "compressed": f"{abi3}: 10 of 11 bit-identical",
+    write_evidence(out, parity_evidence(manifest, {
+        name: replay(manifest, python, differs=name == abi3) for python, name in WHEELS.items()
     }, reason=f"{abi3}: {FAILING_CELL}: operation 7: layer 2: device block 3: "
               "byte offset 96"))  # fmt: skip
     write_evidence(out, Evidence("warmup", "not-run", ARTEFACTS, reason=NO_GPU_RUNNER))
@@ -228,6 +245,31 @@ def test_evidence_of_another_wheel_is_called_out(tmp_path: Path, manifest: Manif
     assert "payload: other-wheels" in (out / REPORT_MD).read_text()
 
 
+def overview(md: str) -> dict[str, str]:
+    """The overview cards of report.md: label to value."""
+    line = next(line for line in md.splitlines() if line.startswith("**wheels**"))
+    return dict(card.removeprefix("**").split("** ", 1) for card in line.split(" · "))
+
+
+def test_the_overview_counts_the_verdicts_the_gates_table_shows(
+    tmp_path: Path, manifest: Manifest
+) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    planted = dict(ARTEFACTS, **{WHEELS["3.10"]: digest("a different build")})
+    write_evidence(out, Evidence("payload", "pass", planted))
+    write_report(out, manifest, "dev")
+    shown = Counter(
+        row[3][1].split()[1] for row in table_with((out / REPORT_HTML).read_text(), "gate")[1:]
+    )
+    assert shown["other-wheels"] == 1 and shown["pass"] >= 1
+    # The stale pass is not counted as passed: it has its own card, coloured as a failure.
+    cards = overview((out / REPORT_MD).read_text())
+    assert cards["gates passed"] == f"{shown['pass']} of {sum(shown.values())}"
+    assert cards["failed"] == str(shown["fail"]) and cards["not run"] == str(shown["not-run"])
+    assert cards["judged other wheels"] == "1"
+    assert '<div class="card fail"><div class="value">1</div>' in (out / REPORT_HTML).read_text()
+
+
 def test_parity_matrix_is_a_grid_of_modes_by_dtypes(
     full: tuple[str, str, Path], manifest: Manifest
 ) -> None:
@@ -254,6 +296,36 @@ def test_parity_matrix_is_a_grid_of_modes_by_dtypes(
     assert "○ t32-h2d64-l3" in cells[("fp8_e4m3", "fp32")][1]
     assert f"{FAILING_CELL}: first difference: {WHEELS['3.12']}: operation 7: layer 2" in md
     assert "| mode / dtype | fp16 | bf16 | fp32 |" in md
+
+
+@pytest.mark.parametrize(
+    ("status", "tone", "mark"),
+    [("fail: pip install: no matching distribution", "fail", "✗"),
+     ("not run: no Python 3.10 on this runner", "not-run", "○")],
+)  # fmt: skip
+def test_a_wheel_that_never_replayed_leaves_no_cell_bit_identical(
+    tmp_path: Path, manifest: Manifest, status: str, tone: str, mark: str
+) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    # The abi3 wheel replayed every cell identically; 3.10's replay never ran a cell, and 3.11
+    # left nothing in the evidence at all.
+    abi3, cp310, cp311 = WHEELS["3.12"], WHEELS["3.10"], WHEELS["3.11"]
+    write_evidence(out, parity_evidence(manifest, {
+        abi3: replay(manifest, "3.12", differs=False), cp310: {"status": status},
+    }, reason=f"{cp310}: {status}"))  # fmt: skip
+    write_report(out, manifest, "dev")
+    md, html_text = (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text()
+    grid = table_with(html_text, "mode / dtype")[1:]
+    entries = [line for row in grid for css, text in row[1:] for line in text.split("\n")]
+    assert entries and not any(line.startswith("✓") for line in entries)
+    assert all(css == tone for row in grid for css, text in row[1:] if text != "no cell")
+    assert f"{mark} t16-h8d64-l4" in grid[0][2][1]  # exact, bf16
+    why = {row[0][1]: row[1][1] for row in table_with(html_text, "what")[1:]}
+    assert why[f"parity on {cp310}"] == status
+    assert why[f"parity on {cp311}"] == "no replay in the evidence"
+    selected_out = f"not replayed (selected out with --cell) by {abi3}"
+    assert why[f"parity cell {SKIPPED_CELL}"] == selected_out
+    assert f"Reference against the engine of {cp310}: {status}." in md
 
 
 def test_gpu_staging_table_and_plot_when_present(full: tuple[str, str, Path]) -> None:
@@ -302,12 +374,94 @@ def test_staging_figures_of_another_wheel_are_called_out(
     assert f"no built wheel has sha256 {digest('old')}" in (out / REPORT_MD).read_text()
 
 
+def staging_record(**changes: Any) -> dict[str, Any]:
+    """The fixture's staging record, with `changes` to its keys (None removes one)."""
+    record = json.loads((FIXTURES / "gpu-staging.json").read_text())
+    record.update(changes)
+    return record
+
+
+def bad_row(**changes: Any) -> list[Any]:
+    rows = staging_record()["rows"]
+    return [{**rows[0], **changes}, *rows[1:]]
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [({"ceiling_gbps": [55.0]}, "ceiling_gbps: expected an object; got a list"),
+     ({"ceiling_gbps": {"h2d": "fast"}}, 'ceiling_gbps.h2d: expected a number; got "fast"'),
+     ({"rows": "none"}, "rows: expected a list of objects; got \"none\""),
+     ({"rows": []}, "rows: expected at least one measurement; got none"),
+     ({"rows": [None]}, "rows[0]: expected an object; got null"),
+     ({"rows": bad_row(h2d_gbps=None)}, "rows[0].h2d_gbps: expected a number; got null"),
+     ({"rows": bad_row(block_bytes=0)}, "rows[0].block_bytes: expected a whole number >= 1"),
+     ({"rows": bad_row(method=7)}, "rows[0].method: expected text; got 7"),
+     ({"gpu": None}, "gpu: expected text; got null"),
+     ({"overlapped": {"a": 1}}, "overlapped: expected a list of objects; got an object"),
+     ({"overlapped": [{"block_bytes": 16384, "bus": "kernels"}]},
+      "overlapped[0].engine_both_ways_gbps: missing"),
+     ({"scenarios": ["auto"]}, 'scenarios[0]: expected an object; got "auto"'),
+     ({"int8_vs_exact": [None]}, "int8_vs_exact[0]: expected an object; got null")],
+)  # fmt: skip
+def test_a_malformed_staging_record_is_reported_naming_its_key(
+    tmp_path: Path, manifest: Manifest, changes: dict[str, Any], said: str
+) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    (out / "gpu-staging.json").write_text(json.dumps(staging_record(**changes)))
+    write_report(out, manifest, "dev")
+    md = (out / REPORT_MD).read_text()
+    assert f"gpu-staging.json: expected the agreed shape; {said}" in md
+    assert "## GPU staging" not in md and not (out / STAGING_PLOT).exists()
+
+
+def test_an_infinite_block_size_is_reported_not_raised(tmp_path: Path, manifest: Manifest) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    text = json.dumps(staging_record(int8_vs_exact=[{"block_bytes": 12345}]))
+    (out / "gpu-staging.json").write_text(text.replace("12345", "1e400"))  # JSON reads it as inf
+    write_report(out, manifest, "dev")
+    said = "int8_vs_exact[0].block_bytes: expected a number; got Infinity"
+    assert said in (out / REPORT_MD).read_text()
+
+
+def test_a_staging_record_without_a_ceiling_is_shown_without_shares(
+    tmp_path: Path, manifest: Manifest
+) -> None:
+    # What the Python staging bench writes when it is given no --ceiling.
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    (out / "gpu-staging.json").write_text(json.dumps(staging_record(ceiling_gbps=None)))
+    write_report(out, manifest, "dev")
+    md, html_text = (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text()
+    assert "no copy ceiling in the record." in md and "unreadable" not in md
+    assert table_with(html_text, "block")[1][2][1] == "H2D 23.0 GB/s\nD2H 22.0 GB/s"
+    assert (out / STAGING_PLOT).read_bytes().startswith(b"\x89PNG")
+
+
 def test_dispatch_sites_before_and_after(full: tuple[str, str, Path]) -> None:
     md, html_text, _ = full
     rows = table_with(html_text, "served path")[1:]
     assert rows[0][1][1] == "412" and rows[1][1] == ("pass", "3")
     assert rows[2][1][1] == "412 → 3 (-99%)"
     assert "## Dispatch sites, before → after" in md
+
+
+@pytest.mark.parametrize(
+    ("sites", "said"),
+    [({"reference": "many", "engine": 3},
+      'dispatch_sites.reference: expected a number; got "many"'),
+     ({"reference": 412, "engine": 2.5}, "dispatch_sites.engine: expected a whole number >= 0"),
+     ({"reference": 412}, "dispatch_sites.engine: missing"),
+     (412, "dispatch_sites: expected an object; got 412")],
+)  # fmt: skip
+def test_malformed_dispatch_sites_are_reported_not_raised(
+    tmp_path: Path, manifest: Manifest, sites: Any, said: str
+) -> None:
+    out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
+    write_evidence(out, Evidence("served-path", "pass", ARTEFACTS,
+                                 figures={"dispatch_sites": sites}))  # fmt: skip
+    write_report(out, manifest, "dev")
+    md = (out / REPORT_MD).read_text()
+    assert f"evidence/served-path.json: expected the agreed shape; figures.{said}" in md
+    assert "## Dispatch sites" not in md
 
 
 def test_absent_records_are_listed_as_not_run_with_reasons(bare: tuple[str, str, Path]) -> None:
@@ -349,6 +503,25 @@ def test_an_unreadable_record_is_reported_not_raised(tmp_path: Path, manifest: M
     md = (out / REPORT_MD).read_text()
     assert "payload.json: evidence record: expected JSON" in md
     assert "gpu-staging.json: expected the agreed shape" in md
+
+
+def test_a_report_that_fails_leaves_no_earlier_one_in_place(
+    tmp_path: Path, manifest: Manifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = write_records(tmp_path, manifest, staging=True, served_path=False, published=False)
+    write_report(out, manifest, "dev")
+    assert (out / REPORT_MD).exists() and (out / STAGING_PLOT).exists()
+
+    def broken(document: Any) -> str:
+        raise RuntimeError("the renderer broke")
+
+    # The Markdown renders, the HTML does not: neither file may be left looking current.
+    monkeypatch.setattr(document.html, "render", broken)
+    with pytest.raises(RuntimeError, match="the renderer broke"):
+        write_report(out, manifest, "dev")
+    left = {p.name for p in out.iterdir()}
+    assert not left & {REPORT_MD, REPORT_HTML, STAGING_PLOT}
+    assert not [name for name in left if name.endswith(".tmp")]
 
 
 def test_describe_summarises_any_figures() -> None:

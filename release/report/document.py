@@ -11,9 +11,12 @@ raised, so the report of a failed run is still written.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from release.manifest import Manifest
 from release.records import GPU_STAGING_RECORD
 from release.report import html, markdown
 from release.report.loader import STALE, Records, gate_rows, load_records
-from release.report.model import Cell, Document, Figure, Section, Table, Text
+from release.report.model import Block, Cell, Document, Figure, Section, Table, Text
 from release.report.plot import block_size_label, staging_plot
 from release.util.atomic import atomic_write
 from release.util.pins import project_version
@@ -162,17 +165,84 @@ def _short_cell_name(name: str, dtype: str) -> str:
     return parts[2] if len(parts) == 3 and parts[1] == dtype else name
 
 
-def _parity_cells(evidence: Evidence | None) -> dict[str, dict[str, Any]]:
-    """Each replayed cell across the judged wheels: bit-identical only where every wheel's engine
-    was; the first difference found, named with its wheel."""
-    cells: dict[str, dict[str, Any]] = {}
-    for name, judged in (evidence.figures.get("wheels", {}) if evidence else {}).items():
-        for cell in judged.get("cells", []):
-            merged = cells.setdefault(cell["cell"], {"cell": cell["cell"],
-                                                     "verdict": "bit-identical"})  # fmt: skip
-            if cell.get("difference") and "difference" not in merged:
-                merged.update(verdict="differs", difference=f"{name}: {cell['difference']}")
-    return cells
+SELECTED_OUT = "not replayed (selected out with --cell)"
+NO_REPLAY = "no replay in the evidence"
+
+
+@dataclass(frozen=True)
+class ParityCell:
+    """One cell across every wheel the parity evidence judged."""
+
+    verdict: str  # "bit-identical", "differs", "failed" or "not-run"
+    difference: str = ""  # the first difference found, named with its wheel
+    missing: tuple[tuple[str, str], ...] = ()  # (wheel, why) for each wheel with no result
+
+
+def _is_cell_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(c, dict) and isinstance(c.get("cell"), str) for c in value
+    )
+
+
+def _replays(evidence: Evidence) -> dict[str, dict[str, Any]]:
+    """Each wheel the parity evidence judged (its artefacts, then any other its figures name),
+    with its figures; a wheel without them, or with unreadable ones, gets a status saying so."""
+    recorded = evidence.figures.get("wheels")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    replays: dict[str, dict[str, Any]] = {}
+    for wheel in dict.fromkeys([*evidence.artefacts, *recorded]):
+        judged = recorded.get(wheel)
+        if judged is None:
+            replays[wheel] = {"status": NO_REPLAY}
+        elif not isinstance(judged, dict) or not _is_cell_list(judged.get("cells", [])):
+            replays[wheel] = {"status": "unreadable: expected an object with a list of cells"}
+        else:
+            replays[wheel] = judged
+    return replays
+
+
+def _cell_result(name: str, replays: dict[str, dict[str, Any]]) -> ParityCell:
+    """Bit-identical only where every judged wheel replayed the cell and found no difference: a
+    wheel whose replay failed, did not run or left the cell out does not count as identical."""
+    difference, missing = "", []
+    for wheel, judged in replays.items():
+        found = next((c for c in judged.get("cells", []) if c["cell"] == name), None)
+        if found is None:
+            missing.append((wheel, SELECTED_OUT if judged.get("cells") else
+                            str(judged.get("status") or NO_REPLAY)))  # fmt: skip
+        elif found.get("difference") and not difference:
+            difference = f"{wheel}: {found['difference']}"
+    if difference:
+        verdict = "differs"
+    elif any(why.startswith("fail") for _, why in missing):
+        verdict = "failed"
+    elif missing or not replays:
+        verdict = "not-run"
+    else:
+        verdict = "bit-identical"
+    return ParityCell(verdict, difference, tuple(missing))
+
+
+def _parity_cells(evidence: Evidence | None, declared: Iterable[str]) -> dict[str, ParityCell]:
+    """Each declared or replayed cell across the judged wheels; empty without evidence."""
+    if evidence is None:
+        return {}
+    replays = _replays(evidence)
+    replayed = (c["cell"] for judged in replays.values() for c in judged.get("cells", []))
+    return {name: _cell_result(name, replays) for name in dict.fromkeys([*declared, *replayed])}
+
+
+def _replay_text(wheel: str, judged: dict[str, Any]) -> Text:
+    status = str(judged.get("status", "?"))
+    said = (f"exact {judged['exact']}, compressed {judged['compressed']}"
+            if "exact" in judged else status)  # fmt: skip
+    python = f" (Python {judged['python']})" if "python" in judged else ""
+    tone = "" if judged.get("cells") else "fail" if status.startswith("fail") else "not-run"
+    return Text(f"Reference against the engine of {wheel}{python}: {said}.", tone)
+
+
+PARITY_MARK = {"bit-identical": ("pass", "✓"), "differs": ("fail", "✗"), "failed": ("fail", "✗"),
+               "not-run": ("not-run", "○")}  # fmt: skip
 
 
 def _parity(manifest: Manifest, records: Records) -> Section | None:
@@ -181,7 +251,7 @@ def _parity(manifest: Manifest, records: Records) -> Section | None:
     if gate is None or not gate.cells:
         return None
     section = Section("Parity matrix", "parity")
-    results = _parity_cells(evidence)
+    results = _parity_cells(evidence, (c.name for c in gate.cells))
     modes = list(dict.fromkeys(c.mode for c in gate.cells))
     dtypes = list(dict.fromkeys(c.dtype for c in gate.cells))
     rows = []
@@ -192,12 +262,7 @@ def _parity(manifest: Manifest, records: Records) -> Section | None:
             tones: list[str] = []
             for cell in (c for c in gate.cells if c.mode == mode and c.dtype == dtype):
                 result = results.get(cell.name)
-                if result is None:
-                    tone, mark = "not-run", "○"
-                elif result.get("verdict") == "bit-identical":
-                    tone, mark = "pass", "✓"
-                else:
-                    tone, mark = "fail", "✗"
+                tone, mark = PARITY_MARK[result.verdict] if result else PARITY_MARK["not-run"]
                 tones.append(tone)
                 entries.append(f"{mark} {_short_cell_name(cell.name, dtype)}")
             tone = "fail" if "fail" in tones else "not-run" if "not-run" in tones else "pass"
@@ -208,18 +273,105 @@ def _parity(manifest: Manifest, records: Records) -> Section | None:
     if evidence is None:
         section.blocks.append(Text("The parity gate left no evidence in this run.", "not-run"))
     else:
-        for name, judged in evidence.figures.get("wheels", {}).items():
-            said = (f"exact {judged['exact']}, compressed {judged['compressed']}"
-                    if "exact" in judged else judged.get("status", "?"))  # fmt: skip
-            python = f" (Python {judged['python']})" if "python" in judged else ""
-            section.blocks.append(Text(f"Reference against the engine of {name}{python}: {said}."))
+        section.blocks += [_replay_text(w, j) for w, j in _replays(evidence).items()]
     section.blocks.append(Table(("mode / dtype", *dtypes), tuple(rows), grid=True))
-    for result in results.values():
-        if result.get("difference"):
-            section.blocks.append(
-                Text(f"{result['cell']}: first difference: {result['difference']}", "fail")
-            )
+    for name, result in results.items():
+        if result.difference:
+            section.blocks.append(Text(f"{name}: first difference: {result.difference}", "fail"))
     return section
+
+
+def _parity_not_run(evidence: Evidence, declared: list[str]) -> list[tuple[str, str]]:
+    """A line for each wheel that replayed no cell, and for each cell a wheel left out."""
+    replays = _replays(evidence)
+    if not replays:
+        return [("parity cells", "the parity evidence names no wheel")]
+    lines = [(f"parity on {wheel}", str(judged.get("status") or NO_REPLAY))
+             for wheel, judged in replays.items() if not judged.get("cells")]  # fmt: skip
+    for name, result in _parity_cells(evidence, declared).items():
+        skipped = [wheel for wheel, why in result.missing if why == SELECTED_OUT]
+        if name in declared and skipped:
+            by = "" if len(skipped) == len(replays) else f" by {', '.join(skipped)}"
+            lines.append((f"parity cell {name}", SELECTED_OUT + by))
+    return lines
+
+
+class ShapeError(ValueError):
+    """A value of a record that is missing or not of the agreed shape, named by its key."""
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return json.dumps(value)
+
+
+class _Entry:
+    """One object of a measurement record, read through checks that raise ShapeError naming
+    the key (`rows[2].h2d_gbps`): such records are shown as they are, so nothing else checks."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ShapeError(f"{where or '<top level>'}: expected an object; got {_got(data)}")
+        self.data: dict[str, Any] = data
+        self.where = f"{where}." if where else ""
+
+    def get(self, key: str) -> Any:
+        if key not in self.data:
+            raise ShapeError(f"{self.where}{key}: missing")
+        return self.data[key]
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def text(self, key: str) -> str:
+        value = self.get(key)
+        if not isinstance(value, str):
+            raise ShapeError(f"{self.where}{key}: expected text; got {_got(value)}")
+        return value
+
+    def number(self, key: str) -> float:
+        value = self.get(key)
+        # bool is an int to Python, and JSON's 1e400 reads as infinity.
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value):
+            raise ShapeError(f"{self.where}{key}: expected a number; got {_got(value)}")
+        return value
+
+    def whole(self, key: str, least: int) -> int:
+        """A count or a size: a whole number of at least `least` (16384.0 is 16384)."""
+        value = self.number(key)
+        if value < least or value != int(value):
+            raise ShapeError(f"{self.where}{key}: expected a whole number >= {least}; got {value}")
+        return int(value)
+
+    def entry(self, key: str) -> _Entry:
+        return _Entry(self.get(key), f"{self.where}{key}")
+
+    def entries(self, key: str) -> list[_Entry]:
+        """The objects listed under `key`; none where it is absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ShapeError(f"{self.where}{key}: expected a list of objects; got {_got(value)}")
+        return [_Entry(item, f"{self.where}{key}[{i}]") for i, item in enumerate(value)]
+
+
+def _ceiling(staging: _Entry) -> dict[str, float]:
+    """The copy ceiling, GB/s by direction; empty where the record has none (null: the Python
+    staging bench writes that when it was given no --ceiling)."""
+    if not staging.has("ceiling_gbps"):
+        return {}
+    ceiling = staging.entry("ceiling_gbps")
+    return {direction: ceiling.number(direction) for direction in ceiling.data}
+
+
+def _rate_row(row: _Entry) -> dict[str, Any]:
+    return {"block_bytes": row.whole("block_bytes", 1), "method": row.text("method"),
+            "h2d_gbps": row.number("h2d_gbps"), "d2h_gbps": row.number("d2h_gbps")}  # fmt: skip
 
 
 def _rates(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[str, ...]:
@@ -232,71 +384,80 @@ def _rates(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[str, ...]:
     return tuple(rates)
 
 
+def _rates_table(rows: list[dict[str, Any]], ceiling: dict[str, float]) -> Table:
+    methods = list(dict.fromkeys(row["method"] for row in rows))
+    by_cell = {(row["block_bytes"], row["method"]): row for row in rows}
+    table = []
+    for size in sorted({size for size, _ in by_cell}):
+        cells = [Cell(block_size_label(size))]
+        for method in methods:
+            row = by_cell.get((size, method))
+            cells.append(Cell("", "", _rates(row, ceiling)) if row else Cell("—"))
+        table.append(tuple(cells))
+    return Table(("block", *methods), tuple(table), grid=True)
+
+
+def _staging_blocks(staging: _Entry, built: dict[str, str]) -> list[Block]:
+    """The section's blocks; ShapeError where the record is not of the agreed shape."""
+    gpu, driver, wheel = (staging.text(k) for k in ("gpu", "driver", "wheel_sha256"))
+    ceiling = _ceiling(staging)
+    rows = [_rate_row(row) for row in staging.entries("rows")]
+    if not rows:
+        raise ShapeError("rows: expected at least one measurement; got none")
+    said = (f"copy ceiling H2D {ceiling.get('h2d', '?')} GB/s, D2H {ceiling.get('d2h', '?')} GB/s"
+            if ceiling else "no copy ceiling in the record")  # fmt: skip
+    blocks: list[Block] = [Text(f"{gpu}, driver {driver}; wheel sha256 {wheel}; {said}.")]
+    if wheel not in built.values():
+        blocks.append(Text("These figures are not of this run's wheels: no built wheel has "
+                           f"sha256 {wheel}.", "fail"))  # fmt: skip
+    blocks.append(_rates_table(rows, ceiling))
+    blocks.extend(_staging_targets(staging))
+    # The plot gets the values checked here, never the record's raw ones.
+    checked = {**staging.data, "ceiling_gbps": ceiling, "rows": rows}
+    blocks.append(Figure(staging_plot(checked), STAGING_PLOT, "staging bandwidth by block size"))
+    return blocks
+
+
+# What a record of an unexpected shape can raise past the checks (matplotlib on odd figures
+# included): the module promises such a record is reported, never raised.
+SHAPE_ERRORS = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
+
+
 def _gpu_staging(records: Records) -> Section | None:
-    staging = records.gpu_staging
-    if staging is None:
+    if records.gpu_staging is None:
         return None
-    section = Section("GPU staging", "gpu-staging")
     try:
-        ceiling = staging.get("ceiling_gbps", {})
-        section.blocks.append(
-            Text(
-                f"{staging['gpu']}, driver {staging['driver']}; wheel sha256 "
-                f"{staging['wheel_sha256']}; copy ceiling H2D {ceiling.get('h2d', '?')} GB/s, "
-                f"D2H {ceiling.get('d2h', '?')} GB/s."
-            )
-        )
-        built = records.built_digests()
-        if staging["wheel_sha256"] not in built.values():
-            section.blocks.append(
-                Text(
-                    "These figures are not of this run's wheels: no built wheel has sha256 "
-                    f"{staging['wheel_sha256']}.",
-                    "fail",
-                )
-            )
-        methods = list(dict.fromkeys(str(row["method"]) for row in staging["rows"]))
-        by_cell = {(int(r["block_bytes"]), str(r["method"])): r for r in staging["rows"]}
-        rows = []
-        for size in sorted({size for size, _ in by_cell}):
-            cells = [Cell(block_size_label(size))]
-            for method in methods:
-                row = by_cell.get((size, method))
-                cells.append(Cell("", "", _rates(row, ceiling)) if row else Cell("—"))
-            rows.append(tuple(cells))
-        section.blocks.append(Table(("block", *methods), tuple(rows), grid=True))
-        section.blocks.extend(_staging_targets(staging))
-        section.blocks.append(
-            Figure(staging_plot(staging), STAGING_PLOT, "staging bandwidth by block size")
-        )
-    except (KeyError, TypeError, ValueError) as error:
-        records.unreadable.append(
-            f"{GPU_STAGING_RECORD}.json: expected the agreed shape; missing or bad {error}"
-        )
+        blocks = _staging_blocks(_Entry(records.gpu_staging, ""), records.built_digests())
+    except SHAPE_ERRORS as error:
+        said = str(error) if isinstance(error, ShapeError) else f"{type(error).__name__}: {error}"
+        records.unreadable.append(f"{GPU_STAGING_RECORD}.json: expected the agreed shape; {said}")
         return None
-    return section
+    return Section("GPU staging", "gpu-staging", blocks)
 
 
-def _staging_targets(staging: dict[str, Any]) -> list[Text | Table]:
+def _gbps(row: _Entry, key: str) -> Cell:
+    return Cell(f"{row.number(key):.1f} GB/s")
+
+
+def _staging_targets(staging: _Entry) -> list[Block]:
     """Loads and stores at once, and int8 against exact tokens/s, where the record has them."""
-    blocks: list[Text | Table] = []
-    overlapped = staging.get("overlapped", [])
+    blocks: list[Block] = []
+    overlapped = staging.entries("overlapped")
     if overlapped:
-        ceiling = staging.get("both_ways_ceiling_gbps", "?")
+        key = "both_ways_ceiling_gbps"
+        ceiling = staging.number(key) if staging.has(key) else "?"
         blocks.append(
             Text(f"Loads and stores at once (contiguous copy both ways: {ceiling} GB/s).")
         )
         rows = tuple(
             (
-                Cell(block_size_label(int(r["block_bytes"]))),
-                Cell(str(r["bus"])),
-                Cell(f"{float(r['engine_both_ways_gbps']):.1f} GB/s"),
-                Cell(f"{float(r['kernels_both_ways_gbps']):.1f} GB/s"),
+                Cell(block_size_label(r.whole("block_bytes", 1))),
+                Cell(r.text("bus")),
+                _gbps(r, "engine_both_ways_gbps"),
+                _gbps(r, "kernels_both_ways_gbps"),
                 # Records of older wheels have no bulk copy kernel.
-                Cell(f"{float(r['bulk_both_ways_gbps']):.1f} GB/s")
-                if "bulk_both_ways_gbps" in r
-                else Cell("—"),
-                Cell(f"{float(r['batches_both_ways_gbps']):.1f} GB/s"),
+                _gbps(r, "bulk_both_ways_gbps") if r.has("bulk_both_ways_gbps") else Cell("—"),
+                _gbps(r, "batches_both_ways_gbps"),
             )
             for r in overlapped
         )
@@ -304,14 +465,14 @@ def _staging_targets(staging: dict[str, Any]) -> list[Text | Table]:
                    "per-layer batches alone")  # fmt: skip
         blocks.append(Table(headers, rows))
     blocks.extend(_staging_scenarios(staging))
-    compressed = staging.get("int8_vs_exact", [])
+    compressed = staging.entries("int8_vs_exact")
     if compressed:
         rows = tuple(
             (
-                Cell(block_size_label(int(r["block_bytes"]))),
-                Cell(str(r["bus"])),
-                Cell(f"{float(r['int8_over_exact_load']):.2f}x"),
-                Cell(f"{float(r['int8_over_exact_store']):.2f}x"),
+                Cell(block_size_label(r.whole("block_bytes", 1))),
+                Cell(r.text("bus")),
+                Cell(f"{r.number('int8_over_exact_load'):.2f}x"),
+                Cell(f"{r.number('int8_over_exact_store'):.2f}x"),
             )
             for r in compressed
         )
@@ -320,25 +481,25 @@ def _staging_targets(staging: dict[str, Any]) -> list[Text | Table]:
     return blocks
 
 
-def _staging_scenarios(staging: dict[str, Any]) -> list[Text | Table]:
+def _staging_scenarios(staging: _Entry) -> list[Block]:
     """Whole engine steps under the path rule, per block size and traffic (scattered blocks, or
     requests whose chains come back as runs), where the record has them."""
-    rule = [r for r in staging.get("scenarios", []) if r["path"] == "auto"]
+    rule = [r for r in staging.entries("scenarios") if r.text("path") == "auto"]
     if not rule:
         return []
 
-    def rate(row: dict[str, Any], way: str) -> Cell:
-        return Cell(f"{float(row[f'{way}_gbps']):.1f} GB/s ({float(row[f'{way}_of_ceiling']):.0%})")
+    def rate(row: _Entry, way: str) -> Cell:
+        return Cell(f"{row.number(f'{way}_gbps'):.1f} GB/s ({row.number(f'{way}_of_ceiling'):.0%})")
 
     rows = tuple(
         (
-            Cell(block_size_label(int(r["block_bytes"]))),
-            Cell(str(r["scenario"])),
+            Cell(block_size_label(r.whole("block_bytes", 1))),
+            Cell(r.text("scenario")),
             rate(r, "load"),
             rate(r, "store"),
             rate(r, "both_ways"),
-            Cell(f"{float(r['load_blocks_per_run']):.1f} / {float(r['store_blocks_per_run']):.1f}"),
-            Cell(str(r["bus"])),
+            Cell(f"{r.number('load_blocks_per_run'):.1f} / {r.number('store_blocks_per_run'):.1f}"),
+            Cell(r.text("bus")),
         )
         for r in rule
     )
@@ -350,10 +511,16 @@ def _staging_scenarios(staging: dict[str, Any]) -> list[Text | Table]:
 
 def _dispatch(records: Records) -> Section | None:
     evidence = records.evidence.get(SERVED_PATH_GATE)
-    sites = evidence.figures.get("dispatch_sites") if evidence else None
-    if not isinstance(sites, dict) or not {"reference", "engine"} <= set(sites):
+    if evidence is None or "dispatch_sites" not in evidence.figures:
         return None
-    before, after = int(sites["reference"]), int(sites["engine"])
+    try:
+        sites = _Entry(evidence.figures, "figures").entry("dispatch_sites")
+        before, after = sites.whole("reference", 0), sites.whole("engine", 0)
+    except ShapeError as error:
+        records.unreadable.append(
+            f"evidence/{SERVED_PATH_GATE}.json: expected the agreed shape; {error}"
+        )
+        return None
     section = Section("Dispatch sites, before → after", "dispatch")
     change = f"{(after - before) / before:+.0%}" if before else "—"
     section.blocks.append(
@@ -425,12 +592,7 @@ def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[st
     gate = manifest.gates.get("parity")
     parity = records.evidence.get("parity")
     if gate and gate.cells and parity is not None:
-        replayed = set(_parity_cells(parity))
-        for cell in gate.cells:
-            if cell.name not in replayed:
-                lines.append(
-                    (f"parity cell {cell.name}", "not replayed (selected out with --cell)")
-                )
+        lines += _parity_not_run(parity, [c.name for c in gate.cells])
     if records.gpu_staging is None:
         lines.append(
             ("GPU staging table and plot",
@@ -438,7 +600,7 @@ def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[st
              "(`python -m release gpu-gates`), and none ran")
         )  # fmt: skip
     sites = records.evidence.get(SERVED_PATH_GATE)
-    if sites is None or not isinstance(sites.figures.get("dispatch_sites"), dict):
+    if sites is None or "dispatch_sites" not in sites.figures:
         lines.append(
             ("dispatch sites before → after", f"no {SERVED_PATH_GATE} evidence with dispatch_sites")
         )
@@ -471,6 +633,28 @@ def _publish_blockers(manifest: Manifest, channel: str, records: Records) -> str
     return f"channel {channel} requires {', '.join(requires)} to pass; " + "; ".join(blockers)
 
 
+def _overview(manifest: Manifest, channel: str, records: Records) -> list[tuple[str, str, str]]:
+    """The cards, counted from the verdicts the gates table shows: a pass that names other
+    wheels is not this run's pass, so it has a card of its own."""
+    gates = gate_rows(manifest, channel, records)
+    verdicts = Counter(gate.verdict for gate in gates)
+    wheels = len(records.build.wheels) if records.build else 0
+    published, verified = records.publish is not None, records.verify is not None
+    cards = [
+        ("wheels", str(wheels), "pass" if wheels else "fail"),
+        ("gates passed", f"{verdicts['pass']} of {len(gates)}", "pass" if verdicts["pass"] else ""),
+        ("failed", str(verdicts["fail"]), "fail" if verdicts["fail"] else ""),
+    ]
+    if verdicts[STALE]:
+        cards.append(("judged other wheels", str(verdicts[STALE]), "fail"))
+    cards += [
+        ("not run", str(verdicts["not-run"]), "not-run"),
+        ("published", "yes" if published else "no", "pass" if published else "not-run"),
+        ("verified", "yes" if verified else "no", "pass" if verified else "not-run"),
+    ]
+    return cards
+
+
 def build_document(out_dir: Path, manifest: Manifest, channel: str) -> Document:
     records = load_records(out_dir)
     sections = [_artefacts(records), _gates(manifest, channel, records)]
@@ -486,29 +670,7 @@ def build_document(out_dir: Path, manifest: Manifest, channel: str) -> Document:
         else Text("Everything ran.", "pass")
     )
     sections.append(missing)
-    verdicts = Counter(e.verdict for e in records.evidence.values())
-    published = records.publish is not None
-    wheels = len(records.build.wheels) if records.build else 0
-    overview = [
-        ("wheels", str(wheels), "pass" if wheels else "fail"),
-        (
-            "gates passed",
-            f"{verdicts['pass']} of {len(set(manifest.gates) | set(records.evidence))}",
-            "pass" if verdicts["pass"] else "",
-        ),
-        ("failed", str(verdicts["fail"]), "fail" if verdicts["fail"] else ""),
-        (
-            "not run",
-            str(
-                len(set(manifest.gates) | set(records.evidence))
-                - verdicts["pass"]
-                - verdicts["fail"]
-            ),
-            "not-run",
-        ),
-        ("published", "yes" if published else "no", "pass" if published else "not-run"),
-        ("verified", "yes" if records.verify else "no", "pass" if records.verify else "not-run"),
-    ]
+    overview = _overview(manifest, channel, records)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return Document(
         f"Release report: {manifest.release.name} {project_version()}",
@@ -524,19 +686,33 @@ def _figures(document: Document) -> Iterable[Figure]:
         yield from (b for b in section.blocks if isinstance(b, Figure))
 
 
+def _render(out_dir: Path, manifest: Manifest, channel: str) -> dict[str, bytes]:
+    """Every file of the report by name, rendered in memory, so that nothing is written until
+    all of them are."""
+    document = build_document(out_dir, manifest, channel)
+    files = {figure.file_name: figure.png for figure in _figures(document)}
+    files[REPORT_MD] = markdown.render(document).encode()
+    files[REPORT_HTML] = html.render(document).encode()
+    return files
+
+
 def write_report(out_dir: Path, manifest: Manifest, channel: str) -> list[Path]:
     """Writes report.md and report.html (and the staging plot, when there is one) into
-    `out_dir`; returns their paths."""
-    document = build_document(out_dir, manifest, channel)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    plot = out_dir / STAGING_PLOT
-    figures = list(_figures(document))
-    for figure in figures:
-        atomic_write(out_dir / figure.file_name, figure.png)
-        written.append(out_dir / figure.file_name)
-    if not figures:
-        plot.unlink(missing_ok=True)  # an earlier run's plot must not speak for this one
-    atomic_write(out_dir / REPORT_MD, markdown.render(document).encode())
-    atomic_write(out_dir / REPORT_HTML, html.render(document).encode())
-    return [out_dir / REPORT_MD, out_dir / REPORT_HTML, *written]
+    `out_dir`; returns their paths. Where that fails, no report is left: an earlier run's must
+    not pass for this one's."""
+    report = (out_dir / REPORT_MD, out_dir / REPORT_HTML, out_dir / STAGING_PLOT)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files = _render(out_dir, manifest, channel)
+        for name, data in files.items():
+            atomic_write(out_dir / name, data)
+    except BaseException:
+        for path in report:
+            # The failure being raised says more than one of removing what is left.
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        raise
+    if STAGING_PLOT not in files:
+        report[2].unlink(missing_ok=True)  # an earlier run's plot must not speak for this one
+    figures = [out_dir / name for name in files if name not in (REPORT_MD, REPORT_HTML)]
+    return [out_dir / REPORT_MD, out_dir / REPORT_HTML, *figures]
