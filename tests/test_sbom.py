@@ -7,6 +7,7 @@ that wheel and must fail the payload gate naming it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import subprocess
@@ -115,6 +116,78 @@ def test_the_real_wheel_carries_an_sbom_that_tells_the_truth(built_wheel, manife
     assert tools["cmake"]["version"] == record["cmake"]
 
 
+def _member_sha256(wheel: Path, prefix: str) -> str:
+    """The SHA-256 of the one member of `wheel` whose name starts with `prefix`."""
+    with zipfile.ZipFile(wheel) as archive:
+        (path,) = [n for n in archive.namelist() if n.startswith(prefix)]
+        return hashlib.sha256(archive.read(path)).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(
+            lambda wheel: _edit(
+                lambda d: d["metadata"]["component"].update(purl="pkg:pypi/ActiveKV@0.1.0")
+            ),
+            id="package-purl-spelled-otherwise",
+        ),
+        pytest.param(
+            lambda wheel: _update(
+                ENGINE,
+                hashes=[
+                    {
+                        "alg": "SHA-256",
+                        "content": _member_sha256(wheel, "activekv/_engine.cpython").upper(),
+                    }
+                ],
+            ),
+            id="module-hash-of-the-module",
+        ),
+    ],
+)
+def test_what_tells_the_truth_another_way_passes(built_wheel, manifest, tmp_path, change):
+    """Negative controls need positive ones: the same purl spelled otherwise, and a module's
+    true digest (which the writer does not give, but which is no lie), pass."""
+    wheel = _rewritten(built_wheel, tmp_path, change(built_wheel))
+    assert _problems(wheel, manifest) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param((), id="no-host-compiler"),
+        pytest.param(("--cuda-host-compiler", sys.executable), id="host-compiler"),
+    ],
+)
+def test_an_sbom_written_without_a_record_passes_and_its_tools_are_judged(
+    built_wheel, manifest, tmp_path, extra
+):
+    """cibuildwheel in CI passes no toolchain record: the writer names the tools CMake ran,
+    nanobind and scikit-build-core unhashed, the host compiler unversioned. The gate takes that
+    set, and in it refuses what the writer does not give."""
+    done = _write_sbom(tmp_path, built_wheel, *extra)
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "sbom.json").read_bytes()
+    wheel = _rewritten(built_wheel, tmp_path / "as-written", lambda d: written)
+    assert _problems(wheel, manifest) == []
+    lie = _edit(lambda d: _tool(d, "nanobind").update(hashes=MADE_UP_SHA256))
+    problems = " ".join(
+        _problems(_rewritten(built_wheel, tmp_path / "lie", _then(written, lie)), manifest)
+    )
+    assert "(nanobind): hashes: expected none (cmake/write_sbom.py has no file" in problems
+    zeroed = _edit(lambda d: _tool(d, "cxx-compiler")["hashes"][0].update(content="0" * 64))
+    problems = " ".join(
+        _problems(_rewritten(built_wheel, tmp_path / "zero", _then(written, zeroed)), manifest)
+    )
+    assert "(cxx-compiler): hashes: expected one SHA-256 of 64 lowercase hex digits" in problems
+
+
+def _then(text: bytes, change: Change) -> Change:
+    """A change that replaces the SBOM with `text`, then applies `change` to it."""
+    return lambda document: change(json.loads(text))
+
+
 def test_the_versions_come_from_the_modules_themselves(built_wheel):
     with zipfile.ZipFile(built_wheel) as archive:
         (engine,) = [
@@ -210,6 +283,32 @@ def _depends(document: Document, ref: str) -> list[str]:
 def _first(document: Document, component: Document) -> None:
     """`component` listed first, so a reader keeping the last entry per key sees the real one."""
     document["components"].insert(0, component)
+
+
+def _tool(document: Document, name: str) -> Document:
+    return next(t for t in document["metadata"]["tools"]["components"] if t["name"] == name)
+
+
+def _every_tool_hash(content: str) -> Change:
+    """Every tool's digest set to `content` (a zeroed one: 64 zeros)."""
+
+    def edit(document: Document) -> None:
+        for tool in document["metadata"]["tools"]["components"]:
+            for digest in tool.get("hashes", []):
+                digest["content"] = content
+
+    return _edit(edit)
+
+
+def _no_licences(document: Document) -> Document:
+    for component in document["components"]:
+        component.pop("licenses", None)
+    return document
+
+
+OPENSSL_CPE = "cpe:2.3:a:openssl:openssl:0.1.0:*:*:*:*:*:*:*"
+MADE_UP_SHA256 = [{"alg": "SHA-256", "content": "ab" * 32}]
+PACKAGE = "pkg:pypi/activekv@0.1.0"
 
 
 def _nested(depth: int) -> list[Document]:
@@ -394,6 +493,160 @@ def _nested(depth: int) -> list[Document]:
             _update(ENGINE, version="9.9.9"),
             f"{ENGINE}: version: expected 0.1.0 (the wheel's); got 9.9.9",
             id="module-of-another-version",
+        ),
+        # JSON only: the constants Python's json reads and JSON does not have
+        *[
+            pytest.param(
+                _edit(lambda d, n=number: d.update(vulnerabilities=[{"ratings": [{"score": n}]}])),
+                f"not JSON: expected JSON numbers; got {spelled}, which JSON does not allow",
+                id=f"{spelled}-is-not-json",
+            )
+            for number, spelled in (
+                (float("nan"), "NaN"),
+                (float("inf"), "Infinity"),
+                (float("-inf"), "-Infinity"),
+            )
+        ],
+        # the package and its modules are who the wheel is, by every identifier
+        pytest.param(
+            _edit(lambda d: d["metadata"]["component"].update(purl="pkg:pypi/numpy@0.1.0")),
+            f"metadata.component: purl: expected {PACKAGE} (the wheel's); got "
+            "'pkg:pypi/numpy@0.1.0'",
+            id="package-purl-of-another-package",
+        ),
+        pytest.param(
+            _edit(lambda d: d["metadata"]["component"].pop("purl")),
+            f"metadata.component: purl: expected {PACKAGE} (the wheel's); got None",
+            id="package-purl-left-out",
+        ),
+        pytest.param(
+            _edit(lambda d: d["metadata"]["component"].update(cpe=OPENSSL_CPE)),
+            f"metadata.component: cpe: expected none (cmake/write_sbom.py gives the package "
+            f"none); got '{OPENSSL_CPE}'",
+            id="package-cpe-of-another-product",
+        ),
+        pytest.param(
+            _update(ENGINE, purl="pkg:pypi/numpy@0.1.0"),
+            f"({ENGINE}): purl: expected none (cmake/write_sbom.py gives {ENGINE} none); got",
+            id="module-purl",
+        ),
+        pytest.param(
+            _update(ENGINE, cpe=OPENSSL_CPE),
+            f"({ENGINE}): cpe: expected none (cmake/write_sbom.py gives {ENGINE} none); got",
+            id="module-cpe",
+        ),
+        pytest.param(
+            _update(ENGINE, hashes=MADE_UP_SHA256),
+            f"{ENGINE}: hashes: expected none, or the SHA-256 of activekv/_engine.",
+            id="module-made-up-hash",
+        ),
+        # each library's licence and supplier as the writer gives them, and no digest
+        pytest.param(
+            _no_licences,
+            '(cudart): licenses: expected [{"license": {"name": "NVIDIA CUDA Toolkit End User '
+            'License Agreement"}}] (cmake/write_sbom.py); got null',
+            id="licences-left-out",
+        ),
+        pytest.param(
+            _update("libc++", licenses=[{"expression": "MIT"}]),
+            '(libc++): licenses: expected [{"expression": "Apache-2.0 WITH LLVM-exception"}] '
+            '(cmake/write_sbom.py); got [{"expression": "MIT"}]',
+            id="libcxx-as-mit",
+        ),
+        pytest.param(
+            _update(
+                "robin-map",
+                licenses=[{"license": {"id": "MIT"}}, {"license": {"id": "GPL-3.0-only"}}],
+            ),
+            '(robin-map): licenses: expected [{"expression": "MIT"}] (cmake/write_sbom.py); got '
+            '[{"license": {"id": "MIT"}}, {"license": {"id": "GPL-3.0-only"}}]',
+            id="a-licence-added",
+        ),
+        pytest.param(
+            _update("cudart", supplier={"name": "Evil Corp"}),
+            '(cudart): supplier: expected {"name": "NVIDIA"} (cmake/write_sbom.py); got',
+            id="another-supplier",
+        ),
+        pytest.param(
+            _edit(lambda d: _component(d, "nanobind").pop("supplier")),
+            '(nanobind): supplier: expected {"name": "Wenzel Jakob"} (cmake/write_sbom.py); got '
+            "null",
+            id="supplier-left-out",
+        ),
+        pytest.param(
+            _update("robin-map", hashes=MADE_UP_SHA256),
+            "(robin-map): hashes: expected none (cmake/write_sbom.py hashes no library)",
+            id="library-made-up-hash",
+        ),
+        # the tools the writer names, each with its version and digest
+        pytest.param(
+            _every_tool_hash("0" * 64),
+            "(zig): hashes: expected one SHA-256 of 64 lowercase hex digits, not all zero",
+            id="tool-hashes-zeroed",
+        ),
+        pytest.param(
+            _every_tool_hash("0" * 40),  # a length the schema allows (SHA-1's)
+            "(cmake): hashes: expected one SHA-256 of 64 lowercase hex digits",
+            id="tool-hash-of-another-length",
+        ),
+        pytest.param(
+            _edit(lambda d: _tool(d, "nvcc").pop("hashes")),
+            "(nvcc): hashes: expected one SHA-256 of 64 lowercase hex digits, not all zero "
+            "(cmake/write_sbom.py); got null",
+            id="tool-hash-left-out",
+        ),
+        pytest.param(
+            _edit(lambda d: _tool(d, "zig")["hashes"].append(MADE_UP_SHA256[0])),
+            "(zig): hashes: expected one SHA-256",
+            id="tool-hash-added",
+        ),
+        pytest.param(
+            _edit(lambda d: _tool(d, "cuda-host-compiler").pop("version")),
+            "(cuda-host-compiler): version: expected the tool's version (cmake/write_sbom.py); "
+            "got None",
+            id="tool-version-left-out",
+        ),
+        pytest.param(
+            _edit(lambda d: _tool(d, "cyclonedx-python-lib").update(hashes=MADE_UP_SHA256)),
+            "(cyclonedx-python-lib): hashes: expected none (cmake/write_sbom.py has no file",
+            id="tool-made-up-hash",
+        ),
+        pytest.param(
+            _edit(lambda d: d["metadata"]["tools"]["components"].remove(_tool(d, "cmake"))),
+            "metadata.tools: expected the tools ['cmake', 'cuda-host-compiler', "
+            "'cyclonedx-python-lib', 'nanobind', 'nvcc', 'scikit-build-core', 'zig'] "
+            "(cmake/write_sbom.py, a build with a toolchain record); got none of ['cmake']",
+            id="tool-left-out",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: d["metadata"]["tools"]["components"].append(
+                    {**_tool(d, "zig"), "bom-ref": "tool:zig again"}
+                )
+            ),
+            "metadata.tools: expected zig once; got it 2 times",
+            id="tool-twice",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: d["metadata"]["tools"]["components"].append(
+                    {"type": "application", "name": "gcc", "version": "14.2"}
+                )
+            ),
+            "(gcc): expected only the tools ['cmake', 'cuda-host-compiler', ",
+            id="tool-made-up",
+        ),
+        pytest.param(
+            _edit(lambda d: d["metadata"].update(tools=[{"name": "zig", "version": "0.17.1"}])),
+            "metadata.tools: expected an object of the tools' components only "
+            '(cmake/write_sbom.py); got [{"name": "zig", "version": "0.17.1"}]',
+            id="tools-in-the-legacy-list",
+        ),
+        pytest.param(
+            _edit(lambda d: d["metadata"]["tools"].update(services=[{"name": "builder"}])),
+            "metadata.tools: expected an object of the tools' components only "
+            "(cmake/write_sbom.py); got ['components', 'services']",
+            id="tools-with-services",
         ),
     ],
 )

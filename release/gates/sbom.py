@@ -1,17 +1,20 @@
 """A wheel's SBOM (PEP 770, `<dist-info>/sboms/`) judged against the wheel itself.
 
 The payload gate calls :func:`sbom_problems` for the manifest's `payload.sbom` file of every wheel.
-The document must be unambiguous JSON (strict UTF-8, no repeated keys), validate against the
-CycloneDX 1.6 schema, name the wheel's distribution and version, and name each native module of
-the wheel with exactly what that module links in. What a module links in is read from the module
-itself, independently of cmake/write_sbom.py that wrote the document (release/gates/sbom_facts.py:
-the facts its code recorded in the ELF section `.activekv_sbom`). A component
-the SBOM lists with another version, or that no module records, or a module it leaves out, or a
-fact it cannot be judged by, is a problem naming it.
+The document must be unambiguous JSON (strict UTF-8, no repeated keys, no NaN or Infinity),
+validate against the CycloneDX 1.6 schema, name the wheel's distribution and version (its purl
+too), and name each native module of the wheel with exactly what that module links in. What a
+module links in is read from the module itself, independently of cmake/write_sbom.py that wrote
+the document (release/gates/sbom_facts.py: the facts its code recorded in the ELF section
+`.activekv_sbom`). Each library carries the identifiers, licence and supplier the writer gives it,
+and the build tools carry the versions and digests the writer gives them. A component the SBOM
+lists with another version, or that no module records, or a module it leaves out, or a fact it
+cannot be judged by, is a problem naming it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import zipfile
@@ -19,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
@@ -49,6 +52,54 @@ _IDENTITIES: dict[str, tuple[tuple[str, str | None, str] | None, str, str | None
     "nanobind": (("pypi", None, "nanobind"), "", None),
     "robin-map": (("github", "tessil", "robin-map"), "v", None),
 }
+# The licence (its one `licenses` entry) and supplier cmake/write_sbom.py gives each of those
+# libraries, compared whole: a scanner's licence report reads exactly these.
+_LLVM_PROVENANCE = ({"expression": "Apache-2.0 WITH LLVM-exception"}, "LLVM Project")
+_PROVENANCE: dict[str, tuple[dict[str, Any], str]] = {
+    "libc++": _LLVM_PROVENANCE,
+    "libc++abi": _LLVM_PROVENANCE,
+    "libunwind": _LLVM_PROVENANCE,
+    "libstdc++": ({"expression": "GPL-3.0-only WITH GCC-exception-3.1"}, "GNU Project"),
+    "cudart": (
+        {"license": {"name": "NVIDIA CUDA Toolkit End User License Agreement"}},
+        "NVIDIA",
+    ),
+    "nanobind": ({"expression": "BSD-3-Clause"}, "Wenzel Jakob"),
+    "robin-map": ({"expression": "MIT"}, "Tessil"),
+}
+
+
+class _Tool(NamedTuple):
+    """What cmake/write_sbom.py gives one build tool: a version, a sha256, and whether every
+    build of that kind names the tool."""
+
+    version: bool
+    sha256: bool
+    required: bool = True
+
+
+# The tools (metadata.tools.components) the writer names: with the pipeline's toolchain record,
+# each with the version and sha256 the record holds; without one (a plain `pip wheel .`,
+# cibuildwheel in CI), the compilers and cmake CMake ran, hashed, the host compiler unversioned
+# (and only when CUDA names one), nanobind and scikit-build-core by version alone. Either way
+# cyclonedx-python-lib names itself, versioned, unhashed.
+_RECORDED_TOOLS = {
+    **dict.fromkeys(
+        ("zig", "nvcc", "cuda-host-compiler", "cmake", "nanobind", "scikit-build-core"),
+        _Tool(version=True, sha256=True),
+    ),
+    "cyclonedx-python-lib": _Tool(version=True, sha256=False),
+}
+_OBSERVED_TOOLS = {
+    "cxx-compiler": _Tool(version=True, sha256=True),
+    "nvcc": _Tool(version=True, sha256=True),
+    "cuda-host-compiler": _Tool(version=False, sha256=True, required=False),
+    "cmake": _Tool(version=True, sha256=True),
+    "nanobind": _Tool(version=True, sha256=False),
+    "scikit-build-core": _Tool(version=True, sha256=False),
+    "cyclonedx-python-lib": _Tool(version=True, sha256=False),
+}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 Component = dict[str, Any]
 
 
@@ -57,6 +108,16 @@ Component = dict[str, Any]
 
 class _RepeatedKey(ValueError):
     pass
+
+
+class _Constant(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    """Python's json reads NaN, Infinity and -Infinity, which JSON does not have: refused, as
+    release/util/jsonfile.py refuses them, lest the gate judge a document other readers reject."""
+    raise _Constant(name)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -70,11 +131,13 @@ def _document(data: bytes) -> tuple[dict[str, Any], str]:
     """The parsed document, or the problem that stops it from being judged."""
     try:
         text = data.decode("utf-8")
-        document = json.loads(text, object_pairs_hook=_unique_keys)
+        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except UnicodeDecodeError as error:
         return {}, f"not UTF-8: expected UTF-8 JSON; got {error.reason} at byte {error.start}"
     except _RepeatedKey as error:
         return {}, f"ambiguous JSON: expected each key once in an object; got {str(error)!r} twice"
+    except _Constant as error:
+        return {}, f"not JSON: expected JSON numbers; got {error}, which JSON does not allow"
     except RecursionError:
         return {}, "not JSON this gate can read: expected a document; got nesting too deep"
     except ValueError as error:
@@ -124,15 +187,27 @@ def _file(component: Component) -> str | None:
     return _properties(component).get("activekv:file")
 
 
-def _everywhere(document: dict[str, Any], tools: bool = True) -> Iterator[tuple[str, Component]]:
+def _listed(document: dict[str, Any]) -> Iterator[tuple[str, Component]]:
+    """The listed components (`components`) with where each is."""
+    for index, component in enumerate(document.get("components", [])):
+        yield f"components[{index}] ({component.get('name')})", component
+
+
+def _tools(document: dict[str, Any]) -> list[Component]:
+    """The tools' components; none in the schema's legacy list of tools, which _tool_problems
+    refuses (the writer never gives one)."""
+    tools = document.get("metadata", {}).get("tools", {})
+    return tools.get("components", []) if isinstance(tools, dict) else []
+
+
+def _everywhere(document: dict[str, Any]) -> Iterator[tuple[str, Component]]:
     """Every component of the document with where it is: the package, the listed components and
-    (unless `tools` is false) the tools."""
+    the tools."""
     metadata = document.get("metadata", {})
     if "component" in metadata:
         yield "metadata.component", metadata["component"]
-    for index, component in enumerate(document.get("components", [])):
-        yield f"components[{index}] ({component.get('name')})", component
-    for index, tool in enumerate(metadata.get("tools", {}).get("components", []) if tools else []):
+    yield from _listed(document)
+    for index, tool in enumerate(_tools(document)):
         yield f"metadata.tools.components[{index}] ({tool.get('name')})", tool
 
 
@@ -183,49 +258,183 @@ def _dependency_problems(document: dict[str, Any], refs: set[Any]) -> list[str]:
 
 
 def _identifier_problems(where: str, component: Component) -> list[str]:
-    """Its purl and CPE against the component itself: the version always, and for a library a
-    module may link, who it is (_IDENTITIES), so that a scanner matches it to that library."""
+    """A listed component's purl and CPE: for a library a module may link, who it is
+    (_IDENTITIES, so that a scanner matches it to that library) at its own version, with the
+    licence and supplier the writer gives it and no digest; anything else (a module) has neither
+    identifier, as the writer gives it none, lest a scanner take it for another package."""
+    name = component.get("name")
+    if name not in _IDENTITIES:
+        return [
+            f"{where}: {key}: expected none (cmake/write_sbom.py gives {name} none); "
+            f"got {component[key]!r}"
+            for key in ("purl", "cpe")
+            if key in component
+        ]
+    return _library_identifier_problems(where, component) + _provenance_problems(where, component)
+
+
+def _library_identifier_problems(where: str, component: Component) -> list[str]:
     name, version = component.get("name"), str(component.get("version"))
-    known = name in _IDENTITIES
-    identity, tag, vendor_product = _IDENTITIES.get(name, (None, "", None))
+    identity, tag, vendor_product = _IDENTITIES[name]
     problems: list[str] = []
     purl, cpe = component.get("purl"), component.get("cpe")
-    if known and (purl is None) != (identity is None):
+    if (purl is None) != (identity is None):
         expected = "no purl" if identity is None else "a purl"
         problems.append(f"{where}: purl: expected {expected} for {name}; got {purl!r}")
-    elif purl is not None:
-        problems += _purl_problems(where, purl, identity if known else None, tag + version)
-    if known and (cpe is None) != (vendor_product is None):
+    elif purl is not None and identity is not None:
+        problems += _purl_problems(where, purl, identity, tag + version)
+    if (cpe is None) != (vendor_product is None):
         expected = "no CPE" if vendor_product is None else f"the CPE of {vendor_product}"
         problems.append(f"{where}: cpe: expected {expected} for {name}; got {cpe!r}")
-    elif cpe is not None:
+    elif cpe is not None and vendor_product is not None:
         problems += _cpe_problems(where, cpe, vendor_product, version)
     return problems
 
 
+def _provenance_problems(where: str, component: Component) -> list[str]:
+    """The licence and supplier the writer gives the library (_PROVENANCE), and no digest: the
+    writer hashes no library, so a digest on one is made up."""
+    licence, supplier = _PROVENANCE[component.get("name")]
+    problems: list[str] = []
+    for key, expected in (("licenses", [licence]), ("supplier", {"name": supplier})):
+        if component.get(key) != expected:
+            problems.append(
+                f"{where}: {key}: expected {_json(expected)} (cmake/write_sbom.py); "
+                f"got {_json(component.get(key))}"
+            )
+    if "hashes" in component:
+        problems.append(
+            f"{where}: hashes: expected none (cmake/write_sbom.py hashes no library); "
+            f"got {_json(component['hashes'])}"
+        )
+    return problems
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 def _purl_problems(
-    where: str, text: str, identity: tuple[str, str | None, str] | None, version: str
+    where: str, text: str, identity: tuple[str, str | None, str], version: str
 ) -> list[str]:
     try:
         purl = PackageURL.from_string(text)
     except ValueError as error:
         return [f"{where}: purl: expected a package URL; got {text!r} ({error})"]
-    if identity is not None and (purl.type, purl.namespace, purl.name) != identity:
+    if (purl.type, purl.namespace, purl.name) != identity:
         return [f"{where}: purl: expected pkg:{'/'.join(filter(None, identity))}; got {text!r}"]
     if purl.version != version:
         return [f"{where}: purl: expected the version {version}; got {text!r}"]
     return []
 
 
-def _cpe_problems(where: str, cpe: str, vendor_product: str | None, version: str) -> list[str]:
+def _cpe_problems(where: str, cpe: str, vendor_product: str, version: str) -> list[str]:
     fields = [re.sub(r"\\(.)", r"\1", f) for f in re.split(r"(?<!\\):", cpe)]
     if len(fields) != 13 or fields[:3] != ["cpe", "2.3", "a"]:
         return [f"{where}: cpe: expected a CPE 2.3 formatted string; got {cpe!r}"]
-    if vendor_product is not None and ":".join(fields[3:5]) != vendor_product:
+    if ":".join(fields[3:5]) != vendor_product:
         return [f"{where}: cpe: expected vendor:product {vendor_product}; got {cpe!r}"]
     if fields[5] != version:
         return [f"{where}: cpe: expected the version {version}; got {cpe!r}"]
     return []
+
+
+def _package_identifier_problems(package: Component, name: str, version: str) -> list[str]:
+    """metadata.component: the wheel's own purl (compared as parsed, so an encoding of the same
+    purl passes) and no CPE, as the writer gives it: a scanner reads the package by these."""
+    expected = PackageURL("pypi", None, name, version).to_string()
+    problems: list[str] = []
+    said = package.get("purl")
+    try:
+        same = said is not None and PackageURL.from_string(said).to_string() == expected
+    except ValueError:
+        same = False
+    if not same:
+        problems.append(
+            f"metadata.component: purl: expected {expected} (the wheel's); got {said!r}"
+        )
+    if "cpe" in package:
+        problems.append(
+            f"metadata.component: cpe: expected none (cmake/write_sbom.py gives the package "
+            f"none); got {package['cpe']!r}"
+        )
+    return problems
+
+
+# --- the build tools ---
+
+
+def _tool_problems(document: dict[str, Any]) -> list[str]:
+    """metadata.tools as the writer gives it: a `components` list of the tools of a build with a
+    toolchain record (_RECORDED_TOOLS) or of one without (_OBSERVED_TOOLS), each named once and
+    each with the version and sha256 the writer gives it, and no other tool."""
+    tools = document.get("metadata", {}).get("tools")
+    if not isinstance(tools, dict) or set(tools) != {"components"}:
+        shown = sorted(tools) if isinstance(tools, dict) else _clip(_json(tools), 120)
+        return [
+            "metadata.tools: expected an object of the tools' components only "
+            f"(cmake/write_sbom.py); got {shown}"
+        ]
+    names = [tool.get("name") for tool in tools["components"]]
+    recorded = "zig" in names  # only a build with a toolchain record names zig
+    expected = _RECORDED_TOOLS if recorded else _OBSERVED_TOOLS
+    build = "a build with a toolchain record" if recorded else "a build without a toolchain record"
+    problems = [
+        f"metadata.tools: expected {name} once; got it {count} times"
+        for name, count in _repeated(names)
+    ]
+    required = sorted(name for name, tool in expected.items() if tool.required)
+    if missing := sorted(set(required) - set(names)):
+        problems.append(
+            f"metadata.tools: expected the tools {required} (cmake/write_sbom.py, {build}); "
+            f"got none of {missing}"
+        )
+    for index, tool in enumerate(tools["components"]):
+        where = f"metadata.tools.components[{index}] ({tool.get('name')})"
+        if tool.get("name") not in expected:
+            problems.append(
+                f"{where}: expected only the tools {sorted(expected)} (cmake/write_sbom.py, "
+                f"{build}); got {tool.get('name')!r}"
+            )
+        else:
+            problems += _one_tool_problems(where, tool, expected[tool.get("name")])
+    return problems
+
+
+def _one_tool_problems(where: str, tool: Component, expected: _Tool) -> list[str]:
+    """One tool's version and sha256, each there exactly when the writer gives it."""
+    problems: list[str] = []
+    version = tool.get("version")
+    if expected.version and not (isinstance(version, str) and version.strip()):
+        problems.append(
+            f"{where}: version: expected the tool's version (cmake/write_sbom.py); got {version!r}"
+        )
+    if not expected.version and version is not None:
+        problems.append(
+            f"{where}: version: expected none (cmake/write_sbom.py has none to give); "
+            f"got {version!r}"
+        )
+    hashes = tool.get("hashes")
+    if expected.sha256 and not _one_sha256(hashes):
+        problems.append(
+            f"{where}: hashes: expected one SHA-256 of 64 lowercase hex digits, not all zero "
+            f"(cmake/write_sbom.py); got {_json(hashes)}"
+        )
+    if not expected.sha256 and hashes is not None:
+        problems.append(
+            f"{where}: hashes: expected none (cmake/write_sbom.py has no file of it to hash); "
+            f"got {_json(hashes)}"
+        )
+    return problems
+
+
+def _one_sha256(hashes: Any) -> bool:
+    """One SHA-256 of the writer's form. All zeros is no file's digest: it is what a scrubbed
+    or placeholder digest reads, the one made-up value the gate can tell without the record."""
+    if not isinstance(hashes, list) or len(hashes) != 1 or hashes[0].get("alg") != "SHA-256":
+        return False
+    content = hashes[0].get("content", "")
+    return _SHA256.fullmatch(content) is not None and content != "0" * 64
 
 
 # --- the document against the wheel ---
@@ -246,8 +455,10 @@ def sbom_problems(archive: zipfile.ZipFile, member: str, wheel_name: str) -> lis
             f"metadata.component: expected {name} {version} (the wheel's); "
             f"got {package.get('name')} {package.get('version')}"
         )
-    for where, component in _everywhere(document, tools=False):
+    problems += _package_identifier_problems(package, str(name), str(version))
+    for where, component in _listed(document):
         problems += _identifier_problems(where, component)
+    problems += _tool_problems(document)
     return problems + _wheel_problems(archive, document, str(version))
 
 
@@ -303,8 +514,10 @@ def _module_entry(reading: _Reading, path: str, data: bytes) -> list[str]:
     reading.checked.add(module.get("bom-ref"))
     listed = [reading.by_ref[ref] for ref in reading.depends.get(module.get("bom-ref"), [])]
     truths = expected_components(facts)
-    return _module_problems(module, path, import_name, facts, reading.version) + (
-        _linked_problems(listed, path, import_name, truths, reading.checked)
+    return (
+        _module_problems(module, path, import_name, facts, reading.version)
+        + _module_hash_problems(module, path, import_name, data)
+        + _linked_problems(listed, path, import_name, truths, reading.checked)
         + _linkage_problems(listed, path, truths, data)
     )
 
@@ -325,6 +538,21 @@ def _module_problems(
             f"{facts.get('cuda_architectures', '')!r} (compiled in); got {architectures!r}"
         )
     return problems
+
+
+def _module_hash_problems(module: Component, path: str, import_name: str, data: bytes) -> list[str]:
+    """The writer gives a module no digest; one the SBOM does give must be the SHA-256 of the
+    module the wheel holds (`data`), or a scanner would match another file to it."""
+    hashes = module.get("hashes")
+    if hashes is None:
+        return []
+    actual = hashlib.sha256(data).hexdigest()
+    if all(h.get("alg") == "SHA-256" and h.get("content", "").lower() == actual for h in hashes):
+        return []
+    return [
+        f"{import_name}: hashes: expected none, or the SHA-256 of {path} ({actual}); "
+        f"got {_json(hashes)}"
+    ]
 
 
 def _linked_problems(
