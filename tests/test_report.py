@@ -637,3 +637,23 @@ def test_the_terminal_summary_shows_the_same_gates_in_short(
     assert "no evidence in this run" in lines["served-path"] and "yes" in lines["served-path"]
     assert "unreadable record" in text and "verify.json" in text
     assert "publish: uploaded 3 file(s) of activekv 0.1.0" in text
+
+
+def test_markdown_escapes_html_from_records_and_keeps_code_literal() -> None:
+    from release.report.markdown import render
+    from release.report.model import Cell, Document, Section, Table, Text
+
+    planted = '<img src=x onerror="alert(1)">'
+    document = Document(
+        "Report", "run", [("wheels", planted, "")],
+        [Section("Gates", "gates", [
+            Text(f"reason: {planted}"),
+            Table(("wheel", "message"), ((Cell(f"a`b{planted}", "code"), Cell(planted)),)),
+        ])],
+    )  # fmt: skip
+    markdown = render(document)
+    assert 'reason: &lt;img src=x onerror="alert(1)">' in markdown
+    assert '| &lt;img src=x onerror="alert(1)"> |' in markdown
+    # In a code span the text is shown literally: not escaped, fenced past its own backtick.
+    assert f"`` a`b{planted} ``" in markdown
+    assert markdown.count("<img") == 1  # only inside the code span

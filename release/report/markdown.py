@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
 from release.report.model import Cell, Document, Figure, Table, Text
 
 
 def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text from records (wheel names, messages) as Markdown text: a viewer renders raw HTML in
+    Markdown, so none may start here."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;")  # no tag or entity can start
+    return escaped.replace("|", "\\|").replace("\n", " ")
 
 
 def _md_cell(cell: Cell) -> str:
     parts = [cell.text] if cell.text else []
     parts += list(cell.lines)
-    text = "<br>".join(_md_escape(p) for p in parts)
-    return f"`{text}`" if cell.tone == "code" and not cell.lines and text else text
+    if cell.tone == "code" and not cell.lines and cell.text:
+        # A code span shows its text literally (no HTML); a backtick inside would end it early.
+        code = cell.text.replace("|", "\\|").replace("\n", " ")
+        longest = max((len(run) for run in re.findall(r"`+", code)), default=0)
+        fence = "`" * (longest + 1)
+        return f"{fence} {code} {fence}" if longest else f"`{code}`"
+    return "<br>".join(_md_escape(p) for p in parts)
 
 
 def table_lines(table: Table) -> list[str]:
@@ -24,16 +34,20 @@ def table_lines(table: Table) -> list[str]:
 
 
 def render(document: Document) -> str:
-    out = [f"# {document.title}", "", f"_{document.subtitle}_", ""]
-    out.append(" · ".join(f"**{label}** {value}" for label, value, _ in document.overview))
+    out = [f"# {_md_escape(document.title)}", "", f"_{_md_escape(document.subtitle)}_", ""]
+    out.append(
+        " · ".join(
+            f"**{_md_escape(label)}** {_md_escape(value)}" for label, value, _ in document.overview
+        )
+    )
     out.append("")
     for section in document.sections:
-        out += [f"## {section.title}", ""]
+        out += [f"## {_md_escape(section.title)}", ""]
         for block in section.blocks:
             if isinstance(block, Text):
-                out += [block.text, ""]
+                out += [_md_escape(block.text), ""]
             elif isinstance(block, Figure):
-                out += [f"![{block.alt}]({block.file_name})", ""]
+                out += [f"![{_md_escape(block.alt)}]({block.file_name})", ""]
             else:
                 out += [*table_lines(block), ""]
     return "\n".join(out)
