@@ -227,6 +227,18 @@ def _install(groups: list[str]) -> dict[str, Any]:
     )
 
 
+# The served-path gate drives the wheel under real vLLM, in Python 3.12 (as `nox -s vllm`): one of
+# the versions setup-python installed, on the PATH under this name.
+VLLM_PYTHON = "python3.12"
+
+
+def _vllm_python() -> dict[str, Any]:
+    return _run(
+        "the pinned vLLM into Python 3.12, for the served-path gate",
+        f"{VLLM_PYTHON} -m pip install --group vllm",
+    )
+
+
 def _pythons_last(manifest: Manifest, last: str) -> LiteralScalarString:
     """Every declared version for setup-python, `last` last (it becomes the default python)."""
     return LiteralScalarString("\n".join([*(v for v in manifest.build.python if v != last), last]))
@@ -315,6 +327,7 @@ def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
             f"mkdir -p out\nif [ -f {GPU_RECORDS}.tar ]; then tar -xf {GPU_RECORDS}.tar -C out; fi",
         ),
         _install(["build", "release"]),
+        *([_vllm_python()] if "served-path" in cpu_gates else []),
         # cibuildwheel made the wheels: record them as `python -m release build` would have.
         _run("record the build", "python -m release record-build"),
         # The evidence, not a gate's exit status, decides what is published.
@@ -323,6 +336,7 @@ def _release_job(manifest: Manifest, ci: CiSettings) -> dict[str, Any]:
                 f"{gate} gate on these wheels",
                 f'python -m release {gate} --channel "$CHANNEL"',
                 tolerate=True,
+                env={"ACTIVEKV_VLLM_PYTHON": VLLM_PYTHON} if gate == "served-path" else None,
             )
             for gate in cpu_gates
         ),

@@ -371,6 +371,18 @@ def test_the_release_job_runs_on_evidence_only(
     assert records["continue-on-error"] is True
 
 
+def test_the_release_job_gives_the_served_path_gate_a_python_with_vllm(
+    committed: dict[str, Any],
+) -> None:
+    # A tag release on stable requires served-path: without vLLM it is always not-run there.
+    steps = committed["jobs"]["release"]["steps"]
+    runs = [str(step.get("run", "")) for step in steps]
+    install = runs.index("python3.12 -m pip install --group vllm")
+    (gate,) = [s for s in steps if "release served-path" in str(s.get("run", ""))]
+    assert steps.index(gate) > install
+    assert gate["env"] == {"ACTIVEKV_VLLM_PYTHON": "python3.12"}
+
+
 def test_a_remote_index_gives_the_publish_step_its_credentials_from_secrets(
     manifest: Manifest,
 ) -> None:
