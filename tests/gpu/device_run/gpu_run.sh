@@ -14,7 +14,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 cd "$ROOT"
 : "${OUT:?set OUT}"
-WORK=$ROOT/.activekv/gpu-out
+# Outside the checkout's state folder (.activekv): the pipeline refuses outputs inside it.
+WORK=${TMPDIR:-/tmp}/activekv-gpu-out
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
 WHEEL=$(ls "$HERE"/activekv-*.whl | head -1)
