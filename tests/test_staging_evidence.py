@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,81 @@ def test_a_site_holding_another_build_is_refused_naming_the_module(tmp_path):
     (site / "activekv" / "_engine.abi3.so").unlink()
     with pytest.raises(ValueError, match="it is not there"):
         installed_wheel(wheel, site)
+
+
+class _FakeEngine:
+    """The Python API's step hooks over a pool of `num_slots`, evicting the oldest when full; each
+    layer's load takes 1 ms, so the phases must put the time there."""
+
+    num_slots = 64
+
+    def __init__(self) -> None:
+        self.committed: list[int] = []
+        self.planned: tuple[list[int], list[int]] = ([], [])
+        self.pending: list[tuple[str, int]] = []
+        self.last = (0, 0)  # blocks the last step loaded and stored
+
+    def lookup(self, hashes: list[int]) -> int:
+        count = 0
+        while count < len(hashes) and hashes[count] in self.committed:
+            count += 1
+        return count
+
+    def plan_load(self, hashes: list[int], devices: list[int]) -> None:
+        self.planned = (list(hashes), self.planned[1])
+
+    def plan_store(self, hashes: list[int], devices: list[int]) -> None:
+        self.planned = (self.planned[0], list(hashes))
+
+    def build_step(self) -> None:
+        pass
+
+    def start_load(self) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer: int) -> list[int]:
+        if self.planned[0]:
+            time.sleep(0.001)
+        return []
+
+    def save_kv_layer(self, layer: int) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        loads, stores = self.planned
+        self.planned, self.last = ([], []), (len(loads), len(stores))
+        for value in stores:
+            if len(self.committed) == self.num_slots:
+                self.pending.append(("evict", self.committed.pop(0)))
+            self.committed.append(value)
+            self.pending.append(("commit", value))
+
+    def events(self) -> list[tuple[str, int]]:
+        events, self.pending = self.pending, []
+        return events
+
+    @property
+    def extent_stats(self) -> dict[str, int]:
+        loads, stores = self.last
+        return {"last_load_blocks": loads, "last_store_blocks": stores,
+                "last_load_runs": min(loads, 1), "last_store_runs": min(stores, 1)}  # fmt: skip
+
+
+@pytest.mark.parametrize("requests", [True, False])
+def test_the_python_bench_times_each_part_of_a_step(requests: bool) -> None:
+    from release.scripts.staging_bench_py import PHASES, Rig
+
+    engine = _FakeEngine()
+    rig = Rig(engine, None, blocks=8, block_bytes=1 << 20, block_tokens=16, device_runs=False)
+    for _ in range(engine.num_slots // 8):
+        rig.random_step(False, True)  # a full pool, as make_rig leaves it
+    figures = rig.measure(2, requests)
+    assert figures["load_gbps"] > 0 and figures["store_gbps"] > 0
+    assert set(rig.phases_ms) == {"load", "store"}
+    for way, parts in rig.phases_ms.items():
+        assert tuple(parts) == PHASES, way
+        assert all(value >= 0 for value in parts.values()), parts
+    # 32 layers of 1 ms each: the loads' time is in their waits, and nowhere else.
+    assert rig.phases_ms["load"]["wait_for_layer_load"] >= 30
+    assert max(v for k, v in rig.phases_ms["load"].items() if k != "wait_for_layer_load") < 30
+    assert rig.phases_ms["store"]["wait_for_layer_load"] < 30

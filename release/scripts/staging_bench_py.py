@@ -18,6 +18,10 @@ Device blocks are shuffled per step (a fragmented free-block queue) unless --dev
 is made). `--ceiling` takes the C++ bench's record (gpu-staging.json) of the same machine for the
 fractions of the ceiling. Progress on stderr; one JSON object to --out (and stdout).
 
+`phases_ms` gives, per block size, scenario and mode (int8 too), the median milliseconds of each
+part of a step (PHASES: the plans, build_step, start_load, the 32 waits and saves summed,
+wait_for_save, events), loads alone and stores alone: where a step's time goes.
+
 `--wheel` names the wheel installed at --site: the record carries its name and sha256, and the
 run stops first if a native module of the site is not that wheel's (its RECORD's digest).
 
@@ -60,6 +64,11 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+# The parts of a step, timed apart (`phases_ms` of the record): where a step's time goes.
+PHASES = ("plan", "build_step", "start_load", "wait_for_layer_load", "save_kv_layer",
+          "wait_for_save", "events")  # fmt: skip
+
+
 @dataclass
 class Step:
     seconds: float
@@ -67,6 +76,7 @@ class Step:
     stored: int
     load_runs: int
     store_runs: int
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per part of PHASES
 
 
 @dataclass
@@ -86,6 +96,8 @@ class Rig:
     position: dict[int, int] = field(default_factory=dict)
     requests: list[list[int]] = field(default_factory=list)
     settled: int = 0
+    # Median milliseconds per part of PHASES of the last measure()'s loads alone and stores alone.
+    phases_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def run(self, loads: list[int], stores: list[int]) -> Step:
         load_devices = list(range(self.blocks))
@@ -94,19 +106,32 @@ class Rig:
             self.rng.shuffle(load_devices)
             self.rng.shuffle(store_devices)
         engine = self.engine
-        start = time.perf_counter()
+        phases = dict.fromkeys(PHASES, 0.0)
+        clock = time.perf_counter
+        start = clock()
         if loads:
             engine.plan_load(loads, load_devices[: len(loads)])
         if stores:
             engine.plan_store(stores, store_devices[: len(stores)])
+        mark = clock()
+        phases["plan"] = mark - start
         engine.build_step()
+        phases["build_step"], mark = clock() - mark, clock()
         engine.start_load()
+        phases["start_load"], mark = clock() - mark, clock()
         for layer in range(LAYERS):
             engine.wait_for_layer_load(layer)
+            now = clock()
+            phases["wait_for_layer_load"] += now - mark
             engine.save_kv_layer(layer)
+            mark = clock()
+            phases["save_kv_layer"] += mark - now
         engine.wait_for_save()
+        phases["wait_for_save"], mark = clock() - mark, clock()
         events = engine.events()
-        seconds = time.perf_counter() - start
+        end = clock()
+        phases["events"] = end - mark
+        seconds = end - start
         stats = engine.extent_stats
         for kind, value in events:
             if kind in LOST:
@@ -129,6 +154,7 @@ class Rig:
             stats["last_store_blocks"],
             stats["last_load_runs"],
             stats["last_store_runs"],
+            phases,
         )
 
     def fresh(self, count: int) -> list[int]:
@@ -174,11 +200,14 @@ class Rig:
                 turned += step(True, True).stored
         rows: dict[str, list[float]] = {"load": [], "store": [], "both": [], "lt": [], "st": []}
         runs = [0, 0, 0, 0]
+        parts: dict[str, list[Step]] = {"load": [], "store": []}
         for _ in range(repeats):
             one = step(True, False)
+            parts["load"].append(one)
             rows["load"].append(one.loaded * self.block_bytes / one.seconds / 1e9)
             rows["lt"].append(one.loaded * self.block_tokens / one.seconds)
             two = step(False, True)
+            parts["store"].append(two)
             rows["store"].append(two.stored * self.block_bytes / two.seconds / 1e9)
             rows["st"].append(two.stored * self.block_tokens / two.seconds)
             both = step(True, True)
@@ -186,6 +215,10 @@ class Rig:
             runs = [runs[0] + both.loaded, runs[1] + both.load_runs,
                     runs[2] + both.stored, runs[3] + both.store_runs]  # fmt: skip
         median = {name: statistics.median(values) for name, values in rows.items()}
+        self.phases_ms = {
+            way: {p: round(statistics.median(s.phases[p] for s in steps) * 1e3, 3) for p in PHASES}
+            for way, steps in parts.items()
+        }
         return {
             "load_gbps": median["load"],
             "store_gbps": median["store"],
@@ -302,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
              f"t={elapsed:.0f}s")  # fmt: skip
 
     errors: list[dict[str, Any]] = []
+    phases: list[dict[str, Any]] = []
 
     def write() -> None:
         result = {
@@ -312,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             "pool_bytes": pool, "moved_bytes": moved, "layers": LAYERS, "repeats": args.repeats,
             "device_blocks": "in order" if args.device_runs else "shuffled",
             "ceiling_gbps": ceiling or None,
-            "rows": rows, "int8_vs_exact_by_scenario": ratios, "errors": errors,
+            "rows": rows, "int8_vs_exact_by_scenario": ratios, "phases_ms": phases,
+            "errors": errors,
             "seconds": round(time.perf_counter() - started, 1),
         }  # fmt: skip
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -328,7 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         """Both scenarios on one new engine (requests first: random loads would scramble the
         pool), the engine released on return, whether or not it failed."""
         rig = make_rig(engine_module, block, mode, pool, moved, path, args.device_runs)
-        return {s: rig.measure(args.repeats, s == "requests") for s in ("requests", "random")}
+        figures = {}
+        for scenario in ("requests", "random"):
+            figures[scenario] = rig.measure(args.repeats, scenario == "requests")
+            phases.append({"block_bytes": block, "scenario": scenario, "mode": mode,
+                           "path": path or "auto", **rig.phases_ms})  # fmt: skip
+        return figures
 
     for block in (int(b) * KIB for b in args.block_kib.split(",")):
         measured: dict[tuple[str, str], dict[str, float]] = {}
