@@ -112,12 +112,13 @@ class Toolchain(HostToolchain):
 
     def identity(self) -> dict[str, str]:
         """Versions of every compiler, for the provenance and the summary."""
+        nvcc = _output([str(self.nvcc), "--version"])
         return {
             "zig": _first_line([str(self.zig), "version"]),
             "zig_target": self.zig_target,
             # cmake/write_sbom.py checks "nvcc" against major.minor; the full version is apart.
-            "nvcc": _first_line([str(self.nvcc), "--version"], pick=_NVCC_RELEASE),
-            "nvcc_version": _first_line([str(self.nvcc), "--version"], pick=_NVCC_VERSION),
+            "nvcc": _line_of(nvcc, _NVCC_RELEASE),
+            "nvcc_version": _line_of(nvcc, _NVCC_VERSION),
             "cuda_host_compiler": _first_line([str(self.cuda_host_compiler), "--version"]),
             "ccache": _first_line([str(self.ccache), "--version"]) if self.ccache else "not used",
         }
@@ -217,11 +218,19 @@ def _distribution_file(name: str, version: str, cache_dir: Path) -> Path:
         ) from None
 
 
-def _first_line(command: list[str], pick: re.Pattern[str] | None = None) -> str:
-    text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+def _output(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+def _line_of(text: str, pick: re.Pattern[str] | None = None) -> str:
+    """What `pick` finds in `text` (its group), else the first line."""
     if pick is not None and (match := pick.search(text)):
         return match.group(1)
     return text.strip().splitlines()[0]
+
+
+def _first_line(command: list[str], pick: re.Pattern[str] | None = None) -> str:
+    return _line_of(_output(command), pick)
 
 
 def zig_target(manifest: Manifest) -> str:

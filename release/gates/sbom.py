@@ -38,6 +38,7 @@ from release.gates.sbom_facts import (
     module_facts,
     module_needed,
 )
+from release.util.jsonfile import JsonFileError, refuse_constant
 
 # Who each library a module may link is to scanners (cmake/write_sbom.py writes these): the
 # package URL's (type, namespace, name) and the prefix of its version (a release tag), and the
@@ -110,16 +111,6 @@ class _RepeatedKey(ValueError):
     pass
 
 
-class _Constant(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    """Python's json reads NaN, Infinity and -Infinity, which JSON does not have: refused, as
-    release/util/jsonfile.py refuses them, lest the gate judge a document other readers reject."""
-    raise _Constant(name)
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = Counter(key for key, _ in pairs)
     if repeated := [key for key, count in keys.items() if count > 1]:
@@ -131,13 +122,13 @@ def _document(data: bytes) -> tuple[dict[str, Any], str]:
     """The parsed document, or the problem that stops it from being judged."""
     try:
         text = data.decode("utf-8")
-        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=refuse_constant)
     except UnicodeDecodeError as error:
         return {}, f"not UTF-8: expected UTF-8 JSON; got {error.reason} at byte {error.start}"
     except _RepeatedKey as error:
         return {}, f"ambiguous JSON: expected each key once in an object; got {str(error)!r} twice"
-    except _Constant as error:
-        return {}, f"not JSON: expected JSON numbers; got {error}, which JSON does not allow"
+    except JsonFileError as error:  # NaN or Infinity
+        return {}, f"not JSON: {error}"
     except RecursionError:
         return {}, "not JSON this gate can read: expected a document; got nesting too deep"
     except ValueError as error:

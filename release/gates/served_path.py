@@ -190,7 +190,7 @@ def driver_result(run: subprocess.CompletedProcess[str], report: Path) -> dict[s
     """The result the driver wrote to `report`; DriverError quoting its output when it failed,
     wrote none, or wrote something other than a JSON object with both connectors' runs."""
     if run.returncode != 0:
-        tail = "\n".join(run.stderr.strip().splitlines()[-15:])
+        tail = "\n".join(run.stderr.strip().splitlines()[-_TAIL_LINES:])
         raise DriverError(f"the driver failed (exit {run.returncode}):\n{tail}")
     result = read_child_report(report, run, "driver", DriverError, _TAIL_LINES)
     if not isinstance(result, dict) or not all(

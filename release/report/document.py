@@ -223,11 +223,10 @@ def _cell_result(name: str, replays: dict[str, dict[str, Any]]) -> ParityCell:
     return ParityCell(verdict, difference, tuple(missing))
 
 
-def _parity_cells(evidence: Evidence | None, declared: Iterable[str]) -> dict[str, ParityCell]:
-    """Each declared or replayed cell across the judged wheels; empty without evidence."""
-    if evidence is None:
-        return {}
-    replays = _replays(evidence)
+def _parity_cells(
+    replays: dict[str, dict[str, Any]], declared: Iterable[str]
+) -> dict[str, ParityCell]:
+    """Each declared or replayed cell across the judged wheels (`_replays`)."""
     replayed = (c["cell"] for judged in replays.values() for c in judged.get("cells", []))
     return {name: _cell_result(name, replays) for name in dict.fromkeys([*declared, *replayed])}
 
@@ -251,7 +250,11 @@ def _parity(manifest: Manifest, records: Records) -> Section | None:
     if gate is None or not gate.cells:
         return None
     section = Section("Parity matrix", "parity")
-    results = _parity_cells(evidence, (c.name for c in gate.cells))
+    replays: dict[str, dict[str, Any]] = {}
+    results: dict[str, ParityCell] = {}
+    if evidence is not None:
+        replays = _replays(evidence)
+        results = _parity_cells(replays, (c.name for c in gate.cells))
     modes = list(dict.fromkeys(c.mode for c in gate.cells))
     dtypes = list(dict.fromkeys(c.dtype for c in gate.cells))
     rows = []
@@ -273,7 +276,7 @@ def _parity(manifest: Manifest, records: Records) -> Section | None:
     if evidence is None:
         section.blocks.append(Text("The parity gate left no evidence in this run.", "not-run"))
     else:
-        section.blocks += [_replay_text(w, j) for w, j in _replays(evidence).items()]
+        section.blocks += [_replay_text(w, j) for w, j in replays.items()]
     section.blocks.append(Table(("mode / dtype", *dtypes), tuple(rows), grid=True))
     for name, result in results.items():
         if result.difference:
@@ -288,7 +291,7 @@ def _parity_not_run(evidence: Evidence, declared: list[str]) -> list[tuple[str, 
         return [("parity cells", "the parity evidence names no wheel")]
     lines = [(f"parity on {wheel}", str(judged.get("status") or NO_REPLAY))
              for wheel, judged in replays.items() if not judged.get("cells")]  # fmt: skip
-    for name, result in _parity_cells(evidence, declared).items():
+    for name, result in _parity_cells(replays, declared).items():
         skipped = [wheel for wheel, why in result.missing if why == SELECTED_OUT]
         if name in declared and skipped:
             by = "" if len(skipped) == len(replays) else f" by {', '.join(skipped)}"

@@ -12,7 +12,9 @@ class JsonFileError(ValueError):
     """The file is there but holds no JSON value (the message has no path: callers add it)."""
 
 
-def _no_constant(name: str) -> Any:
+def refuse_constant(name: str) -> Any:
+    """A `parse_constant` for json.loads: Python reads NaN, Infinity and -Infinity, which JSON
+    does not have (other readers reject them)."""
     raise JsonFileError(f"expected JSON numbers; got {name}, which JSON does not allow")
 
 
@@ -27,7 +29,7 @@ def read_json(path: Path) -> Any:
     except OSError as error:
         raise JsonFileError(f"expected a readable file; got {error.strerror or error}") from None
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+        return json.loads(data.decode("utf-8"), parse_constant=refuse_constant)
     except UnicodeDecodeError as error:
         said = f"expected UTF-8 text; got {error.reason} at byte {error.start}"
         raise JsonFileError(said) from None
