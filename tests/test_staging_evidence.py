@@ -14,7 +14,7 @@ from fixtures_wheels import build_files_wheel
 
 from release.report.markdown import table_lines
 from release.report.staging_evidence import StagingRecords, judge, load, main, staging_table
-from release.scripts.staging_bench_py import installed_wheel
+from release.scripts.staging_bench_py import Rig, installed_wheel, measure_together
 
 REPO = Path(__file__).resolve().parent.parent
 EVIDENCE = REPO / "tests" / "gpu" / "evidence"
@@ -193,12 +193,9 @@ class _FakeEngine:
 
 @pytest.mark.parametrize("requests", [True, False])
 def test_the_python_bench_times_each_part_of_a_step(requests: bool) -> None:
-    from release.scripts.staging_bench_py import PHASES, Rig
+    from release.scripts.staging_bench_py import PHASES
 
-    engine = _FakeEngine()
-    rig = Rig(engine, None, blocks=8, block_bytes=1 << 20, block_tokens=16, device_runs=False)
-    for _ in range(engine.num_slots // 8):
-        rig.random_step(False, True)  # a full pool, as make_rig leaves it
+    rig = _full_rig(_FakeEngine())
     figures = rig.measure(2, requests)
     assert figures["load_gbps"] > 0 and figures["store_gbps"] > 0
     assert set(rig.phases_ms) == {"load", "store"}
@@ -209,3 +206,52 @@ def test_the_python_bench_times_each_part_of_a_step(requests: bool) -> None:
     assert rig.phases_ms["load"]["wait_for_layer_load"] >= 30
     assert max(v for k, v in rig.phases_ms["load"].items() if k != "wait_for_layer_load") < 30
     assert rig.phases_ms["store"]["wait_for_layer_load"] < 30
+
+
+class _LoggedEngine(_FakeEngine):
+    """A fake engine that logs its name at each build_step into a shared list; `fail_at` build
+    steps in, it raises."""
+
+    def __init__(self, name: str, log: list[str], fail_at: int = -1) -> None:
+        super().__init__()
+        self.name, self.log, self.fail_at = name, log, fail_at
+
+    def wait_for_layer_load(self, layer: int) -> list[int]:
+        return []  # no sleeping: these tests judge the order of steps, not their time
+
+    def build_step(self) -> None:
+        if len(self.log) == self.fail_at:
+            raise RuntimeError(f"{self.name} broke")
+        self.log.append(self.name)
+
+
+def _full_rig(engine: _FakeEngine) -> Rig:
+    rig = Rig(engine, None, blocks=8, block_bytes=1 << 20, block_tokens=16, device_runs=False)
+    for _ in range(engine.num_slots // 8):
+        rig.random_step(False, True)  # a full pool, as make_rig leaves it
+    return rig
+
+
+@pytest.mark.parametrize("requests", [True, False])
+def test_rigs_measured_together_take_turns(requests: bool) -> None:
+    # int8 against exact holds only if a slow spell of the machine falls on both alike.
+    log: list[str] = []
+    rigs = {name: _full_rig(_LoggedEngine(name, log)) for name in ("exact", "int8")}
+    failures: list[str] = []
+    figures = measure_together(rigs, 3, requests, lambda name, error: failures.append(name))
+    assert set(figures) == {"exact", "int8"} and not failures
+    measured = log[-3 * 3 * 2 :]  # 3 repeats of a load, a store and a step of both, per rig
+    assert measured == (["exact"] * 3 + ["int8"] * 3) * 3
+    assert all(row["load_gbps"] > 0 for row in figures.values())
+
+
+def test_a_rig_that_fails_is_reported_and_the_others_go_on() -> None:
+    log: list[str] = []
+    rigs = {"exact": _full_rig(_LoggedEngine("exact", log))}
+    rigs["int8"] = _full_rig(_LoggedEngine("int8", log))
+    rigs["int8"].engine.fail_at = len(log) + 4  # in its second sample
+    failures: list[tuple[str, str]] = []
+    figures = measure_together(rigs, 3, False, lambda name, e: failures.append((name, str(e))))
+    assert failures == [("int8", "int8 broke")]
+    assert set(figures) == {"exact"} and figures["exact"]["store_gbps"] > 0
+    assert set(rigs) == {"exact", "int8"}  # the caller's rigs are the caller's to drop
