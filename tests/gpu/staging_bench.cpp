@@ -24,7 +24,8 @@
 //             kernels, block-copies, runs, runs-staged, runs-batched; ACTIVEKV_BENCH_PATHS=0
 //             leaves them out, ACTIVEKV_BENCH_PATHS=runs,kernels picks some),
 //             so the rule's thresholds (cuda_route.cpp) can be chosen from one run; int8 against
-//             exact tokens/s per scenario.
+//             exact tokens/s per scenario, the two engines side by side, their steps taking
+//             turns (measure_together), each figure the median of 3 x repeats steps.
 // Loads and stores overlapped are measured for the contiguous copy, the raw paths and the engine.
 // On request, on stderr only: ACTIVEKV_BENCH_BULK_SWEEP=1 sweeps the bulk copy kernel's plan;
 // ACTIVEKV_BENCH_RUNS=1 measures runs of consecutive slots (a layout the engine does not have);
@@ -484,7 +485,7 @@ struct EngineRig {
   }
 
   // One step of `loads` and `stores` through the engine API; the seconds of the engine's calls
-  // alone (plans through wait_for_save).
+  // alone (plans through wait_for_save and the events taken).
   StepResult run(const std::vector<std::uint64_t>& loads,
                  const std::vector<std::uint64_t>& stores) {
     if (!device_blocks_in_order()) {
@@ -505,6 +506,9 @@ struct EngineRig {
       engine->save_kv_layer(layer);
     }
     engine->wait_for_save();
+    // The step's events are taken inside the step, as vLLM's connector does at wait_for_save (and
+    // as the Python bench's events() is timed).
+    const std::vector<activekv::offload::Event> events = engine->take_events();
     StepResult result;
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     result.runs = engine->last_step_runs();
@@ -513,7 +517,7 @@ struct EngineRig {
     // Track what is committed, so that later loads pick committed blocks only. A lost fence
     // (a path the GPU refused, a fault) makes the step's figures meaningless: stop there.
     using activekv::offload::EventKind;
-    for (const auto& event : engine->take_events()) {
+    for (const auto& event : events) {
       if (event.kind == EventKind::quarantine || event.kind == EventKind::load_error ||
           event.kind == EventKind::drop || event.kind == EventKind::fatal) {
         const char* kind = event.kind == EventKind::quarantine ? "quarantine"
@@ -601,51 +605,77 @@ struct EngineRig {
     while (turned < 2 * engine->num_slots()) turned += request_step(true, true).stored;
   }
 
-  template <typename Step>
-  Rates measure(int repeats, Step&& step) {
-    std::vector<double> load;
-    std::vector<double> store;
-    std::vector<double> both;
-    std::vector<double> load_tokens;
-    std::vector<double> store_tokens;
+  // A measurement of one scenario, taken a sample at a time (measure_together): begin() starts
+  // it (request-shaped steps first turn the pool over), sample() adds one step of loads alone,
+  // one of stores alone and one of both, rates() gives their medians.
+  bool requests_shaped = false;
+  std::vector<StepResult> loads_alone;
+  std::vector<StepResult> stores_alone;
+  std::vector<StepResult> both_at_once;
+
+  void begin(bool request_shaped) {
+    requests_shaped = request_shaped;
+    loads_alone.clear();
+    stores_alone.clear();
+    both_at_once.clear();
+    if (request_shaped) warm_requests();
+  }
+
+  void sample() {
+    const auto step = [this](bool load, bool store) {
+      return requests_shaped ? request_step(load, store) : random_step(load, store);
+    };
+    loads_alone.push_back(step(true, false));
+    stores_alone.push_back(step(false, true));
+    both_at_once.push_back(step(true, true));
+  }
+
+  Rates rates() const {
+    const double block_bytes = static_cast<double>(kLayers * stored_layer_bytes(layout, engine->mode()));
+    const double block_tokens = static_cast<double>(kLayers * layout.block_size());
+    // The median over `steps` of their blocks (loaded, stored or both) times `unit` per second.
+    const auto median_rate = [](const std::vector<StepResult>& steps, bool count_loads,
+                                bool count_stores, double unit) {
+      std::vector<double> values;
+      for (const StepResult& step : steps) {
+        const std::size_t moved = (count_loads ? step.loaded : 0) + (count_stores ? step.stored : 0);
+        values.push_back(static_cast<double>(moved) * unit / step.seconds);
+      }
+      return median(values);
+    };
     double load_blocks = 0;
     double load_runs = 0;
     double store_blocks = 0;
     double store_runs = 0;
-    const double block_bytes = static_cast<double>(kLayers * stored_layer_bytes(layout, engine->mode()));
-    const double block_tokens = static_cast<double>(kLayers * layout.block_size());
-    for (int i = 0; i < repeats; ++i) {
-      const StepResult in = step(true, false);
-      load.push_back(static_cast<double>(in.loaded) * block_bytes / in.seconds / 1e9);
-      load_tokens.push_back(static_cast<double>(in.loaded) * block_tokens / in.seconds);
-      const StepResult out = step(false, true);
-      store.push_back(static_cast<double>(out.stored) * block_bytes / out.seconds / 1e9);
-      store_tokens.push_back(static_cast<double>(out.stored) * block_tokens / out.seconds);
-      const StepResult at_once = step(true, true);
-      both.push_back(static_cast<double>(at_once.loaded + at_once.stored) * block_bytes /
-                     at_once.seconds / 1e9);
-      load_blocks += static_cast<double>(at_once.runs.load_blocks);
-      load_runs += static_cast<double>(at_once.runs.load_runs);
-      store_blocks += static_cast<double>(at_once.runs.store_blocks);
-      store_runs += static_cast<double>(at_once.runs.store_runs);
+    for (const StepResult& step : both_at_once) {
+      load_blocks += static_cast<double>(step.runs.load_blocks);
+      load_runs += static_cast<double>(step.runs.load_runs);
+      store_blocks += static_cast<double>(step.runs.store_blocks);
+      store_runs += static_cast<double>(step.runs.store_runs);
     }
-    return {median(load),
-            median(store),
-            median(both),
+    return {median_rate(loads_alone, true, false, block_bytes / 1e9),
+            median_rate(stores_alone, false, true, block_bytes / 1e9),
+            median_rate(both_at_once, true, true, block_bytes / 1e9),
             load_runs > 0 ? load_blocks / load_runs : 0,
             store_runs > 0 ? store_blocks / store_runs : 0,
-            median(load_tokens),
-            median(store_tokens)};
-  }
-
-  Rates measure_random(int repeats) {
-    return measure(repeats, [this](bool load, bool store) { return random_step(load, store); });
-  }
-  Rates measure_requests(int repeats) {
-    warm_requests();
-    return measure(repeats, [this](bool load, bool store) { return request_step(load, store); });
+            median_rate(loads_alone, true, false, block_tokens),
+            median_rate(stores_alone, false, true, block_tokens)};
   }
 };
+
+// One scenario on each rig, their samples taking turns (one rig's loads, stores and both, then the
+// next rig's, `repeats` times): a slow spell of the machine falls on all of them alike, so their
+// ratios (int8 against exact) hold.
+std::vector<Rates> measure_together(const std::vector<EngineRig*>& rigs, int repeats,
+                                    bool request_shaped) {
+  for (EngineRig* rig : rigs) rig->begin(request_shaped);
+  for (int i = 0; i < repeats; ++i) {
+    for (EngineRig* rig : rigs) rig->sample();
+  }
+  std::vector<Rates> rates;
+  for (const EngineRig* rig : rigs) rates.push_back(rig->rates());
+  return rates;
+}
 
 std::string number(double value) {
   char text[64];
@@ -660,6 +690,9 @@ int main(int argc, char** argv) {
     const std::size_t pool_bytes = (argc > 1 ? std::stoul(argv[1]) : 4) * kGiB;
     const std::size_t moved = (argc > 2 ? std::stoul(argv[2]) : 1) * kGiB;
     const int repeats = argc > 3 ? std::stoi(argv[3]) : 5;
+    // Engine steps of each kind per figure (its median): int8 against exact near 1.8 moved by
+    // 0.1-0.3 between runs of one wheel with 5 (an H100, the Python bench's 64 KiB request rows).
+    const int engine_repeats = 3 * repeats;
 
     cudaDeviceProp properties{};
     check(cudaGetDeviceProperties(&properties, 0), "cudaGetDeviceProperties");
@@ -869,13 +902,17 @@ int main(int argc, char** argv) {
       const auto tokens = static_cast<std::uint32_t>(block / (2 * kHeads * kHeadDim * 2));
       const std::size_t blocks = moved / (block * kLayers);
       const auto per_step = static_cast<double>(blocks);
-      Rates exact_random;
-      Rates exact_requests;
       {
+        // Exact and int8 side by side, their steps taking turns (measure_together); requests
+        // first: the random loads' refreshes would leave the pool scrambled for them.
         EngineRig exact(tokens, CompressionMode::exact, pool_bytes, blocks, nullptr);
-        // Requests first: the random loads' refreshes would leave the pool scrambled for them.
-        exact_requests = exact.measure_requests(repeats);
-        exact_random = exact.measure_random(repeats);
+        EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks, nullptr);
+        const std::vector<Rates> by_requests = measure_together({&exact, &int8}, engine_repeats, true);
+        const std::vector<Rates> by_random = measure_together({&exact, &int8}, engine_repeats, false);
+        const Rates& exact_requests = by_requests[0];
+        const Rates& int8_requests = by_requests[1];
+        const Rates& exact_random = by_random[0];
+        const Rates& int8_random = by_random[1];
         const std::string random_bus = bus(exact.layout, CompressionMode::exact, exact_random, per_step);
         row(block, "engine", {exact_random.load, exact_random.store});
         overlapped += std::string(overlapped.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
@@ -889,16 +926,11 @@ int main(int argc, char** argv) {
         scenario_row(block, "requests", "auto",
                      bus(exact.layout, CompressionMode::exact, exact_requests, per_step),
                      exact_requests);
-      }
-      {
-        EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks, nullptr);
-        const Rates int8_requests = int8.measure_requests(repeats);
-        const Rates int8_random = int8.measure_random(repeats);
-        const std::string random_bus = bus(int8.layout, CompressionMode::int8, int8_random, per_step);
+        const std::string int8_random_bus = bus(int8.layout, CompressionMode::int8, int8_random, per_step);
         const double load_ratio = int8_random.load_tokens / exact_random.load_tokens;
         const double store_ratio = int8_random.store_tokens / exact_random.store_tokens;
         compressed += std::string(compressed.empty() ? "" : ",\n    ") + "{\"block_bytes\": " +
-                      std::to_string(block) + ", \"bus\": \"" + random_bus +
+                      std::to_string(block) + ", \"bus\": \"" + int8_random_bus +
                       "\", \"exact_load_tokens_per_s\": " + number(exact_random.load_tokens) +
                       ", \"int8_load_tokens_per_s\": " + number(int8_random.load_tokens) +
                       ", \"int8_over_exact_load\": " + number(load_ratio) +
@@ -915,7 +947,7 @@ int main(int argc, char** argv) {
                        "%8zu KiB  %-8s int8 / exact tokens/s: load %.2fx  store %.2fx  [%s]  t=%.0fs\n",
                        block / kKiB, scenario, load, store, picks.c_str(), elapsed());
         };
-        ratio_row("random", exact_random, int8_random, random_bus);
+        ratio_row("random", exact_random, int8_random, int8_random_bus);
         ratio_row("requests", exact_requests, int8_requests,
                   bus(int8.layout, CompressionMode::int8, int8_requests, per_step));
       }
@@ -923,8 +955,8 @@ int main(int argc, char** argv) {
       for (const std::string& name : forced_paths) {
         const char* const path = name.c_str();
         EngineRig forced(tokens, CompressionMode::exact, pool_bytes, blocks, path);
-        const Rates request_rates = forced.measure_requests(repeats);
-        const Rates random_rates = forced.measure_random(repeats);
+        const Rates request_rates = measure_together({&forced}, engine_repeats, true)[0];
+        const Rates random_rates = measure_together({&forced}, engine_repeats, false)[0];
         scenario_row(block, "random", path, path, random_rates);
         scenario_row(block, "requests", path, path, request_rates);
       }
@@ -934,12 +966,12 @@ int main(int argc, char** argv) {
 
     std::printf(
         "{\n  \"gpu\": \"%s\",\n  \"pool_bytes\": %zu,\n  \"moved_bytes\": %zu,\n"
-        "  \"layers\": %u,\n  \"repeats\": %d,\n  \"device_blocks\": \"%s\",\n"
+        "  \"layers\": %u,\n  \"repeats\": %d,\n  \"engine_repeats\": %d,\n  \"device_blocks\": \"%s\",\n"
         "  \"ceiling_gbps\": {\"h2d\": %s, \"d2h\": %s},\n  \"both_ways_ceiling_gbps\": %s,\n"
         "  \"rows\": [\n    %s\n  ],\n"
         "  \"overlapped\": [\n    %s\n  ],\n  \"int8_vs_exact\": [\n    %s\n  ],\n"
         "  \"scenarios\": [\n    %s\n  ],\n  \"int8_vs_exact_by_scenario\": [\n    %s\n  ]\n}\n",
-        properties.name, pool_bytes, moved, kLayers, repeats,
+        properties.name, pool_bytes, moved, kLayers, repeats, engine_repeats,
         device_blocks_in_order() ? "in order" : "shuffled", number(ceiling.h2d).c_str(),
         number(ceiling.d2h).c_str(), number(ceiling_both).c_str(), rows.c_str(),
         overlapped.c_str(), compressed.c_str(), scenarios.c_str(), ratios.c_str());
