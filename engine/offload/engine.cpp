@@ -406,6 +406,19 @@ void Engine::check_plan_limits(const std::vector<PlannedBlock>& plan,
                            call + " would plan " + std::to_string(plan.size() + blocks.size()));
   }
   if (&plan != &planned_loads_) return;
+  // A device block loaded with two hashes is refused. A bitmap of the device blocks finds any
+  // block planned twice; only then are the hashes compared, by index (for the error). A map of
+  // every block cost ~0.3 ms per 2,048-block step on the H100's host, a quarter of the Python
+  // API's fixed cost of a 16 KiB int8 step.
+  std::vector<bool> seen(num_device_blocks_, false);
+  bool repeated = false;
+  for (const std::vector<PlannedBlock>* list : {&planned_loads_, &blocks}) {
+    for (const PlannedBlock& planned : *list) {
+      repeated = repeated || seen[planned.device_block];
+      seen[planned.device_block] = true;
+    }
+  }
+  if (!repeated) return;
   std::unordered_map<std::size_t, std::uint64_t> target;  // device block -> the hash loaded
   for (const PlannedBlock& planned : planned_loads_) {
     target.emplace(planned.device_block, planned.hash);
