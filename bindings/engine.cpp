@@ -566,7 +566,39 @@ NB_MODULE(_engine, m) {
             return result;
           },
           nb::sig("def events(self) -> list[tuple[str, int]]"),
-          "The (kind, value) events since the last call; the log is then empty.");
+          "The (kind, value) events since the last call; the log is then empty.")
+      .def(
+          "event_arrays",
+          [](BoundEngine& self) {
+            std::vector<activekv::offload::Event> events;
+            {
+              Release release;
+              events = self.engine.take_events();
+            }
+            // No Python object per event: a 2,048-block load step has 4,096 events, and
+            // events()' tuples took ~0.6 ms of a 12 ms int8 step on the H100's host.
+            const std::size_t count = events.size();
+            NumpyArray kinds = owned_array(count, {count}, nb::dtype<std::uint8_t>());
+            NumpyArray values =
+                owned_array(count * sizeof(std::uint64_t), {count}, nb::dtype<std::uint64_t>());
+            auto* kind_data = static_cast<std::uint8_t*>(kinds.data());
+            auto* value_data = static_cast<std::uint64_t*>(values.data());
+            for (std::size_t index = 0; index < count; ++index) {
+              kind_data[index] = static_cast<std::uint8_t>(events[index].kind);
+              value_data[index] = events[index].value;
+            }
+            return nb::make_tuple(kinds, values);
+          },
+          nb::sig("def event_arrays(self) -> tuple[NDArray[numpy.uint8], NDArray[numpy.uint64]]"),
+          "events() as two arrays, one entry per event: the kinds (indices into EVENT_KINDS) and "
+          "the values; the log is then empty. For callers that read thousands of events a step.");
+
+  {
+    // The kind names by index, as event_arrays() numbers them.
+    nb::list names;
+    for (const nb::handle name : event_kind_strings()) names.append(name);
+    m.attr("EVENT_KINDS") = nb::tuple(names);
+  }
 
   m.def(
       "cuda_checksum",

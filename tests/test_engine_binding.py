@@ -330,3 +330,37 @@ def test_device_kv_cache_round_trip_through_the_engine(native):
     for layer in range(2):
         back = np.frombuffer(cache.download(layer), np.uint16).reshape(words.shape)
         np.testing.assert_array_equal(back[:, 2:4], (words + layer)[:, 0:2])
+
+
+def test_event_arrays_are_the_events_as_arrays(native):
+    # Two engines driven alike: one read by events(), the other by event_arrays(). Stores that
+    # overflow the pool evict, and loads hit and miss, so most kinds appear.
+    layout = native.KvBlockLayout(2, 4, 1, 8, native.KvDtype.fp16)
+    slot = native.stored_block_bytes(layout, "exact")
+    engines = [native.Engine(layout, "exact", 4 * slot, 2, 4, 8) for _ in range(2)]
+    caches = [[np.zeros((2, 8, 4, 1, 8), np.uint16) for _ in range(2)] for _ in engines]
+    read: list[list[tuple[str, int]]] = [[], []]
+    for engine, cache in zip(engines, caches, strict=True):
+        engine.register_kv_caches(cache)
+    for step in range(3):
+        for index, engine in enumerate(engines):
+            engine.lookup([2**63 + 1, 5])
+            engine.plan_load([2**63 + 1, 5, 99], [4, 5, 6])
+            engine.plan_store([2**63 + step, 10 + step, 20 + step], [0, 1, 2])
+            engine.build_step()
+            engine.start_load()
+            for layer in range(2):
+                engine.wait_for_layer_load(layer)
+                engine.save_kv_layer(layer)
+            engine.wait_for_save()
+            if index == 0:
+                read[0] += engine.events()
+                continue
+            kinds, values = engine.event_arrays()
+            assert (kinds.dtype, values.dtype, kinds.shape) == (np.uint8, np.uint64, values.shape)
+            read[1] += [(native.EVENT_KINDS[k], int(v)) for k, v in zip(kinds, values, strict=True)]
+    assert read[1] == read[0]
+    assert {kind for kind, _ in read[0]} >= {"lookup", "hit", "miss", "evict", "commit"}
+    assert 2**63 + 1 in {value for _, value in read[0]}  # values keep all 64 bits
+    kinds, values = engines[1].event_arrays()  # the log was emptied
+    assert (kinds.size, values.size) == (0, 0)

@@ -9,6 +9,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fixtures_wheels import build_files_wheel
 
@@ -133,6 +134,9 @@ def test_a_site_holding_another_build_is_refused_naming_the_module(tmp_path):
         installed_wheel(wheel, site)
 
 
+KINDS = ("lookup", "commit", "evict")  # the fake engine's EVENT_KINDS
+
+
 class _FakeEngine:
     """The Python API's step hooks over a pool of `num_slots`, evicting the oldest when full; each
     layer's load takes 1 ms, so the phases must put the time there."""
@@ -180,9 +184,10 @@ class _FakeEngine:
             self.committed.append(value)
             self.pending.append(("commit", value))
 
-    def events(self) -> list[tuple[str, int]]:
+    def event_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         events, self.pending = self.pending, []
-        return events
+        kinds = np.array([KINDS.index(kind) for kind, _ in events], np.uint8)
+        return kinds, np.array([value for _, value in events], np.uint64)
 
     @property
     def extent_stats(self) -> dict[str, int]:
@@ -226,7 +231,8 @@ class _LoggedEngine(_FakeEngine):
 
 
 def _full_rig(engine: _FakeEngine) -> Rig:
-    rig = Rig(engine, None, blocks=8, block_bytes=1 << 20, block_tokens=16, device_runs=False)
+    rig = Rig(engine, None, blocks=8, block_bytes=1 << 20, block_tokens=16, device_runs=False,
+              kind_names=KINDS)  # fmt: skip
     for _ in range(engine.num_slots // 8):
         rig.random_step(False, True)  # a full pool, as make_rig leaves it
     return rig

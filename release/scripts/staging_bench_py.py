@@ -3,9 +3,9 @@
 Standard library only, plus the wheel (put on `sys.path` by `--site`, or importable): the device
 KV is the wheel's own `DeviceKvCache`, so no framework is needed. Whole engine steps through
 `activekv._engine.Engine(..., device="cuda")` (plans, `build_step`, the per-layer hooks,
-`wait_for_save`, the events read back), per block size (K and V of one layer: 16 KiB to 1 MiB),
-each loads alone, stores alone and both at once, in two scenarios (the same as
-tests/gpu/staging_bench.cpp's):
+`wait_for_save`, the events read back by `event_arrays()`), per block size (K and V of one
+layer: 16 KiB to 1 MiB), each loads alone, stores alone and both at once, in two scenarios
+(the same as tests/gpu/staging_bench.cpp's):
 
   random    blocks loaded in random order from all over the full pool, new blocks stored;
   requests  chains of 16-64 blocks, each new request sharing a prefix of a recent earlier
@@ -99,6 +99,7 @@ class Rig:
     block_bytes: int  # stored bytes of one block, all layers
     block_tokens: int
     device_runs: bool
+    kind_names: tuple[str, ...]  # the engine module's EVENT_KINDS, by event_arrays()' kinds
     rng: random.Random = field(default_factory=lambda: random.Random(7))
     next_hash: int = 1
     stored: list[int] = field(default_factory=list)
@@ -140,12 +141,13 @@ class Rig:
             phases["save_kv_layer"] += mark - now
         engine.wait_for_save()
         phases["wait_for_save"], mark = clock() - mark, clock()
-        events = engine.events()
+        kinds, values = engine.event_arrays()
         end = clock()
         phases["events"] = end - mark
         seconds = end - start
         stats = engine.extent_stats
-        for kind, value in events:
+        names = [self.kind_names[k] for k in kinds.tolist()]
+        for kind, value in zip(names, values.tolist(), strict=True):
             if kind in LOST:
                 raise RuntimeError(
                     f"a step lost a transfer ({kind} {value}): nothing it measured counts"
@@ -201,7 +203,7 @@ class Rig:
                 hashes = hashes + own
             if store and hashes:
                 self.requests.append(hashes)
-        self.engine.events()  # the lookups'
+        self.engine.event_arrays()  # the lookups'
         return self.run(loads, stores)
 
     def begin(self, requests: bool) -> None:
@@ -296,7 +298,7 @@ def make_rig(
     kv = engine_module.DeviceKvCache(layout, 2 * blocks)
     engine.register_kv_caches(kv.layers)
     slot = engine.slot_bytes
-    rig = Rig(engine, kv, blocks, slot, LAYERS * tokens, device_runs)
+    rig = Rig(engine, kv, blocks, slot, LAYERS * tokens, device_runs, engine_module.EVENT_KINDS)
     # A full pool, so that loads come from all over it: one step more than it holds whole steps
     # (eviction frees whole extents, so the count of stored blocks may never reach num_slots).
     for _ in range(-(-engine.num_slots // blocks)):
