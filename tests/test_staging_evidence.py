@@ -201,7 +201,7 @@ def test_the_python_bench_times_each_part_of_a_step(requests: bool) -> None:
     from release.scripts.staging_bench_py import PHASES
 
     rig = _full_rig(_FakeEngine())
-    figures = rig.measure(2, requests)
+    figures = measure_together({"one": rig}, 2, requests, _raise)["one"]
     assert figures["load_gbps"] > 0 and figures["store_gbps"] > 0
     assert set(rig.phases_ms) == {"load", "store"}
     for way, parts in rig.phases_ms.items():
@@ -228,6 +228,10 @@ class _LoggedEngine(_FakeEngine):
         if len(self.log) == self.fail_at:
             raise RuntimeError(f"{self.name} broke")
         self.log.append(self.name)
+
+
+def _raise(_name: str, error: Exception) -> None:
+    raise error
 
 
 def _full_rig(engine: _FakeEngine) -> Rig:

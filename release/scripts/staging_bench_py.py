@@ -245,13 +245,6 @@ class Rig:
             "store_blocks_per_run": stored / store_runs if store_runs else 0.0,
         }
 
-    def measure(self, repeats: int, requests: bool) -> dict[str, float]:
-        return measure_together({"": self}, repeats, requests, _reraise)[""]
-
-
-def _reraise(_name: str, error: Exception) -> None:
-    raise error
-
 
 def measure_together(
     rigs: dict[str, Rig], repeats: int, requests: bool, failed: Callable[[str, Exception], None]
@@ -405,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         _log(f"{block // KIB:6d} KiB  {what}: failed: {type(error).__name__}: {error}")
 
-    def measure(block: int, modes: tuple[str, ...], path: str | None) -> dict[str, Any]:
+    def measure(
+        block: int, modes: tuple[str, ...], path: str | None
+    ) -> dict[str, dict[str, dict[str, float]]]:
         """Both scenarios (requests first: random loads would scramble the pool) on one new
         engine per mode, measured together (measure_together); a mode whose engine fails is
         recorded and left out, the others go on. The engines are released on return."""
@@ -416,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                                       args.device_runs)  # fmt: skip
             except Exception as error:  # one rig's failure is recorded; the others still run
                 failed(block, path or mode, error)
-        figures: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in rigs}
+        figures: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in rigs}  # by scenario
         for scenario in ("requests", "random"):
             measured = measure_together(
                 rigs, args.repeats, scenario == "requests",

@@ -507,7 +507,7 @@ struct EngineRig {
     }
     engine->wait_for_save();
     // The step's events are taken inside the step, as vLLM's connector does at wait_for_save (and
-    // as the Python bench's events() is timed).
+    // as the Python bench's event_arrays() is timed).
     const std::vector<activekv::offload::Event> events = engine->take_events();
     StepResult result;
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
