@@ -31,6 +31,16 @@ from reference import engine as reference
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _run_step(engine: Any, layers: int) -> None:
+    """build_step, then the step's hooks over `layers` layers."""
+    engine.build_step()
+    engine.start_load()
+    for layer in range(layers):
+        engine.wait_for_layer_load(layer)
+        engine.save_kv_layer(layer)
+    engine.wait_for_save()
+
+
 @pytest.fixture(scope="session")
 def native(engine_module: Any) -> Any:
     """activekv._engine from the wheel under test (tests/conftest.py builds and installs it)."""
@@ -315,12 +325,7 @@ def test_device_kv_cache_round_trip_through_the_engine(native):
     engine.register_kv_caches(cache.layers)
 
     def step() -> None:
-        engine.build_step()
-        engine.start_load()
-        for layer in range(2):
-            engine.wait_for_layer_load(layer)
-            engine.save_kv_layer(layer)
-        engine.wait_for_save()
+        _run_step(engine, 2)
 
     engine.plan_store([11, 12], [0, 1])  # blocks 0 and 1 of every layer go to the host pool
     step()
@@ -347,12 +352,7 @@ def test_event_arrays_are_the_events_as_arrays(native):
             engine.lookup([2**63 + 1, 5])
             engine.plan_load([2**63 + 1, 5, 99], [4, 5, 6])
             engine.plan_store([2**63 + step, 10 + step, 20 + step], [0, 1, 2])
-            engine.build_step()
-            engine.start_load()
-            for layer in range(2):
-                engine.wait_for_layer_load(layer)
-                engine.save_kv_layer(layer)
-            engine.wait_for_save()
+            _run_step(engine, 2)
             if index == 0:
                 read[0] += engine.events()
                 continue
