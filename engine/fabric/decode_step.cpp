@@ -15,6 +15,10 @@ Executor& prepared(Executor& executor, DeviceArena& arena, StreamManager& stream
     throw std::logic_error("decode step: executor " + executor.name() +
                            " has an empty input or output tensor after prepare()");
   }
+  if (executor.output_bytes() % sizeof(float) != 0) {
+    throw std::logic_error("decode step: the executor's output of " +
+                           std::to_string(executor.output_bytes()) + " bytes is not whole floats");
+  }
   return executor;
 }
 
@@ -58,10 +62,6 @@ std::vector<float> DecodeStep::run(const std::vector<float>& rows) {
     throw std::invalid_argument("decode step: rows: expected " + std::to_string(input_bytes_) +
                                 " bytes of floats; got " + std::to_string(rows.size()) +
                                 " floats");
-  }
-  if (output_bytes_ % sizeof(float) != 0) {
-    throw std::logic_error("decode step: the executor's output of " +
-                           std::to_string(output_bytes_) + " bytes is not whole floats");
   }
   std::memcpy(host_input_, rows.data(), input_bytes_);
   enqueue();

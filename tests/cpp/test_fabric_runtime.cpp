@@ -234,18 +234,22 @@ namespace {
 // and whose output is wider than its input.
 class LateSizedExecutor final : public activekv::fabric::Executor {
  public:
+  LateSizedExecutor(std::size_t input = 4 * sizeof(float), std::size_t output = 16 * sizeof(float))
+      : prepared_input_(input), prepared_output_(output) {}
   std::string name() const override { return "late-sized"; }
   std::size_t input_bytes() const override { return input_; }
   std::size_t output_bytes() const override { return output_; }
   void prepare(DeviceArena&, StreamManager&) override {
-    input_ = 4 * sizeof(float);
-    output_ = 16 * sizeof(float);
+    input_ = prepared_input_;
+    output_ = prepared_output_;
   }
   void enqueue(const void*, void* output, activekv::fabric::StreamHandle) override {
     std::memset(output, 0x3f, output_);  // the whole output tensor, as an engine writes it
   }
 
  private:
+  std::size_t prepared_input_;
+  std::size_t prepared_output_;
   std::size_t input_ = 0;
   std::size_t output_ = 0;
 };
@@ -267,6 +271,18 @@ TEST_CASE("the decode step sizes its buffers from the prepared executor, and run
       error_message<std::invalid_argument>([&] { step.run(std::vector<float>(3, 1.0f)); });
   CHECK(contains(message, "rows: expected 16 bytes of floats; got 3 floats"));
   CHECK(step.steps() == 1);  // the refused run enqueued nothing
+}
+
+TEST_CASE("a decode step refuses an executor whose prepared tensors are empty or not floats") {
+  FakeBackend backend;
+  DeviceArena arena(backend, 1 << 12, 1 << 12);
+  StreamManager streams(backend, 0, 2);
+  LateSizedExecutor empty(4 * sizeof(float), 0);
+  CHECK(contains(error_message<std::logic_error>([&] { DecodeStep step(arena, streams, empty); }),
+                 "executor late-sized has an empty input or output tensor after prepare()"));
+  LateSizedExecutor ragged(4 * sizeof(float), 10);
+  CHECK(contains(error_message<std::logic_error>([&] { DecodeStep step(arena, streams, ragged); }),
+                 "the executor's output of 10 bytes is not whole floats"));
 }
 
 TEST_CASE("a layer shape whose activation overflows cuBLAS's int counts is refused") {
