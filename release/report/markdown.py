@@ -7,11 +7,15 @@ import re
 from release.report.model import Cell, Document, Figure, Table, Text
 
 
+def _one_cell_line(text: str) -> str:
+    """`text` kept on one line and inside one table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def _md_escape(text: str) -> str:
     """Text from records (wheel names, messages) as Markdown text: a viewer renders raw HTML in
     Markdown, so none may start here."""
-    escaped = text.replace("&", "&amp;").replace("<", "&lt;")  # no tag or entity can start
-    return escaped.replace("|", "\\|").replace("\n", " ")
+    return _one_cell_line(text.replace("&", "&amp;").replace("<", "&lt;"))  # no tag nor entity
 
 
 def _md_cell(cell: Cell) -> str:
@@ -19,7 +23,7 @@ def _md_cell(cell: Cell) -> str:
     parts += list(cell.lines)
     if cell.tone == "code" and not cell.lines and cell.text:
         # A code span shows its text literally (no HTML); a backtick inside would end it early.
-        code = cell.text.replace("|", "\\|").replace("\n", " ")
+        code = _one_cell_line(cell.text)
         longest = max((len(run) for run in re.findall(r"`+", code)), default=0)
         fence = "`" * (longest + 1)
         return f"{fence} {code} {fence}" if longest else f"`{code}`"
