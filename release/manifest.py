@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -549,6 +550,19 @@ class TufKeys(_Model):
     timestamp: SignSpec
 
 
+class NetworkLimits(_Model):
+    """``[publish.limits]``: bounds on every read from an index, a TUF server or an upload
+    endpoint (release/util/http.py); past either, one line names the URL and the limit."""
+
+    # An index page (PEP 503 HTML or PEP 691 JSON), a TUF metadata file or a server's reply.
+    # PyPI's largest project pages are a few MB.
+    page_bytes: Annotated[StrictInt, Field(gt=0, le=1 << 34)] = 64 << 20
+    # One downloaded file: a wheel, an sdist, a provenance envelope.
+    file_bytes: Annotated[StrictInt, Field(gt=0, le=1 << 40)] = 4 << 30
+    # One request, from the connection to its last byte (a reply that drips never ends it).
+    deadline_s: Annotated[StrictInt | StrictFloat, Field(gt=0, le=86_400)] = 300
+
+
 class PublishSettings(_Model):
     """``[publish]``."""
 
@@ -565,6 +579,7 @@ class PublishSettings(_Model):
     upload_url: Annotated[StrictStr, AfterValidator(_web_url)] | None = None
     tuf_dir: Annotated[StrictStr, AfterValidator(_folder)] | None = None
     tuf_url: Annotated[StrictStr, AfterValidator(_web_url)] | None = None
+    limits: NetworkLimits = NetworkLimits()
 
     @property
     def embedded(self) -> bool:
