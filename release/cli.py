@@ -15,6 +15,7 @@ from release.errors import ManifestError, ReleaseError, VerifyError
 from release.gates.contract import GateOptions
 from release.manifest import Manifest, load_manifest
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
+from release.util.pins import project_version
 from release.util.progress import console, error_console
 from release.wheelset import WheelSet
 
@@ -27,6 +28,23 @@ GATE_COMMANDS = {
 _GATE_OPTION_ARGS = {"cell": "cells", "vllm_python": "vllm_python", "layers": "layers",
                      "steps": "steps", "python": "python",
                      "interpreters": "interpreters"}  # fmt: skip
+
+
+def _count(high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``high`` (argparse names the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {high}; got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -122,7 +140,8 @@ def _parser() -> argparse.ArgumentParser:
         "bench", parents=[common], help="engine against reference: bookkeeping per layer-step"
     )
     _wheel_option(bench)
-    bench.add_argument("--blocks", type=int, default=256, help="blocks per step (default 256)")
+    bench.add_argument("--blocks", type=_count(1 << 20), default=256,
+                       help="blocks per step (default 256)")  # fmt: skip
     reproduce = sub.add_parser(
         "reproduce",
         parents=[common],
@@ -203,8 +222,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="Python 3.12+ that has vLLM (default: $ACTIVEKV_VLLM_PYTHON, else this one)",
     )
-    served.add_argument("--layers", type=int, default=4, help="model layers (default 4)")
-    served.add_argument("--steps", type=int, default=6, help="scheduler steps (default 6)")
+    served.add_argument("--layers", type=_count(512), default=4, help="model layers (default 4)")
+    served.add_argument("--steps", type=_count(100_000), default=6,
+                        help="scheduler steps (default 6)")  # fmt: skip
     for name, text in (
         ("sign", "sign the provenance of the built wheels"),
         ("publish", "publish signed, gated wheels to the index"),
@@ -387,6 +407,8 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
 
     command = args.command
     if command == "check-manifest":
+        # The version is part of the release's description: refused here, not first when used.
+        project_version()
         console.print(f"{context.manifest.path}: valid")
         return 0
     if command in GATE_COMMANDS:

@@ -193,3 +193,26 @@ def test_a_failed_verify_leaves_no_earlier_verify_record(tmp_path, capsys):
     assert main(["verify", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 2
     assert "error:" in capsys.readouterr().err
     assert not (out / "verify.json").exists()
+
+
+@pytest.mark.parametrize("blocks", ["-1", "0", "x", str((1 << 20) + 1)])
+def test_a_block_count_that_is_not_positive_is_named_not_raised(capsys, blocks):
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "--blocks", blocks])
+    assert stopped.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"argument --blocks: expected a whole number from 1 to 1048576; got '{blocks}'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("version", ["1.0.0.post", "1.0.0-rc1", "banana", "01.0", ""])
+def test_check_manifest_refuses_a_version_that_is_not_a_release_version(
+    tmp_path, capsys, monkeypatch, version
+):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(f'[project]\nname = "activekv"\nversion = "{version}"\n')
+    monkeypatch.setattr("release.util.pins.PYPROJECT", pyproject)
+    assert main(["check-manifest"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{pyproject}: project.version: expected a PEP 440 version in normal form" in err
+    assert repr(version) in err
