@@ -8,15 +8,17 @@ to nothing and what is timed is the bookkeeping: lookups, plans, pins, leases, L
 
 from __future__ import annotations
 
+import operator
 import random
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 
+from release.errors import ReleaseError
 from release.gates.parity import (
     Implementation,
     engine_implementation,
@@ -26,6 +28,10 @@ from release.gates.parity import (
 from release.util.progress import console
 
 LAYOUT = {"num_layers": 32, "block_size": 1, "num_kv_heads": 1, "head_dim": 8, "dtype": "bf16"}
+# The most blocks per step: the engine's pool is 4 x blocks slots and each step draws 2 x blocks
+# random hashes, so more is a run of minutes and gigabytes, not a measurement.
+MAX_BLOCKS = 1 << 20
+MAX_STEPS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,27 @@ def _step(engine: Any, loads: list[int], stores: list[int], blocks: int) -> None
     engine.events()
 
 
+def _check_count(value: SupportsIndex, name: str, high: int) -> None:
+    """ReleaseError naming ``name`` unless ``value`` is a whole number from 1 to ``high`` (an int
+    or anything with __index__; a bool is no count, though Python says it is an int)."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or not 1 <= number <= high:
+        raise ReleaseError(f"{name}: expected a whole number from 1 to {high}; got {value!r}")
+
+
+def _check_counts(blocks: SupportsIndex, steps: SupportsIndex) -> None:
+    # A count of 0 would time no step (the median of nothing) and -1 would ask the engine for a
+    # negative pool: both are refused before anything is installed or built.
+    _check_count(blocks, "--blocks", MAX_BLOCKS)
+    _check_count(steps, "steps", MAX_STEPS)
+
+
 def measure(implementation: Implementation, blocks: int, steps: int, seed: int) -> BenchResult:
     """Each step loads the `blocks` stored by the step before and stores `blocks` new ones."""
+    _check_counts(blocks, steps)
     rng = random.Random(seed)
     engine, _ = _engine(implementation, blocks)
     previous: list[int] = []
@@ -78,6 +103,7 @@ def measure(implementation: Implementation, blocks: int, steps: int, seed: int) 
 
 
 def run_bench(wheel: Path, out_dir: Path, *, blocks: int = 256, steps: int = 30) -> dict[str, Any]:
+    _check_counts(blocks, steps)
     site = install_wheel(wheel, out_dir / "bench" / "site")
     engine = measure(engine_implementation(site), blocks, steps, seed=1)
     reference = measure(reference_implementation(), blocks, max(3, steps // 10), seed=1)
