@@ -89,6 +89,11 @@ class SignRecord(Record):
     public_key: str
     subjects: dict[str, str]  # wheel file name -> sha256
     attestations: dict[str, str] = {}  # gate -> the signed attestation the provenance names
+    # The commit the statement names, and the uncommitted changes to wheel inputs it records
+    # (dev only: stable refuses them; release/trust/source_state.py).
+    source_commit: str | None = None
+    uncommitted: tuple[str, ...] = ()
+    uncommitted_sha256: str | None = None
 
 
 class PublishedFile(BaseModel):

@@ -16,13 +16,12 @@ from release.build import toolchain as toolchain_module
 from release.build import wheels
 from release.build.toolchain import CUDA_FILES, PINS_STAMP, cuda_files
 from release.build.wheels import (
-    LICENSE_FILES,
-    SOURCE_ROOTS,
     _source_digest,
     build_environment_digest,
     toolchain_key,
 )
 from release.errors import BuildError
+from release.util.paths import LICENSE_FILES, SOURCE_ROOTS
 from release.util.pins import pyproject
 
 BASE_ENV = {"PATH": "/usr/bin", "HOME": "/home/u", "SOURCE_DATE_EPOCH": "1700000000"}

@@ -32,23 +32,10 @@ from release.manifest import Manifest
 from release.records import LATEST_EPOCH
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
+from release.util.paths import SOURCE_ROOTS
 from release.util.progress import console, tracked
 from release.wheelset import version_tuple
 
-# The licence files the wheel takes: pyproject's [tool.scikit-build] wheel.license-files
-# (tests/test_build_cache_key.py keeps them equal), as git pathspecs and Path.glob patterns.
-LICENSE_FILES = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
-# What decides a wheel's bytes, besides the toolchain, the interpreter and the build environment.
-SOURCE_ROOTS = (
-    "CMakeLists.txt",
-    "pyproject.toml",
-    "README.md",
-    "engine",
-    "bindings",
-    "shims",
-    "cmake",
-    *LICENSE_FILES,
-)
 # Environment variables the compilers, nvcc, CMake, scikit-build-core or the project's CMake
 # files read (engine/CMakeLists.txt reads $ENV{TensorRT_ROOT}); the build passes the whole
 # environment on, so each of these that is set takes part in the wheel cache's key.

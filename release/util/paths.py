@@ -7,6 +7,21 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = REPO_ROOT / "pyproject.toml"
+# The licence files the wheel takes: pyproject's [tool.scikit-build] wheel.license-files
+# (tests/test_build_cache_key.py keeps them equal), as git pathspecs and Path.glob patterns.
+LICENSE_FILES = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
+# What decides a wheel's bytes, besides the toolchain, the interpreter and the build environment
+# (release/build/wheels.py).
+SOURCE_ROOTS = (
+    "CMakeLists.txt",
+    "pyproject.toml",
+    "README.md",
+    "engine",
+    "bindings",
+    "shims",
+    "cmake",
+    *LICENSE_FILES,
+)
 DEFAULT_MANIFEST = REPO_ROOT / "manifests" / "activekv.toml"
 # The Python oracle of the engine and the connector: imported by the parity and served-path
 # gates from this checkout, never shipped (the payload gate refuses it in a wheel).
