@@ -240,6 +240,11 @@ def _parser() -> argparse.ArgumentParser:
     keygen.add_argument(
         "--runner", default=None, help="a runner's attestation key of this name (else --channel)"
     )
+    keygen.add_argument(
+        "--pin", action="store_true",
+        help="also write the channel keys' public halves beside the manifest and pin them in it "
+        "([release.channels.<name>.pinned]); commit that change",
+    )  # fmt: skip
     keygen.add_argument("directory", type=Path, metavar="DIR", help="where to write the keys")
     _add_consumer_verify_arguments(sub.choices["verify"])
     _add_rebuild_arguments(sub.choices["rebuild"])
@@ -434,7 +439,8 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
     if command == "keygen":  # a GPU runner makes its key here: no index or TUF stack
         from release.trust.keys import step_keygen
 
-        return step_keygen(args.channel, args.runner, args.directory)
+        return step_keygen(args.channel, args.runner, args.directory, pin=args.pin,
+                           manifest_path=context.manifest.path)  # fmt: skip
     if command in ("sign", "publish", "verify", "serve", "rebuild"):  # the trust stack
         from release.trust import steps as trust
 

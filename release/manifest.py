@@ -304,6 +304,42 @@ def _public_key_file(value: str) -> str:
     return value
 
 
+def _pinned_key(value: str) -> str:
+    _no_control_characters(value)
+    path = PurePosixPath(value)
+    _check(
+        re.fullmatch(r"[0-9a-f]{64}", value) is not None
+        or (
+            value.endswith(".pub.json")
+            and path.name != ".pub.json"
+            and not path.is_absolute()
+            and ".." not in path.parts
+        ),
+        'a public key file "<name>.pub.json" relative to the manifest, without "..", or a keyid '
+        "(64 lowercase hex digits)",
+    )
+    return value
+
+
+PinnedKeyList = Annotated[
+    tuple[Annotated[StrictStr, AfterValidator(_pinned_key)], ...],
+    AfterValidator(_non_empty),
+    AfterValidator(_unique("pinned keys")),
+]
+
+
+class PinnedKeys(_Model):
+    """``[release.channels.<name>.pinned]``: the only public keys that sign the channel: its
+    provenance and CPU gate attestations (``signing``) and each TUF role's metadata of its index.
+    Rotating a key is a commit of this table (docs/trust.md, "Pinned keys")."""
+
+    signing: PinnedKeyList
+    root: PinnedKeyList
+    targets: PinnedKeyList
+    snapshot: PinnedKeyList
+    timestamp: PinnedKeyList
+
+
 class ChannelSpec(_Model):
     """``[release.channels.<name>]``: the gates a channel requires, the key that signs it, and
     whose gate attestations it takes."""
@@ -325,6 +361,9 @@ class ChannelSpec(_Model):
         tuple[Annotated[StrictStr, AfterValidator(_relative_dir)], ...],
         AfterValidator(_unique("folders")),
     ] = ()
+    # Required where the channel signs with an operator's key (not "generate"): a key is taken
+    # only when pinned here, whatever file or folder holds it (release/trust/pins.py).
+    pinned: PinnedKeys | None = None
 
 
 class ReleaseSettings(_Model):

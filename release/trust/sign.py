@@ -17,7 +17,6 @@ Private key material never appears in a message, a log or an output file of this
 from __future__ import annotations
 
 import binascii
-import contextlib
 import json
 import os
 import stat
@@ -83,45 +82,15 @@ def load_signer(
         return _generated_signer(state_dir, channel)
     if is_file_key(key_ref):
         signer = _signer_from_pem_file(file_key_path(key_ref))
-        return _not_a_dev_key(key_ref, channel, state_dir, (signer, signer.public_key))
+        return signer, signer.public_key
     scheme = key_ref.partition(":")[0] if ":" in key_ref else key_ref
     if ":" in key_ref and scheme in SIGNER_FOR_URI_SCHEME:
-        return _not_a_dev_key(key_ref, channel, state_dir, _uri_signer(key_ref, scheme, public_key))
+        return _uri_signer(key_ref, scheme, public_key)
     raise SigningError(
         f"key reference {key_ref!r}: signer URI scheme {scheme!r} is not supported "
         f"(supported: {GENERATE!r} for dev channels, 'file:/abs/path.pem', or a securesystemslib "
         f"signer URI with scheme {', '.join(sorted(SIGNER_FOR_URI_SCHEME))})"
     )
-
-
-def dev_keyids(state_dir: Path) -> dict[str, Path]:
-    """keyid -> public key file of every key this pipeline generated under ``state_dir``: the
-    dev signing keys (``keys/``) and the embedded index's TUF role keys (``index/tuf/keys/``)."""
-    found: dict[str, Path] = {}
-    for pattern in ("keys/*.pub.json", "*/*/keys/*.pub.json"):
-        for path in sorted(state_dir.glob(pattern)):
-            with contextlib.suppress(SigningError):
-                found.setdefault(load_public_key(path).keyid, path)
-    return found
-
-
-def refuse_dev_key(key: Key, what: str, channel: str, state_dir: Path) -> None:
-    """SigningError when ``key`` is, by its fingerprint, a dev key generated under
-    ``state_dir``, wherever its files were copied since."""
-    generated = dev_keyids(state_dir).get(key.keyid) if channel == _PROTECTED_CHANNEL else None
-    if generated is not None:
-        raise SigningError(
-            f"{what} is a generated dev key (key {key.keyid}, the public key of {generated}); "
-            f"dev keys never sign for {channel!r}"
-        )
-
-
-def _not_a_dev_key(
-    key_ref: str, channel: str, state_dir: Path, loaded: tuple[Signer, Key]
-) -> tuple[Signer, Key]:
-    """Refuses, for stable, a key that is one of the dev keys generated under ``state_dir``."""
-    refuse_dev_key(loaded[1], f"key reference {key_ref!r}", channel, state_dir)
-    return loaded
 
 
 def _uri_signer(key_ref: str, scheme: str, public_key_path: Path | None) -> tuple[Signer, Key]:
@@ -287,6 +256,7 @@ def build_statement(
     started: datetime,
     finished: datetime,
     source_uri: str | None = None,
+    source_annotations: Mapping[str, Any] | None = None,
     builder_id: str = BUILDER_ID,
     digests: Mapping[str, str] | None = None,
     gates: Sequence[str] = (),
@@ -294,7 +264,9 @@ def build_statement(
 ) -> dict[str, Any]:
     """An in-toto v1 Statement with a SLSA v1 provenance predicate naming every wheel.
 
-    ``source_uri`` defaults to ``git+file://<repository holding the manifest>``. ``digests``
+    ``source_uri`` defaults to ``git+file://<repository holding the manifest>``;
+    ``source_annotations`` say how the tree differed from ``source_commit`` (uncommitted
+    changes: release/trust/source_state.py). ``digests``
     (wheel file name to sha256) are the build's; without them each wheel is hashed here.
     ``gates`` are the gates the channel requires, ``attestations`` the signed gate attestations
     the release rests on (``release.trust.attestation.provenance_entry``), as byproducts.
@@ -314,12 +286,13 @@ def build_statement(
             raise SigningError(f"wheel {wheel} cannot be read: {exc.strerror}") from None
     resolved: list[dict[str, Any]] = []
     if source_commit:
-        resolved.append(
-            {
-                "uri": source_uri or _default_source_uri(manifest_path),
-                "digest": {"gitCommit": source_commit},
-            }
-        )
+        source: dict[str, Any] = {
+            "uri": source_uri or _default_source_uri(manifest_path),
+            "digest": {"gitCommit": source_commit},
+        }
+        if source_annotations:
+            source["annotations"] = dict(source_annotations)
+        resolved.append(source)
     return {
         "_type": STATEMENT_TYPE,
         "subject": [

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
+from tuf.api.metadata import Metadata, Root
 
 from release import records
 from release.context import Context
@@ -34,6 +34,7 @@ from release.trust.attestation import (
 )
 from release.trust.index import EmbeddedIndex, install_hint
 from release.trust.keys import channel_signer, tuf_keys_spec
+from release.trust.pins import ChannelPins, channel_pins, operator_signed
 from release.trust.publish import publish
 from release.trust.rebuild import rebuild_release
 from release.trust.remote_index import RemoteIndex
@@ -44,12 +45,12 @@ from release.trust.sign import (
     is_file_key,
     load_public_key,
     read_and_verify_envelope,
-    refuse_dev_key,
     sign_statement,
     signing_key_name,
     write_envelope,
     write_public_key,
 )
+from release.trust.source_state import refuse_dirty, source_state
 from release.trust.statement_store import envelope_path_for
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
@@ -63,13 +64,6 @@ from release.util.urls import masked_url
 from release.wheelset import WheelSet
 
 MODULES = ("activekv._engine", "activekv._fabric")
-
-
-def _git_commit(source_dir: Path) -> str | None:
-    result = subprocess.run(
-        ["git", "-C", str(source_dir), "rev-parse", "HEAD"], capture_output=True, text=True
-    )
-    return result.stdout.strip() if result.returncode == 0 else None
 
 
 def _attester_keys(
@@ -90,8 +84,6 @@ def _attester_keys(
                 except SigningError as error:
                     raise PublishError(f"{context.manifest.path}: {where}: expected a public key "
                                        f"file beside the manifest; {error}") from None  # fmt: skip
-                refuse_dev_key(key, f"{context.manifest.path}: {where}", channel,
-                               context.state_dir)  # fmt: skip
             keys[runner][key.keyid] = key
     return keys
 
@@ -137,6 +129,9 @@ def _sign(
     context: Context, channel: str, spec: ChannelSpec, signer: Any, public_key: Key
 ) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
     """Signs the provenance of the wheels, naming the attestations it rests on."""
+    source = source_state(context.source_dir)
+    if operator_signed(context.manifest, spec):
+        refuse_dirty(source, channel, context.source_dir)
     wheels, attestations = _attested(context, channel, spec, public_key)
     build_record = records.read(context.out_dir, BuildRecord)
     statement = build_statement(
@@ -145,7 +140,8 @@ def _sign(
         channel=channel,
         manifest_path=context.manifest.path,
         manifest_sha256=sha256_file(context.manifest.path),
-        source_commit=_git_commit(context.source_dir),
+        source_commit=source.commit,
+        source_annotations=source.annotations(),
         source_date_epoch=build_record.source_date_epoch,
         toolchain=build_record.toolchain,
         started=build_record.started,
@@ -163,9 +159,15 @@ def _sign(
         channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
         keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.digests,
         attestations={a.evidence.gate: str(a.path) for a, _ in attestations},
+        source_commit=source.commit, uncommitted=source.changed,
+        uncommitted_sha256=source.change_sha256,
     ))  # fmt: skip
     console.print(f"signed {len(wheels)} wheel(s) and the {len(attestations)} gate attestations "
                   f"they rest on: {envelope} (key {public_key.keyid[:16]})")  # fmt: skip
+    if source.dirty:
+        console.print(f"  built from commit {source.commit} with {len(source.changed)} "
+                      f"uncommitted change(s) to wheel inputs (sha256 {source.change_sha256}); "
+                      "the statement says so", markup=False, soft_wrap=True)  # fmt: skip
     for attestation, runner in attestations:
         console.print(f"  {attestation.evidence.gate} ({runner}): {attestation.path}, signed by "
                       f"{attestation.key.keyid[:16]}", markup=False, soft_wrap=True)  # fmt: skip
@@ -233,10 +235,43 @@ def open_publish(
     if context.key_dir is not None:
         tuf_keys = tuf_keys_spec(context.key_dir)
     index = _index(context)
-    return repository_for(
+    tuf = repository_for(
         index.tuf_dir, tuf_keys, channel=channel, state_dir=context.state_dir,
         manifest_dir=context.manifest.path.parent, keys_dir=index.keys_dir,
     )  # fmt: skip
+    pins = channel_pins(context.manifest, channel, context.channel(channel)[1])
+    _require_pinned_tuf_keys(pins, tuf, "--key-dir" if context.key_dir else "[publish.tuf_keys]")
+    return tuf
+
+
+def _require_pinned_tuf_keys(pins: ChannelPins, tuf: TufRepository, source: str) -> None:
+    """Each TUF role signs with a pinned key, and the index's root (when there is one) names
+    only pinned keys: stable's TUF metadata is by pinned keys, whoever made the repository."""
+    if pins.by_use is None:
+        return
+    for role in ROLES:
+        if tuf.signers is None:  # generated under the state directory: never pinned
+            public = tuf.keys_dir / f"{role}.pub.json"
+            if not public.is_file():
+                raise SigningError(f"{pins.where(role)}: expected the TUF {role} key to be a "
+                                   "pinned one; got keys to be generated (give "
+                                   "[publish.tuf_keys] or --key-dir)")  # fmt: skip
+            key, what = load_public_key(public), f"the generated key {public}"
+        else:
+            key, what = tuf.signers[role][1], f"{source} {role}"
+        pins.require(key, role, what)
+    _require_pinned_root(pins, TufRepository(tuf.directory).trusted_root_path)
+
+
+def _require_pinned_root(pins: ChannelPins, root_path: Path) -> None:
+    if pins.by_use is None or not root_path.is_file():
+        return
+    try:
+        root = Metadata[Root].from_bytes(root_path.read_bytes()).signed
+    except Exception as error:  # tuf raises its own types for each malformed part
+        raise SigningError(f"{root_path}: not a TUF root ({type(error).__name__})") from None
+    for role in ROLES:
+        pins.require_all(root.roles[role].keyids, role, f"the TUF root {root_path} for {role}")
 
 
 def _publish_with(
@@ -284,13 +319,15 @@ def declared_interpreters(
     return [path for path in found.values() if path is not None]
 
 
-def _verify_with(context: Context, index: Index, public_key: Any) -> None:
+def _verify_with(context: Context, index: Index, channel: str, public_key: Any) -> None:
     # A verify.json of an earlier pass must not stand for this verify if it fails.
     records.discard(context.out_dir, records.VerifyRecord)
     version = project_version()
     interpreters = declared_interpreters(context.manifest)
     stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
     statement = read_and_verify_envelope(stored, public_key)
+    pins = channel_pins(context.manifest, channel, context.channel(channel)[1])
+    _require_pinned_root(pins, TufRepository(index.tuf_dir).trusted_root_path)
     # What pip downloads must also be the TUF target the publisher signed (the cache in the
     # state dir remembers the metadata seen, so a later rollback is refused).
     trusted = TrustedIndex(index.tuf_url, TufRepository(index.tuf_dir).trusted_root_path,
@@ -345,7 +382,7 @@ def step_verify(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
     _, public_key = channel_signer(context, channel, spec)
     with _index(context) as index:
-        _verify_with(context, index, public_key)
+        _verify_with(context, index, channel, public_key)
     return 0
 
 
@@ -467,4 +504,4 @@ def sign_publish_verify(context: Context, channel: str, spec: ChannelSpec) -> No
         console.rule(f"publish to {index.simple_url}")
         _publish_with(context, index, channel, published, tuf, attestations)
         console.rule("verify")
-        _verify_with(context, index, public_key)
+        _verify_with(context, index, channel, public_key)
