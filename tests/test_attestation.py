@@ -1,8 +1,8 @@
 """Gate attestations (release/trust/attestation.py) and the keys behind them
 (release/trust/keys.py): a verdict counts only when a key the manifest lists for the gate's
 runner class signed it over exactly the published digests; an altered, unsigned or unreadable
-envelope refuses the publish by itself; an operator's stable keys are made by `keygen`, and dev
-keys are refused for stable by fingerprint wherever their files were copied."""
+envelope refuses the publish by itself; an operator's stable keys are made by `keygen`
+(tests/test_pinned_keys.py: stable takes only the keys its manifest pins)."""
 
 from __future__ import annotations
 
@@ -33,12 +33,10 @@ from release.trust.attestation import (
 )
 from release.trust.keys import (
     attesting_signer,
-    channel_signer,
     make_channel_keys,
     tuf_keys_spec,
 )
 from release.trust.sign import (
-    key_paths,
     load_public_key,
     load_signer,
     sign_statement,
@@ -238,17 +236,9 @@ def _context(tmp_path: Path, **given) -> Context:
     return Context(manifest, REPO_ROOT, tmp_path / "out", tmp_path / "state", **given)
 
 
-def test_the_key_dir_signs_stable_and_a_copied_dev_key_is_refused_by_fingerprint(tmp_path):
+def test_a_key_dir_without_a_role_key_is_named(tmp_path):
     keys = tmp_path / "keys"
     make_channel_keys("stable", keys)
-    context = _context(tmp_path, key_dir=keys)
-    _, public = channel_signer(context, "stable", context.manifest.channel("stable"))
-    assert public.keyid == json.loads((keys / "stable-signing-key.pub.json").read_text())["keyid"]
-    # The dev key of this state dir, copied over the stable key: same bytes, other place.
-    load_signer("generate", channel="dev", state_dir=tmp_path / "state")
-    shutil.copyfile(key_paths(tmp_path / "state", "dev")[0], keys / "stable-signing-key.pem")
-    with pytest.raises(SigningError, match="is a generated dev key"):
-        channel_signer(context, "stable", context.manifest.channel("stable"))
     (keys / "tuf-root.pem").unlink()
     with pytest.raises(SigningError, match=r"--key-dir .*: expected tuf-root\.pem"):
         tuf_keys_spec(keys)
@@ -278,20 +268,6 @@ def test_attester_keys_are_files_beside_the_manifest(tmp_path):
     with pytest.raises(PublishError, match=r"stable\.attesters\.gpu\[0\]: expected a public "
                        r"key file beside the manifest; .*none\.pub\.json"):  # fmt: skip
         channel_attestations(context, "stable", context.manifest.channel("stable"), {}, signing)
-
-
-def test_a_dev_key_listed_as_an_attester_is_refused_for_stable(tmp_path):
-    load_signer("generate", channel="dev", state_dir=tmp_path / "state")
-    manifest_dir = tmp_path / "m"
-    (manifest_dir / "keys").mkdir(parents=True)
-    shutil.copyfile(tmp_path / "state" / "keys" / "dev-signing-key.pub.json",
-                    manifest_dir / GPU_ATTESTER)  # fmt: skip
-    shutil.copyfile(DEFAULT_MANIFEST, manifest_dir / "activekv.toml")
-    manifest = load_manifest(manifest_dir / "activekv.toml")
-    context = Context(manifest, REPO_ROOT, tmp_path / "out", tmp_path / "state")
-    signing = CryptoSigner.generate_ed25519().public_key
-    with pytest.raises(SigningError, match=r"attesters\.gpu\[0\] is a generated dev key"):
-        channel_attestations(context, "stable", manifest.channel("stable"), {}, signing)
 
 
 def test_key_material_that_others_may_write_is_refused(tmp_path):

@@ -74,6 +74,7 @@ def _pinned_text(manifest_path: Path, channel: str, paths: dict[str, str]) -> st
                                "is a commit of this table (docs/trust.md)."))  # fmt: skip
     for use in PinnedKeys.model_fields:
         pinned[use] = [paths[use]]
+    pinned.add(tomlkit.nl())
     if "pinned" in table:
         del table["pinned"]
     table["pinned"] = pinned
