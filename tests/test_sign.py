@@ -223,13 +223,6 @@ def test_kms_signer_uri_reports_a_clear_error_where_its_library_is_missing(
                     public_key=public)  # fmt: skip
 
 
-def test_generate_is_refused_for_stable(tmp_path: Path) -> None:
-    # A dev key given as a file is refused by the pins instead (tests/test_pinned_keys.py).
-    with pytest.raises(SigningError, match=r"dev keys can never sign for stable"):
-        load_signer("generate", channel="stable", state_dir=tmp_path)
-    assert not key_paths(tmp_path, "stable")[0].exists()
-
-
 # ----------------------------------------------------------------------------- statement
 
 
