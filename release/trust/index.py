@@ -15,28 +15,31 @@ import contextlib
 import hashlib
 import json
 import os
+import posixpath
 import re
 import secrets
 import stat
 import sys
 import urllib.error
 import urllib.parse
-import urllib.request
 import warnings
-from html.parser import HTMLParser
+from dataclasses import dataclass
+from email.message import Message
 from pathlib import Path
 from types import TracebackType
 
+from pypi_simple import ProjectPage, RepositoryPage, UnsupportedRepoVersionError
+
 from release.errors import PackageIndexError
+from release.manifest import NetworkLimits
 from release.trust.server_process import HOST, ServerProcess
+from release.util import http
 from release.util.paths import script
 
 with warnings.catch_warnings():
     # passlib 1.7.4 imports the stdlib `crypt` module, deprecated since Python 3.11.
     warnings.simplefilter("ignore", DeprecationWarning)
     from passlib.apache import HtpasswdFile
-
-_HTTP_TIMEOUT_S = 30.0
 
 
 class EmbeddedIndex:
@@ -213,74 +216,140 @@ class EmbeddedIndex:
 
 # ------------------------------------------------------------------------------- listing
 
+# What pip asks an index page for (pip/_internal/index/collector.py): PEP 691 JSON first.
+SIMPLE_ACCEPT = ", ".join(
+    ["application/vnd.pypi.simple.v1+json", "application/vnd.pypi.simple.v1+html; q=0.1",
+     "text/html; q=0.01"]
+)  # fmt: skip
+_JSON_PAGE = "application/vnd.pypi.simple.v1+json"
+_HTML_PAGES = ("text/html", "application/vnd.pypi.simple.v1+html")
+# pip's egg= name-version, which it takes over the file name (pip/_internal/models/link.py),
+# read anywhere in the URL, and only when it is a project name.
+_EGG = re.compile(r"[#&]egg=([^&]*)")
+_EGG_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
+_RESERVED = re.compile(r"(@|%2F)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One link of a project's index page, as pip reads it."""
+
+    filename: str  # pip's: the URL path's last segment, unquoted (no query, no fragment)
+    url: str  # what pip downloads: the link quoted as pip quotes it, without its fragment
+    sha256: str | None  # from the link's #sha256= or the JSON page's hashes
+    egg: str | None = None  # an egg= name-version, which pip reads the version from
+
 
 def normalize_project(name: str) -> str:
     """PEP 503 normalised project name."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def project_links(simple_url: str, project: str) -> list[tuple[str, str, str]]:
-    """(file name, download URL, fragment) of every link on the project's page of the index
-    (none when the index does not know the project); PackageIndexError when it cannot be read."""
-    page_url = urllib.parse.urljoin(simple_url.rstrip("/") + "/", f"{normalize_project(project)}/")
+def project_page_url(simple_url: str, project: str) -> str:
+    return urllib.parse.urljoin(simple_url.rstrip("/") + "/", f"{normalize_project(project)}/")
+
+
+def project_files(
+    simple_url: str,
+    project: str,
+    *,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+) -> list[IndexFile]:
+    """Every link of the project's page of the index (PEP 503 HTML or PEP 691 JSON, asked for as
+    pip asks), read with pypi-simple; [] when the index does not know the project;
+    PackageIndexError when the page cannot be read, is too large or too slow (``limits``)."""
+    page_url = project_page_url(simple_url, project)
     try:
-        with urllib.request.urlopen(page_url, timeout=_HTTP_TIMEOUT_S) as response:
-            page_base = response.geturl()
-            html = response.read().decode("utf-8", errors="replace")
+        reply, body = http.get(page_url, limits=limits, headers={"Accept": SIMPLE_ACCEPT})
     except urllib.error.HTTPError as exc:
+        exc.close()
         if exc.code == 404:
             return []
         raise PackageIndexError(f"{page_url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise PackageIndexError(f"{page_url}: the index cannot be reached ({exc})") from None
-    links = []
-    for href in _links(html):
-        location, _, fragment = urllib.parse.urljoin(page_base, href).partition("#")
-        links.append((urllib.parse.unquote(location.rsplit("/", 1)[-1]), location, fragment))
-    return links
+    except urllib.error.URLError as exc:
+        raise PackageIndexError(f"{page_url}: the index cannot be reached ({exc.reason})") from None
+    return parse_project_page(reply.url, reply.headers, body)
 
 
-def list_project_files(simple_url: str, project: str) -> dict[str, str]:
+def parse_project_page(page_url: str, headers: Message, body: bytes) -> list[IndexFile]:
+    """The links of a project page served with ``headers`` (pip reads no other kind)."""
+    content_type = headers.get("Content-Type") and headers.get_content_type()
+    try:
+        if content_type == _JSON_PAGE:
+            page = ProjectPage.from_json_data(json.loads(body), base_url=page_url)
+            return [_index_file(p.url, p.digests.get("sha256")) for p in page.packages]
+        if content_type in _HTML_PAGES:
+            charset = headers.get_content_charset()
+            links = RepositoryPage.from_html(body, page_url, charset).links
+            return [_index_file(link.url, None) for link in links]
+    except (ValueError, UnsupportedRepoVersionError) as exc:
+        raise PackageIndexError(f"{page_url}: not a PEP 503/691 project page "
+                                f"({type(exc).__name__})") from None  # fmt: skip
+    raise PackageIndexError(
+        f"{page_url}: expected a PEP 503 (text/html) or PEP 691 ({_JSON_PAGE}) project page; "
+        f"got Content-Type {headers.get('Content-Type', 'none')!r}"
+    )
+
+
+def _index_file(url: str, listed_sha256: str | None) -> IndexFile:
+    location, _, fragment = url.partition("#")
+    hashes = urllib.parse.parse_qs(fragment)
+    egg = _EGG.search(url)
+    return IndexFile(
+        filename=pip_filename(url),
+        url=_pip_quoted(location),
+        sha256=(hashes["sha256"][0] if "sha256" in hashes else listed_sha256 or None),
+        egg=egg.group(1) if egg and _EGG_NAME.match(egg.group(1)) else None,
+    )
+
+
+def pip_filename(url: str) -> str:
+    """The name pip gives the file at ``url`` (its Link.filename): the path's last segment,
+    percent-decoded (a %2F in it splits it), without query or fragment; "" for none."""
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+    name = posixpath.basename(path.rstrip("/"))
+    return "" if name in (".", "..") else name
+
+
+def _pip_quoted(url: str) -> str:
+    """``url`` quoted as pip quotes a link before it downloads it (its _ensure_quoted_url)."""
+    parts = urllib.parse.urlsplit(url)
+    pieces = _RESERVED.split(parts.path)
+    path = "".join(urllib.parse.quote(urllib.parse.unquote(piece)) if number % 2 == 0
+                   else piece.upper() for number, piece in enumerate(pieces))  # fmt: skip
+    return urllib.parse.urlunsplit(parts._replace(path=path))
+
+
+def list_project_files(
+    simple_url: str,
+    project: str,
+    *,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+) -> dict[str, str]:
     """File name to sha256 of every file the index serves for ``project``; {} when unknown.
 
-    Digests come from the links' ``#sha256=`` fragments (pypiserver computes them from the stored
-    files); a link without one is downloaded and hashed.
+    Digests come from the links' ``#sha256=`` fragments or the JSON page's hashes (pypiserver
+    computes them from the stored files); a file listed without one is downloaded and hashed.
     """
     files: dict[str, str] = {}
-    for filename, location, fragment in project_links(simple_url, project):
-        algorithm, _, digest = fragment.partition("=")
-        files[filename] = digest.lower() if algorithm == "sha256" else _download_sha256(location)
+    for found in project_files(simple_url, project, limits=limits):
+        files[found.filename] = (found.sha256 or _download_sha256(found.url, limits)).lower()
     return files
 
 
-def _download_sha256(url: str) -> str:
+def _download_sha256(url: str, limits: NetworkLimits) -> str:
     digest = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-    except (urllib.error.URLError, OSError) as exc:
-        raise PackageIndexError(f"{url}: cannot download to compute its digest ({exc})") from None
+        http.fetch(url, digest.update, limits=limits)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        raise PackageIndexError(f"{url}: cannot download to compute its digest (HTTP "
+                                f"{exc.code} {exc.reason})") from None  # fmt: skip
+    except urllib.error.URLError as exc:
+        raise PackageIndexError(
+            f"{url}: cannot download to compute its digest ({exc.reason})"
+        ) from None
     return digest.hexdigest()
-
-
-class _AnchorParser(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            href = dict(attrs).get("href")
-            if href:
-                self.hrefs.append(href)
-
-
-def _links(html: str) -> list[str]:
-    parser = _AnchorParser()
-    parser.feed(html)
-    parser.close()
-    return parser.hrefs
 
 
 def install_hint(simple_url: str, project: str) -> str:

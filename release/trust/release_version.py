@@ -4,7 +4,8 @@ index file names and from a signed statement."""
 
 from __future__ import annotations
 
-import contextlib
+import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,11 @@ from packaging.version import InvalidVersion, Version
 from release.errors import PublishError
 from release.trust.index import normalize_project
 
-# What pip reads as a source distribution (besides wheels), so as a file of some version.
-_SDIST_EXTENSIONS = (".tar.gz", ".zip", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tlz", ".tar.lz",
-                     ".tar.lzma", ".tgz", ".tar")  # fmt: skip
+# What pip takes as a distribution (pip/_internal/utils/filetypes.py), so as a file of a version.
+_PIP_EXTENSIONS = (".zip", ".whl", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz", ".tar.xz",
+                   ".txz", ".tlz", ".tar.lz", ".tar.lzma")  # fmt: skip
+# A source archive's "-py3.1" suffix, which pip drops from the version (its _py_version_re).
+_PY_SUFFIX = re.compile(r"-py([123]\.?[0-9]?)$")
 
 
 def version_key(version: str) -> str:
@@ -29,31 +32,65 @@ def version_key(version: str) -> str:
         raise PublishError(f"version {version!r}: expected a PEP 440 version") from None
 
 
-def file_version(filename: str, project: str) -> Version | None:
-    """The version of ``project`` that a file of its index page is, read from its name as pip
-    reads it; None for a file pip would not take as one of ``project`` (another project, not a
-    distribution, or a name pip cannot read)."""
-    if filename.endswith(".whl"):
+def file_version(filename: str, project: str, egg: str | None = None) -> Version | None:
+    """The version of ``project`` that a file of its index page is, read as pip reads it
+    (pip/_internal/index/package_finder.py, LinkEvaluator): a wheel's from its name, a source
+    archive's from ``name-version`` with the name spelled any way pip accepts, and from the link's
+    ``egg`` fragment instead where it has one. None for a file pip would not take as one of
+    ``project`` (another project, not a distribution, or a name pip cannot read)."""
+    stem, extension = _split_extension(filename)
+    if extension not in _PIP_EXTENSIONS:
+        return None
+    if egg is None and extension == ".whl":
         try:
             name, version, _, _ = parse_wheel_filename(filename)
         except (InvalidWheelFilename, InvalidVersion):
             return None
         return version if name == normalize_project(project) else None
-    stem = next((filename[: -len(e)] for e in _SDIST_EXTENSIONS if filename.endswith(e)), None)
-    if stem is None:
-        return None
-    for cut, char in enumerate(stem):  # name-version, the name spelled any way pip accepts
-        if char == "-" and normalize_project(stem[:cut]) == normalize_project(project):
-            with contextlib.suppress(InvalidVersion):
-                return Version(stem[cut + 1 :])
+    return _name_version(stem if egg is None else egg, project)
+
+
+def _split_extension(filename: str) -> tuple[str, str]:
+    """pip's splitext: ``.tar`` is kept with the extension after it (``.tar.gz``)."""
+    stem, extension = posixpath.splitext(filename)
+    if stem.lower().endswith(".tar"):
+        stem, extension = stem[:-4], stem[-4:] + extension
+    return stem, extension
+
+
+def _name_version(text: str, project: str) -> Version | None:
+    """The version after the first ``-`` that ends a spelling of ``project`` (pip's
+    _extract_version_from_fragment), less a ``-pyX.Y`` suffix pip reads as a target Python."""
+    for cut, char in enumerate(text):
+        if char == "-" and normalize_project(text[:cut]) == normalize_project(project):
+            try:
+                return Version(_PY_SUFFIX.sub("", text[cut + 1 :]))
+            except InvalidVersion:
+                return None
     return None
 
 
-def of_version(filename: str, project: str, version: str) -> bool:
-    """Whether pip takes ``filename`` for ``project==version``: the same version however it is
-    spelled (``0.1`` for ``0.1.0``), and a local label of it (``0.1.0+hotfix``) too."""
-    found = file_version(filename, project)
+def of_version(filename: str, project: str, version: str, egg: str | None = None) -> bool:
+    """Whether pip takes ``filename`` (with the link's ``egg`` fragment, if any) for
+    ``project==version``: the same version however it is spelled (``0.1`` for ``0.1.0``), and a
+    local label of it (``0.1.0+hotfix``) too."""
+    found = file_version(filename, project, egg)
     return found is not None and Specifier(f"=={version}").contains(found, prereleases=True)
+
+
+def version_spellings(version: str) -> list[str]:
+    """``version`` as file names may spell it, PEP 440-normalised, the release written with
+    from none to three trailing zeros (``0.1``, ``0.1.0``, ``0.1.0.0``): a name made with the
+    spelling its publisher gave is found from any other (pip takes each for the others)."""
+    parsed = Version(version)
+    release = list(parsed.release)
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    epoch = f"{parsed.epoch}!" if parsed.epoch else ""
+    tail = str(parsed)[len(epoch) + len(".".join(map(str, parsed.release))) :]
+    spelled = [epoch + ".".join(map(str, release + [0] * zeros)) + tail for zeros in range(4)]
+    first = str(parsed)
+    return [first, *(s for s in dict.fromkeys(spelled) if s != first)]
 
 
 def project_and_version(wheels: Sequence[Path]) -> tuple[str, str]:

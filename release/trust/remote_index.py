@@ -26,11 +26,12 @@ from pathlib import Path
 from types import TracebackType
 
 from release.errors import PublishError
+from release.manifest import NetworkLimits
+from release.util import http
 
 ENV_USERNAME = "ACTIVEKV_INDEX_USERNAME"
 ENV_PASSWORD = "ACTIVEKV_INDEX_PASSWORD"
 ENV_TOKEN = "ACTIVEKV_INDEX_TOKEN"
-_HTTP_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -45,6 +46,7 @@ class RemoteIndex:
     keys_dir: Path  # the TUF roles' generated (dev) keys: never under tuf_dir, which is served
     default_username: str
     upload: bool = False  # opened to upload: credentials found and tried at __enter__
+    limits: NetworkLimits = NetworkLimits()  # noqa: RUF009 (frozen: one shared default is fine)
     # Never in repr: a traceback or log that shows the index must not show its password.
     _credentials: tuple[str, str] | None = field(default=None, repr=False)
 
@@ -64,7 +66,7 @@ class RemoteIndex:
     def __enter__(self) -> RemoteIndex:
         if self.upload:
             credentials = find_credentials(self.url, self.default_username)
-            check_credentials(self.url, *credentials)
+            check_credentials(self.url, *credentials, limits=self.limits)
             self._credentials = credentials
         return self
 
@@ -84,12 +86,15 @@ class RemoteIndex:
     def overwrite_note(self) -> str | None:
         """What the server would do with a file of a name it has: a devpi index with
         ``volatile`` replaces it. None where the server does not say (pypiserver does not)."""
-        request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:
-                document = json.load(response)
-        except (urllib.error.URLError, OSError, ValueError):
+            _, body = http.get(self.url, limits=self.limits, headers={"Accept": "application/json"},
+                               error=PublishError)  # fmt: skip
+            document = json.loads(body)
+        except urllib.error.HTTPError as exc:
+            exc.close()
             return None
+        except (urllib.error.URLError, ValueError):
+            return None  # it does not say; a reply past the limits is a PublishError
         result = document.get("result") if isinstance(document, dict) else None
         if isinstance(result, dict) and result.get("volatile") is True:
             return f"the server would have let it ({self.url} is a volatile devpi index)"
@@ -113,16 +118,33 @@ def find_credentials(upload_url: str, default_username: str) -> tuple[str, str]:
 
 
 def _keyring_password(upload_url: str, username: str) -> str | None:
+    """keyring's password for ``upload_url`` and ``username``, None where it has none (or no
+    backend); PublishError in one line when its backend fails: a backend is anyone's code and may
+    raise anything, and its message may quote a secret, so only the exception's type is named."""
     try:
         import keyring  # twine's own credential store
-        from keyring.errors import KeyringError
-
-        try:
-            return keyring.get_password(upload_url, username)
-        except KeyringError:  # no backend on this machine
-            return None
+        from keyring.errors import NoKeyringError
     except ImportError:
         return None
+    backend = "keyring"
+    try:
+        backend = _backend_name(keyring.get_keyring())
+        password = keyring.get_password(upload_url, username)
+    except NoKeyringError:  # no backend on this machine
+        return None
+    except Exception as exc:  # anything a third-party backend raises
+        raise PublishError(
+            f"keyring backend {backend} failed ({type(exc).__name__}) reading the password of "
+            f"user {username!r} for {upload_url}; set {ENV_PASSWORD} (and {ENV_USERNAME}) or "
+            f"{ENV_TOKEN} instead, or PYTHON_KEYRING_BACKEND=keyring.backends.null.Keyring to "
+            "leave keyring out; nothing was uploaded"
+        ) from None
+    return password if isinstance(password, str) else None
+
+
+def _backend_name(backend: object) -> str:
+    kind = type(backend)
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
@@ -130,10 +152,13 @@ class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx is raised as an HTTPError instead
 
 
-_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects)
-
-
-def check_credentials(upload_url: str, username: str, password: str) -> None:
+def check_credentials(
+    upload_url: str,
+    username: str,
+    password: str,
+    *,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+) -> None:
     """Tries the credentials on ``upload_url`` with an upload that carries no file: the server
     checks who asks before what is sent, so 401 or 403 means refused; anything else (devpi and
     pypiserver answer 400: no file) means accepted. PublishError names the index and the cause."""
@@ -149,7 +174,8 @@ def check_credentials(upload_url: str, username: str, password: str) -> None:
                  "Authorization": f"Basic {token}"},
     )  # fmt: skip
     try:
-        with _NO_REDIRECTS.open(request, timeout=_HTTP_TIMEOUT_S):
+        # The reply's body is not read: its status says all (within the deadline).
+        with http.opened(request, limits=limits, error=PublishError, handlers=[_RefuseRedirects()]):
             return
     except urllib.error.HTTPError as exc:
         exc.close()

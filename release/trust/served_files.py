@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import shutil
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from release.errors import PackageIndexError, VerifyError
-from release.trust.index import project_links
+from release.manifest import NetworkLimits
+from release.trust.index import IndexFile, project_files
 from release.trust.release_version import of_version
+from release.util import http
 from release.util.digests import sha256_file
-
-_HTTP_TIMEOUT_S = 60.0
 
 
 def check_served_files(
@@ -26,19 +25,23 @@ def check_served_files(
     signed: Mapping[str, str],
     folder: Path,
     file_check: Callable[[Path], None] | None = None,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
 ) -> dict[str, str]:
-    """Every file the index lists for ``project==version`` (each file pip would take for it),
-    downloaded into ``folder``, checked by ``file_check`` and against ``signed`` (the statement's
-    subjects): exactly those files, each with its signed digest. Name to sha256; VerifyError
-    naming the first file that is not so (a pip install checks only the one file it picks)."""
+    """Every file the index lists for ``project==version`` (each file pip could take for it on
+    any interpreter: wheels of every tag, source archives, yanked files and files of any
+    Requires-Python included, named as pip names them), downloaded into ``folder``, checked by
+    ``file_check`` and against ``signed`` (the statement's subjects): exactly those files, each
+    with its signed digest. Name to sha256; VerifyError naming the first file that is not so (a
+    pip install checks only the one file it picks). ``limits`` bound every read."""
     release = f"{project} {version}"
     foreign = sorted(name for name in signed if not of_version(name, project, version))
     if foreign:
         raise VerifyError(f"the signed statement names {', '.join(foreign)}: expected only files "
                           f"of {release}")  # fmt: skip
     served: dict[str, str] = {}
-    for name, url in _project_files(simple_url, project):
-        if of_version(name, project, version):
+    for found in _project_files(simple_url, project, limits):
+        name, url = found.filename, found.url
+        if of_version(name, project, version, found.egg):
             if served.get(name, url) != url:  # which one would pip take?
                 raise VerifyError(f"{simple_url} lists {name} twice, at {served[name]} and {url}: "
                                   "expected one file of a name")  # fmt: skip
@@ -48,7 +51,7 @@ def check_served_files(
     folder.mkdir(parents=True)
     checked: dict[str, str] = {}
     for name, url in sorted(served.items()):
-        path = _download(url, folder / name)
+        path = _download(url, folder / name, limits)
         if file_check is not None:
             file_check(path)
         digest = sha256_file(path)
@@ -73,22 +76,25 @@ def check_served_files(
     return checked
 
 
-def _project_files(simple_url: str, project: str) -> list[tuple[str, str]]:
-    """(file name, download URL) of every link on the project's page of the index."""
+def _project_files(simple_url: str, project: str, limits: NetworkLimits) -> list[IndexFile]:
+    """Every link on the project's page of the index, as pip reads it."""
     try:
-        return [(name, url) for name, url, _ in project_links(simple_url, project)]
+        return project_files(simple_url, project, limits=limits)
     except PackageIndexError as exc:
         raise VerifyError(str(exc)) from None
 
 
-def _download(url: str, destination: Path) -> Path:
+def _download(url: str, destination: Path, limits: NetworkLimits) -> Path:
     """``url`` saved as ``destination`` (whose name is the listed file's: a plain name)."""
     if destination.name != Path(destination.name).name or destination.name.startswith("."):
         raise VerifyError(f"{url}: expected a plain file name; got {destination.name!r}")
     try:
-        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
-            with destination.open("wb") as stream:
-                shutil.copyfileobj(response, stream)
-    except (urllib.error.URLError, OSError) as exc:
-        raise VerifyError(f"{url}: cannot download {destination.name} ({exc})") from None
+        with destination.open("wb") as stream:
+            http.fetch(url, stream.write, limits=limits, error=VerifyError)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        raise VerifyError(f"{url}: cannot download {destination.name} (HTTP {exc.code} "
+                          f"{exc.reason})") from None  # fmt: skip
+    except urllib.error.URLError as exc:
+        raise VerifyError(f"{url}: cannot download {destination.name} ({exc.reason})") from None
     return destination

@@ -14,12 +14,13 @@ import socket
 import subprocess
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from release.errors import PackageIndexError
+from release.manifest import NetworkLimits
+from release.util import http
 
 HOST = "127.0.0.1"
 _STOP_TIMEOUT_S = 15.0
@@ -137,10 +138,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_ANSWER_LIMITS = NetworkLimits(deadline_s=1.0)
+
+
 def answers(url: str) -> bool:
-    """Whether `url` answers 200 within a second."""
+    """Whether `url` answers 200 within a second (its headers, whole: one that drips them does
+    not hold the start up; its body is never read)."""
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
+        with http.opened(url, limits=_ANSWER_LIMITS) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, PackageIndexError):
         return False

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import urllib.error
+from collections.abc import Iterator
 from pathlib import Path
 
 from tuf.api.exceptions import (
     BadVersionNumberError,
     DownloadError,
+    DownloadHTTPError,
     ExpiredMetadataError,
     LengthOrHashMismatchError,
     RepositoryError,
@@ -26,9 +30,11 @@ from tuf.api.exceptions import (
 )
 from tuf.api.metadata import Metadata, Root, TargetFile
 from tuf.api.serialization import DeserializationError
-from tuf.ngclient import Updater, UpdaterConfig
+from tuf.ngclient import FetcherInterface, Updater, UpdaterConfig
 
 from release.errors import VerifyError
+from release.manifest import NetworkLimits
+from release.util import http
 from release.util.urls import masked_url, url_secrets
 
 # What a file the index serves but the TUF metadata does not name is.
@@ -65,10 +71,72 @@ def _why(error: BaseException) -> str:
     return f"{type(error).__name__}: {cause if cause is not None else 'no detail'}"
 
 
+class LimitError(DownloadError):
+    """A TUF server's reply past a limit of ``[publish.limits]``; its message is the one line
+    naming the URL and the limit."""
+
+
+class BoundedFetcher(FetcherInterface):
+    """python-tuf's downloads through release/util/http.py: each request within
+    ``limits.deadline_s``; metadata (under ``metadata_url``) at most ``limits.page_bytes``, a
+    target at most ``limits.file_bytes`` (python-tuf's own lengths, smaller, apply as well)."""
+
+    def __init__(self, metadata_url: str, limits: NetworkLimits) -> None:
+        self._metadata_url = metadata_url
+        self._limits = limits
+
+    def _fetch(self, url: str) -> Iterator[bytes]:
+        key: http.CapKey = "page_bytes" if url.startswith(self._metadata_url) else "file_bytes"
+        return self._chunks(url, key)
+
+    def _chunks(self, url: str, key: http.CapKey) -> Iterator[bytes]:
+        # A generator: python-tuf wraps only what _fetch raises itself, so every error raised
+        # while reading is a DownloadError here (DownloadHTTPError: a missing next root is 404).
+        try:
+            with http.opened(url, limits=self._limits, error=LimitError) as reply:
+                yield from reply.chunks(key)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise DownloadHTTPError(f"{url}: HTTP {exc.code} {exc.reason}", exc.code) from None
+        except urllib.error.URLError as exc:
+            raise DownloadError(f"{url}: cannot be reached ({exc.reason})") from None
+
+
+# python-tuf's messages where the metadata served do not match each other (not older than seen):
+# the timestamp names another snapshot version, the snapshot another targets version, or a
+# versioned root file holds another version (tuf/ngclient/_internal/trusted_metadata_set.py).
+_MISMATCHES = (
+    (re.compile(r"Expected snapshot version (\d+), got (\d+)"), "timestamp", "snapshot"),
+    (re.compile(r"Expected (\w+) v(\d+), got v(\d+)\."), "snapshot", None),
+    (re.compile(r"Expected root version (\d+) instead got version (\d+)"), None, "root"),
+)
+
+
+def mismatch(message: str) -> str | None:
+    """What a BadVersionNumberError's ``message`` says in words when the metadata served do not
+    match each other (mix-and-match); None when it is older than what was seen (rollback)."""
+    for pattern, naming, named in _MISMATCHES:
+        if found := pattern.search(message):
+            *role, expected, served = found.groups()
+            role_name = named or role[0]
+            if naming is None:
+                return f"the file of root version {expected} holds root version {served}"
+            return (f"the {naming} names {role_name} version {expected} but the server serves "
+                    f"{role_name} version {served}")  # fmt: skip
+    return None
+
+
 class TrustedIndex:
     """The TUF targets of an index, checked from a trusted root; ``refresh`` before use."""
 
-    def __init__(self, tuf_url: str, trusted_root: Path, cache_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        tuf_url: str,
+        trusted_root: Path,
+        cache_dir: Path | None = None,
+        *,
+        limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+    ) -> None:
         refuse_credentials("the TUF URL", tuf_url)
         self._tuf_url = tuf_url.rstrip("/") + "/"
         self.metadata_url = self._tuf_url + "metadata/"
@@ -104,6 +172,7 @@ class TrustedIndex:
                 # Wheels are downloaded by pip under their plain names, not hash-prefixed ones.
                 config=UpdaterConfig(prefix_targets_with_hash=False),
                 bootstrap=root,
+                fetcher=BoundedFetcher(self.metadata_url, limits),
             )
         except (RepositoryError, ValueError) as exc:
             raise VerifyError(
@@ -121,6 +190,11 @@ class TrustedIndex:
                 "or frozen: the publisher must re-sign it"
             ) from None
         except BadVersionNumberError as exc:
+            if mixed := mismatch(str(exc)):
+                raise VerifyError(
+                    f"TUF metadata from {self.metadata_url} do not match each other: {mixed} "
+                    "(mix-and-match refused: metadata of different versions served together)"
+                ) from None
             raise VerifyError(
                 f"TUF metadata from {self.metadata_url} is older than what this consumer has "
                 f"already seen (rollback refused: {exc}); cache {self.cache_dir}"
@@ -139,10 +213,16 @@ class TrustedIndex:
             raise VerifyError(
                 f"TUF metadata from {self.metadata_url} is refused ({type(exc).__name__}: {exc})"
             ) from None
+        except LimitError as exc:
+            raise VerifyError(str(exc)) from None
         except DownloadError as exc:
             raise VerifyError(
                 f"TUF metadata cannot be downloaded from {self.metadata_url} ({_why(exc)})"
             ) from None
+
+    def has_target(self, target_path: str) -> bool:
+        """Whether ``target_path`` is a TUF target (after ``refresh``)."""
+        return self._updater.get_targetinfo(target_path) is not None
 
     def target(self, target_path: str, *, unknown: str = UNKNOWN_FILE) -> TargetFile:
         """The signed length and hashes of ``target_path``; VerifyError when it is unknown,
@@ -178,6 +258,8 @@ class TrustedIndex:
                 f"{target_path} from {self.targets_url} does not match its TUF target ({exc}): "
                 "tampered file"
             ) from None
+        except LimitError as exc:
+            raise VerifyError(str(exc)) from None
         except DownloadError as exc:
             raise VerifyError(
                 f"{target_path} cannot be downloaded from {self.targets_url} ({_why(exc)})"

@@ -36,10 +36,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from release.errors import ReleaseError, SigningError, VerifyError
-from release.manifest import index_root
+from release.manifest import NetworkLimits, index_root
 from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
-from release.trust.release_version import same_version, statement_version
+from release.trust.release_version import same_version, statement_version, version_spellings
 from release.trust.served_files import check_served_files
 from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
@@ -92,11 +92,13 @@ def verify_from_index(
     imports: Sequence[str],
     workdir: Path,
     file_check: Callable[[Path], None] | None = None,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
 ) -> Verification:
     """Check every file the index serves for ``project==version`` against the statement, then
     download, check, install and import it once per interpreter.
 
-    ``file_check`` (e.g. :meth:`TrustedIndex.check_file`) judges each downloaded file first.
+    ``file_check`` (e.g. :meth:`TrustedIndex.check_file`) judges each downloaded file first;
+    ``limits`` bound every read of the index (pip's own reads have its timeouts).
     """
     if not interpreters:
         raise VerifyError("no interpreters to verify with")
@@ -106,7 +108,7 @@ def verify_from_index(
         raise VerifyError(f"the signed statement cannot be read: {exc}") from None
     files = check_served_files(
         simple_url=simple_url, project=project, version=version, signed=signed,
-        folder=workdir / "served", file_check=file_check,
+        folder=workdir / "served", file_check=file_check, limits=limits,
     )  # fmt: skip
     env = clean_pip_env()
     checks = []
@@ -185,21 +187,24 @@ def verify_release(
     workdir: Path,
     tuf_url: str | None = None,
     cache_dir: Path | None = None,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
 ) -> Verification:
-    """The consumer's verification of ``requirement`` on the index at ``index_url``."""
+    """The consumer's verification of ``requirement`` on the index at ``index_url``; ``limits``
+    bound every read of the index and the TUF server."""
     project, version = parse_requirement(requirement)
     refuse_credentials("--index", index_url)
     if tuf_url is not None:
         refuse_credentials("--tuf-url", tuf_url)
     for interpreter in interpreters:
         check_interpreter(interpreter)
-    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir)
+    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, cache_dir,
+                           limits=limits)  # fmt: skip
     statement = verified_statement(trusted, project, version, provenance_key, workdir)
     verify_attestations(statement, trusted, project, version, workdir)
     return verify_from_index(
         simple_url=index_url, project=project, version=version, statement=statement,
         interpreters=interpreters, imports=imports, workdir=workdir,
-        file_check=trusted.check_file,
+        file_check=trusted.check_file, limits=limits,
     )  # fmt: skip
 
 
@@ -214,7 +219,7 @@ def verified_statement(
         raise VerifyError(f"--provenance-key: expected the provenance signer's public key "
                           f"(<channel>-signing-key.pub.json); {exc}") from None  # fmt: skip
     trusted.refresh()
-    statement_target = f"{PROVENANCE_PREFIX}{project}-{version}.intoto.json"
+    statement_target = _statement_target(project, published_version(trusted, project, version))
     statement_path = trusted.download(
         statement_target,
         workdir / "provenance" / statement_target.rsplit("/", 1)[-1],
@@ -234,11 +239,25 @@ def verified_statement(
     return statement
 
 
+def _statement_target(project: str, version: str) -> str:
+    return f"{PROVENANCE_PREFIX}{normalize_project(project)}-{version}.intoto.json"
+
+
+def published_version(trusted: TrustedIndex, project: str, version: str) -> str:
+    """``version`` as its publisher spelled it in the TUF targets (``0.1.0`` for ``0.1``: the
+    same version to pip and to publish); ``version`` itself where none is a target."""
+    for spelled in version_spellings(version):
+        if trusted.has_target(_statement_target(project, spelled)):
+            return spelled
+    return version
+
+
 def verify_attestations(
     statement: Mapping[str, Any], trusted: TrustedIndex, project: str, version: str, workdir: Path
 ) -> list[Attestation]:
     """The gate attestations the verified statement rests on, each fetched as a TUF target and
     checked (release/trust/attestation.py: check_release); VerifyError says which fails."""
+    version = published_version(trusted, project, version)
     folder = workdir / "provenance" / release_folder(normalize_project(project), version)
 
     def fetch(target: str) -> Path:
