@@ -23,7 +23,7 @@ from typing import Any
 
 from release.evidence import Evidence
 from release.manifest import Manifest
-from release.records import GPU_STAGING_RECORD
+from release.records import GPU_STAGING_RECORD, SignRecord
 from release.report import html, markdown
 from release.report.loader import STALE, Records, gate_rows, load_records
 from release.report.model import Block, Cell, Document, Figure, Section, Table, Text
@@ -43,6 +43,18 @@ VERDICT_MARK = {"pass": "✓", "fail": "✗", "not-run": "○", STALE: "≠"}
 
 def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
+
+
+def built_from(sign: SignRecord) -> str:
+    """What the signed statement says the wheels were built from, in one sentence."""
+    if sign.source_commit is None:
+        return "Built outside a git checkout: the statement names no source commit."
+    if not sign.uncommitted:
+        return f"Built from commit {sign.source_commit}, with no uncommitted change to its inputs."
+    return (f"Built from commit {sign.source_commit} WITH {len(sign.uncommitted)} uncommitted "
+            f"change(s) to wheel inputs (sha256 {sign.uncommitted_sha256}: "
+            f"{', '.join(sign.uncommitted[:5])}{' …' if len(sign.uncommitted) > 5 else ''}); the "
+            "statement says so, and a rebuild from the commit will differ.")  # fmt: skip
 
 
 def describe(value: Any) -> str:
@@ -552,6 +564,7 @@ def _publishing(records: Records) -> Section:
                 f"DSSE over an in-toto v1 Statement (SLSA v1 provenance), key {sign.keyid}."
             )
         )
+        section.blocks.append(Text(built_from(sign), "fail" if sign.uncommitted else ""))
     if publish:
         section.blocks.append(Text(f"Publish to {publish.index}: {publish.message}"))
         rows = tuple(

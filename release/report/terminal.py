@@ -15,7 +15,7 @@ from rich.table import Table
 from release.gates.warmup import figure_lines
 from release.manifest import Manifest
 from release.records import BuildRecord
-from release.report.document import describe
+from release.report.document import built_from, describe
 from release.report.loader import GateRow, Records, gate_rows, load_records
 from release.trust.index import install_hint
 from release.util.progress import VERDICT_STYLE, console
@@ -86,6 +86,7 @@ def print_summary(out_dir: Path, manifest: Manifest, channel: str) -> None:
             f"signed statement: {sign.envelope}\n  sha256 {sign.envelope_sha256}, "
             f"DSSE over an in-toto v1 Statement (SLSA v1 provenance), key {sign.keyid}"
         )
+        console.print(escape(f"  {built_from(sign)}"), style="yellow" if sign.uncommitted else None)
         for name, digest in sorted(sign.subjects.items()):
             console.print(f"  subject {name} sha256 {digest}")
     else:
