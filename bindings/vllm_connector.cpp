@@ -57,6 +57,7 @@ constexpr const char* kShimModule = "activekv.vllm_connector";
 constexpr const char* kShimClass = "ActiveKVConnector";
 constexpr const char* kMetadataClass = "ActiveKVMetadata";
 constexpr const char* kFactoryModule = "vllm.distributed.kv_transfer.kv_connector.factory";
+constexpr const char* kRoleModule = "vllm.distributed.kv_transfer.kv_connector.v1.base";
 
 // Defaults for kv_connector_extra_config keys that are not given.
 constexpr std::int64_t kDefaultCpuBytes = std::int64_t{1} << 30;
@@ -404,10 +405,75 @@ std::string in_config_terms(const std::string& message) {
   return message;
 }
 
-bool same_layout(const KvBlockLayout& a, const KvBlockLayout& b) {
-  return a.num_layers() == b.num_layers() && a.block_size() == b.block_size() &&
-         a.num_kv_heads() == b.num_kv_heads() && a.head_dim() == b.head_dim() &&
-         a.dtype() == b.dtype();
+const char* torch_dtype_name(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::fp16:
+      return "torch.float16";
+    case KvDtype::bf16:
+      return "torch.bfloat16";
+    case KvDtype::fp32:
+      return "torch.float32";
+  }
+  return "unknown";
+}
+
+std::string quoted(const std::string& text) { return "\"" + text + "\""; }
+
+// One setting that shapes a worker's engine, as the user wrote it: its key and its value as text.
+struct SettingText {
+  std::string key;
+  std::string value;
+};
+
+// Every setting that shapes a worker's engine (its pool, staging, mode, device, the KV caches it
+// views, the block index it publishes) but the layer names, which engine_differences compares
+// name by name.
+std::vector<SettingText> engine_shape(const Settings& settings) {
+  const std::string spec = "kv_cache_config.kv_cache_groups[0].kv_cache_spec";
+  const KvBlockLayout& layout = settings.layout;
+  return {
+      {spec + ".block_size", std::to_string(layout.block_size())},
+      {spec + ".num_kv_heads", std::to_string(layout.num_kv_heads())},
+      {spec + ".head_size", std::to_string(layout.head_dim())},
+      {spec + ".dtype", torch_dtype_name(layout.dtype())},
+      {"kv_cache_config.num_blocks", std::to_string(settings.num_device_blocks)},
+      {extra_key("mode"), quoted(activekv::offload::mode_name(settings.mode))},
+      {extra_key("device"), quoted(activekv::offload::route_name(settings.route))},
+      {extra_key("cpu_bytes"), std::to_string(settings.cpu_bytes)},
+      {extra_key("num_regions"), std::to_string(settings.num_regions)},
+      {extra_key("region_blocks"), std::to_string(settings.region_blocks)},
+      {"vllm_config.parallel_config.world_size", std::to_string(settings.world_size)},
+      {"vllm_config.parallel_config.rank", std::to_string(settings.rank)},
+  };
+}
+
+// Where `given` would need another engine than the one `live` made: one "<key>: expected <live's>
+// (...); got <given's>" per setting, in engine_shape's order after the layer names; empty when
+// they may share it.
+std::vector<std::string> engine_differences(const Settings& live, const Settings& given) {
+  const std::string running = " (the engine " + quoted(live.engine_id) +
+                              " of this process already runs with it); got ";
+  std::vector<std::string> found;
+  const std::string names = "kv_cache_config.kv_cache_groups[0].layer_names";
+  if (live.layer_names.size() != given.layer_names.size()) {
+    found.push_back(names + " (count): expected " + std::to_string(live.layer_names.size()) +
+                    running + std::to_string(given.layer_names.size()));
+  } else {
+    for (std::size_t i = 0; i < live.layer_names.size(); ++i) {
+      if (live.layer_names[i] == given.layer_names[i]) continue;
+      found.push_back(names + "[" + std::to_string(i) + "]: expected " +
+                      quoted(live.layer_names[i]) + running + quoted(given.layer_names[i]));
+      break;  // the first: one model's names against another's would differ at every layer
+    }
+  }
+  const std::vector<SettingText> expected = engine_shape(live);
+  const std::vector<SettingText> got = engine_shape(given);
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i].value != got[i].value) {
+      found.push_back(expected[i].key + ": expected " + expected[i].value + running + got[i].value);
+    }
+  }
+  return found;
 }
 
 // The engine arguments checked as the engine would check them, without allocating its pool: the
@@ -425,8 +491,9 @@ void check_engine_arguments(const Settings& settings) {
 // A worker's engine, the KV caches it views and the block index it publishes for the
 // scheduler's process.
 struct WorkerEngine {
-  explicit WorkerEngine(const Settings& settings)
-      : engine(settings.layout, settings.mode, settings.cpu_bytes, settings.num_regions,
+  explicit WorkerEngine(const Settings& given)
+      : settings(given),
+        engine(settings.layout, settings.mode, settings.cpu_bytes, settings.num_regions,
                settings.region_blocks, settings.num_device_blocks, settings.route),
         index(settings.engine_id, settings.rank, engine.num_slots()) {}
 
@@ -435,6 +502,9 @@ struct WorkerEngine {
   // and outlives any one of them. Declared before `engine`, so released after it: its last owner
   // never drains transfers into freed memory.
   std::vector<nb::ndarray<>> kv_arrays;
+  // What the engine was made with: a later core of its engine_id shares it only where its own
+  // settings are the same (shared_engine).
+  const Settings settings;
   Engine engine;
   SharedIndexWriter index;
 };
@@ -446,12 +516,15 @@ std::shared_ptr<WorkerEngine> shared_engine(const Settings& settings) {
   static std::map<std::string, std::weak_ptr<WorkerEngine>> engines;
   std::weak_ptr<WorkerEngine>& slot = engines[settings.engine_id];
   if (std::shared_ptr<WorkerEngine> existing = slot.lock()) {
-    const Engine& engine = existing->engine;
-    if (!same_layout(engine.layout(), settings.layout) ||
-        engine.num_device_blocks() != settings.num_device_blocks ||
-        engine.mode() != settings.mode || engine.route() != settings.route) {
-      throw ConnectorConfigError("kv_transfer_config.engine_id: engine " + settings.engine_id +
-                                 " already exists in this process with another KV layout, mode or device");
+    // Sharing it would silently serve this core with another pool, mode or layout than it asked
+    // for: refused, naming every setting that differs (one line).
+    const std::vector<std::string> differences = engine_differences(existing->settings, settings);
+    if (!differences.empty()) {
+      std::string message;
+      for (const std::string& difference : differences) {
+        message += (message.empty() ? "" : "; ") + difference;
+      }
+      throw ConnectorConfigError(message);
     }
     return existing;
   }
@@ -492,13 +565,42 @@ struct TrackedRequest {
   std::size_t stored_blocks = 0;  // leading blocks known to be in the pool or planned to be
 };
 
+// vLLM's KVConnectorRole, or None where vLLM is not installed (the core's tests build it from
+// duck-typed vLLM objects). Inside vLLM the module is imported already: this is a dict lookup.
+nb::object vllm_role_type() {
+  nb::object spec = nb::module_::import_("importlib.util").attr("find_spec")("vllm");
+  if (spec.is_none()) return nb::none();
+  return nb::module_::import_(kRoleModule).attr("KVConnectorRole");
+}
+
+// The name of `role`, vLLM's KVConnectorRole.SCHEDULER or .WORKER; ConnectorConfigError naming
+// `role` for anything else (the string "scheduler", an int, None), which would otherwise have
+// been taken for a worker. Without vLLM, an object whose `name` is one of the two stands in.
+std::string role_name(nb::handle role) {
+  const nb::object type = vllm_role_type();
+  int of_type = 1;
+  if (!type.is_none() && (of_type = PyObject_IsInstance(role.ptr(), type.ptr())) < 0) {
+    throw nb::python_error();
+  }
+  std::string text;
+  const bool member =
+      of_type == 1 &&
+      nb::try_cast<std::string>(nb::getattr(role, "name", nb::none()), text, false) &&
+      (text == "SCHEDULER" || text == "WORKER");
+  if (!member) {
+    throw ConnectorConfigError(
+        "role: expected vLLM's KVConnectorRole.SCHEDULER or KVConnectorRole.WORKER; got " +
+        std::string(nb::repr(role).c_str()) + " (" + type_of(role) + ")");
+  }
+  return text;
+}
+
 class ConnectorCore {
  public:
   // The scheduler half holds no pool: it reads the block index every worker publishes (in this
   // process or another). The worker half holds its rank's engine.
   ConnectorCore(nb::handle vllm_config, nb::handle role, nb::handle kv_cache_config)
-      : settings_(read_settings(vllm_config, kv_cache_config)),
-        role_(nb::str(nb::getattr(role, "name", role)).c_str()) {
+      : role_(role_name(role)), settings_(read_settings(vllm_config, kv_cache_config)) {
     if (role_ == "SCHEDULER") {
       check_engine_arguments(settings_);
       index_.emplace(settings_.engine_id, settings_.world_size);
@@ -842,8 +944,8 @@ class ConnectorCore {
     worker_->index.publish(events);
   }
 
+  std::string role_;  // checked before the configuration: a refused role reads nothing
   Settings settings_;
-  std::string role_;
   // Worker half: the engine and the KV caches it views (shared by the cores of its engine_id).
   std::shared_ptr<WorkerEngine> worker_;
   Engine* engine_ = nullptr;  // worker_'s
@@ -900,8 +1002,9 @@ NB_MODULE(_vllm, m) {
   nb::class_<ConnectorCore>(m, "ConnectorCore",
                             "Everything ActiveKVConnector does: each hook of vLLM's "
                             "KVConnectorBase_V1 is one call here.")
+      // role takes None too, so that it is refused by name (role_name) like any other non-role.
       .def(nb::init<nb::handle, nb::handle, nb::handle>(), nb::arg("vllm_config"),
-           nb::arg("role"), nb::arg("kv_cache_config"))
+           nb::arg("role").none(), nb::arg("kv_cache_config"))
       .def_prop_ro("role", &ConnectorCore::role)
       .def_prop_ro("num_layers", &ConnectorCore::num_layers)
       .def_prop_ro("event_counts", &ConnectorCore::event_counts,

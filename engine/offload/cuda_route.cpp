@@ -25,6 +25,23 @@ void check(cudaError_t status, const char* call) {
   }
 }
 
+// check() for a call that allocates or pins memory sized by an engine argument: out of memory is
+// that argument's fault (CudaAllocationError naming it, what was asked and the runtime's answer);
+// any other failure is the device's.
+void check_allocation(cudaError_t status, const char* call, const char* argument,
+                      const std::string& asked) {
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw CudaAllocationError(std::string(argument) + ": cannot " + asked + " (" + call + ": " +
+                              cudaGetErrorString(status) + ")");
+  }
+  check(status, call);
+}
+
+std::string bytes_of(std::size_t bytes, const char* memory) {
+  return std::to_string(bytes) + " bytes of " + memory;
+}
+
 // How long a fence (or a drain after a lost one) may stay not-ready before it counts as unknown:
 // far past any copy of one layer (a 1 GiB layer at PCIe speed takes ~20 ms), and a bound, so a
 // hung kernel makes a quarantined region, never a hung engine.
@@ -120,10 +137,14 @@ struct Event {
   Event& operator=(const Event&) = delete;
 };
 
-// Pinned host memory of the route's own (a region's transfer list, as the CPU writes it).
+// Pinned host memory of the route's own (a region's transfer list, as the CPU writes it), sized
+// by the engine argument `argument`.
 struct PinnedBuffer {
   void* data = nullptr;
-  explicit PinnedBuffer(std::size_t bytes) { check(cudaHostAlloc(&data, bytes, 0), "cudaHostAlloc"); }
+  PinnedBuffer(std::size_t bytes, const char* argument) {
+    check_allocation(cudaHostAlloc(&data, bytes, 0), "cudaHostAlloc", argument,
+                     "allocate " + bytes_of(bytes, "pinned host memory"));
+  }
   ~PinnedBuffer() {
     if (data != nullptr) cudaFreeHost(data);
   }
@@ -132,11 +153,15 @@ struct PinnedBuffer {
 };
 
 // Device memory of the route's own (a region's transfer list as the kernels read it, and its
-// staging buffer: compressed modes' stored layers, exact mode's staged runs).
+// staging buffer: compressed modes' stored layers, exact mode's staged runs), sized by the engine
+// argument `argument`.
 struct DeviceBuffer {
   void* data = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) {
-    if (bytes > 0) check(cudaMalloc(&data, bytes), "cudaMalloc");
+  DeviceBuffer(std::size_t bytes, const char* argument) {
+    if (bytes > 0) {
+      check_allocation(cudaMalloc(&data, bytes), "cudaMalloc", argument,
+                       "allocate " + bytes_of(bytes, "device memory"));
+    }
   }
   ~DeviceBuffer() {
     if (data != nullptr) cudaFree(data);
@@ -150,8 +175,9 @@ struct PinnedRegistration {
   void* host;
   void* device = nullptr;
   PinnedRegistration(void* pool, std::size_t bytes) : host(pool) {
-    check(cudaHostRegister(pool, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-          "cudaHostRegister");
+    check_allocation(
+        cudaHostRegister(pool, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+        "cudaHostRegister", "capacity_bytes", "pin " + bytes_of(bytes, "host memory (the pool)"));
     const cudaError_t status = cudaHostGetDevicePointer(&device, pool, 0);
     if (status != cudaSuccess) {
       cudaHostUnregister(pool);
@@ -178,9 +204,9 @@ struct Region {
   std::size_t listed_count = 0;
   DeviceBuffer staged;
   Region(std::size_t blocks, std::size_t staged_bytes)
-      : listed(blocks * sizeof(akv_transfer)),
-        transfers(blocks * sizeof(akv_transfer)),
-        staged(staged_bytes) {}
+      : listed(blocks * sizeof(akv_transfer), "region_blocks"),
+        transfers(blocks * sizeof(akv_transfer), "region_blocks"),
+        staged(staged_bytes, "region_blocks") {}
 };
 
 // Copies at least this large cross PCIe faster on the copy engines (one cudaMemcpyBatchAsync per
@@ -758,7 +784,7 @@ DeviceKvCache::DeviceKvCache(const KvBlockLayout& layout, std::size_t num_device
       buffers_(std::make_unique<Buffers>()) {
   check(cudaGetDevice(&device_), "cudaGetDevice");
   for (std::size_t index = 0; index < layout.num_layers(); ++index) {
-    buffers_->layers.push_back(std::make_unique<DeviceBuffer>(layer_bytes_));
+    buffers_->layers.push_back(std::make_unique<DeviceBuffer>(layer_bytes_, "num_device_blocks"));
     if (layer_bytes_ > 0) {
       check(cudaMemset(buffers_->layers.back()->data, 0, layer_bytes_), "cudaMemset");
     }

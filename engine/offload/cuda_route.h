@@ -25,6 +25,14 @@ class CudaRouteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A CUDA allocation or pinning sized by an engine argument ran out of memory (cudaHostRegister of
+// the pool, a region's buffers): the message names the argument, what was asked and the runtime's
+// answer. The engine raises it as EngineInputError.
+class CudaAllocationError : public CudaRouteError {
+ public:
+  using CudaRouteError::CudaRouteError;
+};
+
 // What a fence query answered, as the engine reads it: cudaSuccess is signalled, cudaErrorNotReady
 // is still pending, and every other answer makes the outcome unknown (the region is quarantined).
 enum class FenceQuery : std::uint8_t { signalled, pending, unknown };

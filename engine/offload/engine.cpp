@@ -7,6 +7,8 @@
 #include <new>
 #include <unordered_map>
 
+#include "offload/host_pool.h"
+
 namespace activekv::offload {
 
 namespace {
@@ -52,6 +54,22 @@ void for_each_row(const KvBlockLayout& layout, const KvStrides& strides, Byte* t
 
 std::size_t direction_index(Direction direction) {
   return direction == Direction::load ? 0 : 1;
+}
+
+// The block store over a host pool of capacity_bytes, made now. A pool the checks let through may
+// still not be there to allocate (an address-space limit, memory taken by others): that is an
+// EngineInputError naming capacity_bytes, what was asked and why, as every other refused size is,
+// not the pool's own error type.
+BlockStore allocated_store(std::size_t capacity_bytes, std::size_t slot_bytes) {
+  try {
+    return BlockStore(capacity_bytes, slot_bytes);
+  } catch (const HostPoolError& error) {
+    throw EngineInputError(error.what());
+  } catch (const std::bad_alloc&) {
+    throw EngineInputError("capacity_bytes: cannot allocate the bookkeeping of " +
+                           std::to_string(capacity_bytes / slot_bytes) + " slots of " +
+                           std::to_string(slot_bytes) + " bytes (std::bad_alloc)");
+  }
 }
 
 }  // namespace
@@ -132,8 +150,9 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
       mode_(mode),
       layer_bytes_(stored_layer_bytes(layout, mode)),
       tensor_bytes_(layout.bytes_per_tensor()),
-      store_(capacity_bytes, checked_slot_bytes(layout, mode, capacity_bytes, num_regions,
-                                                region_blocks, num_device_blocks)),
+      store_(allocated_store(capacity_bytes, checked_slot_bytes(layout, mode, capacity_bytes,
+                                                                num_regions, region_blocks,
+                                                                num_device_blocks))),
       staging_(num_regions, region_blocks),
       num_device_blocks_(num_device_blocks),
       slot_bytes_(store_.slot_bytes()),
@@ -142,8 +161,14 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
   for (auto& per_layer : faults_) per_layer.assign(layout_.num_layers(), 0);
   if (mode_ != CompressionMode::exact && route == Route::cpu) gathered_.resize(2 * tensor_bytes_);
   if (route == Route::cuda) {
-    cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots(),
-                                        num_regions, region_blocks);
+    try {
+      cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots(),
+                                          num_regions, region_blocks);
+    } catch (const CudaAllocationError& error) {
+      // The pool or a region too large to pin or allocate: a size the user gave, as on the CPU
+      // route (allocated_store). No device or driver stays a CudaRouteError.
+      throw EngineInputError(error.what());
+    }
   }
 }
 

@@ -99,8 +99,11 @@ class Engine {
  public:
   // EngineInputError naming the argument: no whole slot fits in capacity_bytes, num_regions,
   // region_blocks or num_device_blocks is 0, num_regions is above kMaxRegions, or the pool is
-  // larger than the machine's memory; checked before anything is allocated. The CUDA route pins
-  // the pool and makes its streams and events here (CudaRouteError when it cannot).
+  // larger than the machine's memory; checked before anything is allocated. A pool that then
+  // cannot be allocated (or, on the CUDA route, pinned), or region buffers that cannot, are
+  // EngineInputErrors too, naming capacity_bytes or region_blocks, the bytes asked and why. The
+  // CUDA route pins the pool and makes its streams and events here (CudaRouteError when it cannot
+  // for any other reason: no device, no driver).
   Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t capacity_bytes,
          std::size_t num_regions, std::size_t region_blocks, std::size_t num_device_blocks,
          Route route = Route::cpu);

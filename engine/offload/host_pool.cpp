@@ -1,8 +1,10 @@
 #include "offload/host_pool.h"
 
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <system_error>
 
 namespace activekv::offload {
 
@@ -17,10 +19,15 @@ std::size_t round_up_to_pages(std::size_t bytes, const char* what) {
 PageAlignedBuffer::PageAlignedBuffer(std::size_t bytes, const char* what) : bytes_(bytes) {
   if (bytes == 0) return;
   const std::size_t rounded = round_up_to_pages(bytes, what);
+  errno = 0;
   storage_.reset(static_cast<std::uint8_t*>(std::aligned_alloc(kPageBytes, rounded)));
   if (!storage_) {
+    // Why, as the C library says it (ENOMEM: no memory, or an address-space limit such as
+    // RLIMIT_AS), so that the user can tell a pool too large for this machine from a limit.
+    const int reason = errno != 0 ? errno : ENOMEM;
     throw HostPoolError(std::string(what) + ": cannot allocate " + std::to_string(rounded) +
-                        " bytes of host memory");
+                        " bytes of page-aligned host memory (aligned_alloc: " +
+                        std::generic_category().message(reason) + ")");
   }
   // Zero-filled so that nothing ever reads indeterminate bytes, and so that the pages are
   // committed here rather than on the first transfer.

@@ -30,8 +30,8 @@ std::size_t round_up_to_pages(std::size_t bytes, const char* what);
 // size that is a multiple of the alignment, so the size is rounded up to pages).
 class PageAlignedBuffer {
  public:
-  // `bytes` may be 0 (no allocation, data() is null); HostPoolError naming `what` when the memory
-  // cannot be allocated.
+  // `bytes` may be 0 (no allocation, data() is null); HostPoolError naming `what`, the bytes asked
+  // and the C library's reason when the memory cannot be allocated.
   PageAlignedBuffer(std::size_t bytes, const char* what);
 
   std::uint8_t* data() { return storage_.get(); }
