@@ -148,6 +148,17 @@ def test_a_statement_without_a_commit_has_nothing_to_rebuild_from():
         build_inputs(statement)
 
 
+def test_a_statement_of_uncommitted_changes_has_nothing_to_rebuild_from():
+    dirty = {"dirty": True, "uncommittedChangesSha256": "ab" * 32, "uncommittedPaths": ["engine"]}
+    statement = {"predicate": {"buildDefinition": {
+        "resolvedDependencies": [{"uri": "git+file:///x", "digest": {"gitCommit": "a" * 40},
+                                  "annotations": dirty}],
+        "internalParameters": {"source_date_epoch": 1}}}}  # fmt: skip
+    with pytest.raises(VerifyError, match=rf"built from commit a{{40}} with uncommitted changes "
+                       rf"\(sha256 {'ab' * 32}\); no commit holds"):  # fmt: skip
+        build_inputs(statement)
+
+
 @pytest.mark.parametrize(
     ("commit", "epoch", "named"),
     [

@@ -22,6 +22,17 @@ def _mapping(value: object, field: str) -> Mapping[str, Any]:
     return value
 
 
+def _refuse_uncommitted(dependency: Mapping[str, Any], commit: object) -> None:
+    """A statement that says its wheels had uncommitted changes names no commit to rebuild."""
+    annotations = dependency.get("annotations")
+    if isinstance(annotations, Mapping) and annotations.get("dirty") is True:
+        raise VerifyError(
+            f"the signed statement says its wheels were built from commit {commit} with "
+            f"uncommitted changes (sha256 {annotations.get('uncommittedChangesSha256')}); no "
+            "commit holds those sources, so there is nothing to rebuild from"
+        )
+
+
 def _commit(definition: Mapping[str, Any]) -> str:
     """The one gitCommit among the resolved dependencies, a commit id."""
     field = "predicate.buildDefinition.resolvedDependencies"
@@ -36,6 +47,7 @@ def _commit(definition: Mapping[str, Any]) -> str:
         )
         if "gitCommit" in digest:
             commits.append(digest["gitCommit"])
+            _refuse_uncommitted(dependency, digest["gitCommit"])
     if not commits:
         raise VerifyError(
             "the signed statement names no source commit (resolvedDependencies: gitCommit); it "
