@@ -9,6 +9,11 @@ class ManifestError(ReleaseError):
     """The manifest is malformed: the message names the file, the key and what was expected."""
 
 
+class WriteError(ReleaseError):
+    """A file could not be written (no space left, no permission): the message names the file and
+    the operating system's reason; nothing of it is left half-written."""
+
+
 class BuildError(ReleaseError):
     """A wheel could not be built, or the built wheel breaks a build rule."""
 

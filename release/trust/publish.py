@@ -191,38 +191,55 @@ def _publish_copies(
     # again and no other set of files can take the version over.
     stored_path, envelope_stored = store_intent(copies, metadata_dir, project, version)
 
-    for name in tracked(missing, "uploads"):
-        twine_upload.upload(copies.wheels[name], index.url, index.username, index.password)
-        pause_for_tests(PAUSE_ENV)
-
+    files = tuple(
+        PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
+        for name in sorted(local)
+    )
+    done = _Done(release, files, envelope_stored)
+    _upload(copies, index, missing, done)
     if missing:
         after = list_project_files(index.simple_url, project)
         for name in missing:
             if after.get(name) != local[name]:
                 raise PublishError(
                     f"after uploading {name} the index lists sha256 {after.get(name)}, "
-                    f"expected {local[name]}"
+                    f"expected {local[name]}; {done.before_failure()}"
                 )
 
     tuf_update = None
     if tuf is not None:
         attached = {name: attached_dir / name for name in byproducts(stored_path)}
-        tuf_update = tuf.add_targets(
-            _tuf_targets(copies.wheels, stored_path, attached, (project, version)), digests=local
-        )
-    files = tuple(
-        PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
-        for name in sorted(local)
-    )
+        targets = _tuf_targets(copies.wheels, stored_path, attached, (project, version))
+        try:
+            tuf_update = tuf.add_targets(targets, digests=local)
+        except ReleaseError as exc:
+            raise PublishError(
+                f"{exc}. {done.before_failure()}; once the cause is fixed, the same publish run "
+                "again completes the TUF commit (the files already on the index are skipped)"
+            ) from None
     return PublishReport(
         project=project,
         version=version,
         files=files,
         envelope_path=stored_path,
         envelope_stored=envelope_stored,
-        message=_message(project, version, files),
+        message=done.message(tuf_update),
         tuf=tuf_update,
     )
+
+
+def _upload(copies: PrivateCopies, index: IndexTarget, missing: Sequence[str], done: _Done) -> None:
+    """Uploads the ``missing`` files in order; a refused one fails the publish naming what this
+    run uploaded before it."""
+    for name in tracked(missing, "uploads"):
+        try:
+            twine_upload.upload(copies.wheels[name], index.url, index.username, index.password)
+        except ReleaseError as exc:
+            raise PublishError(
+                f"{exc}. {done.before_failure(upto=name)}; once the cause is fixed, the same "
+                "publish run again completes it (the files already on the index are skipped)"
+            ) from None
+        pause_for_tests(PAUSE_ENV)
 
 
 def _check_index(
@@ -322,12 +339,62 @@ def _mismatches(named: Mapping[str, str], given: Mapping[str, str]) -> list[str]
     ]
 
 
-def _message(project: str, version: str, files: tuple[PublishedFile, ...]) -> str:
-    uploaded = [f.filename for f in files if f.outcome == UPLOADED]
-    present = [f.filename for f in files if f.outcome == ALREADY_PRESENT]
-    if not uploaded:
-        return f"{project} {version} already exists on the index; nothing uploaded"
-    text = f"{project} {version}: uploaded {len(uploaded)} file(s): {', '.join(uploaded)}"
-    if present:
-        text += f"; {len(present)} already present, identical: {', '.join(present)}"
-    return text
+@dataclass(frozen=True)
+class _Done:
+    """What one publish changes, said truthfully in its message and in its failures: the files
+    it uploads, the statement it stores, the TUF commit it makes."""
+
+    release: str  # "<project> <version>"
+    files: tuple[PublishedFile, ...]
+    statement_stored: bool
+
+    def message(self, tuf: TufUpdate | None) -> str:
+        """The publish's message once it is done."""
+        committed = tuf is not None and tuf.committed
+        if not self._uploaded() and not self.statement_stored and not committed:
+            return f"{self.release} already exists on the index; nothing uploaded"
+        parts = [self._uploads(), *self._statement()]
+        if tuf is not None:
+            parts.append(self._tuf(tuf))
+        return f"{self.release}: " + "; ".join(parts)
+
+    def before_failure(self, upto: str | None = None) -> str:
+        """What this publish had changed when it failed (at the upload of ``upto``, or after
+        its uploads)."""
+        if upto is None:
+            uploaded = self._uploaded()
+        else:
+            uploaded = self._uploaded()[: self._uploaded().index(upto)]
+        parts = [
+            f"this publish had uploaded {len(uploaded)} file(s): {', '.join(uploaded)}"
+            if uploaded
+            else "this publish had uploaded nothing",
+            *self._statement(),
+        ]
+        return "; ".join(parts)
+
+    def _uploaded(self) -> list[str]:
+        return [f.filename for f in self.files if f.outcome == UPLOADED]
+
+    def _uploads(self) -> str:
+        uploaded = self._uploaded()
+        present = [f.filename for f in self.files if f.outcome == ALREADY_PRESENT]
+        if not uploaded:
+            return f"all {len(present)} file(s) were already on the index, identical"
+        text = f"uploaded {len(uploaded)} file(s): {', '.join(uploaded)}"
+        if present:
+            text += f"; {len(present)} already present, identical: {', '.join(present)}"
+        return text
+
+    def _statement(self) -> list[str]:
+        return ["stored its signed statement"] if self.statement_stored else []
+
+    def _tuf(self, tuf: TufUpdate) -> str:
+        versions = f"targets version {tuf.targets_version}, timestamp {tuf.timestamp_version}"
+        if not tuf.committed:
+            return f"the TUF metadata already named every file ({versions})"
+        if not tuf.added:
+            return f"signed a new TUF snapshot and timestamp, the targets unchanged ({versions})"
+        if self._uploaded():
+            return f"committed {len(tuf.added)} new TUF target(s) ({versions})"
+        return f"completed the TUF commit: {len(tuf.added)} new target(s) ({versions})"

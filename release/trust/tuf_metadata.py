@@ -40,7 +40,7 @@ from tuf.api.metadata import (
 from tuf.api.serialization import DeserializationError, SerializationError
 from tuf.api.serialization.json import JSONSerializer
 
-from release.errors import PublishError, ReleaseError
+from release.errors import PublishError, ReleaseError, WriteError
 from release.manifest import TufKeys
 from release.trust.sign import generated_key_pair, load_public_key, load_signer
 from release.util.atomic import atomic_write
@@ -90,6 +90,9 @@ class TufRepository:
     # Where generated keys live (default ``directory/keys``): elsewhere when ``directory`` is
     # itself served, as a remote index's ``tuf_dir`` is.
     keys_directory: Path | None = None
+    # The signers :meth:`check` loaded, for the commit that follows it (a key that goes missing
+    # in between does not fail the commit after the uploads).
+    _loaded: dict[str, tuple[Signer, Key]] | None = field(default=None, init=False, repr=False)
 
     @property
     def metadata_dir(self) -> Path:
@@ -123,47 +126,28 @@ class TufRepository:
         """
         moment = _now(now)
         with self._locked():
-            if self._initialised():
-                self._check_keys()  # before _signers, which would generate a missing key
-            signers = self._signers()
-            self._initialise(signers, moment)
-            committed = self._committed()
-            targets = committed.targets
-            wanted = _target_files(files, digests)
-            self._refuse_conflicts(targets.signed, wanted)
-            added = tuple(p for p in wanted if p not in targets.signed.targets)
-            stale = committed.timestamp.signed.expires - moment < self.expiry.timestamp / 2
-            if not added and not stale and not force:
-                return TufUpdate((), targets.signed.version, committed.timestamp.signed.version,
-                                 committed=False)  # fmt: skip
-            if added:
-                for path in added:
-                    targets.signed.targets[path] = wanted[path]
-                targets.signed.version += 1
-                self._sign_and_write_versioned(targets, signers, moment)
-            snapshot = committed.snapshot
-            snapshot.signed.meta[f"{Targets.type}.json"] = MetaFile(targets.signed.version)
-            snapshot.signed.version += 1
-            self._sign_and_write_versioned(snapshot, signers, moment)
-            timestamp = committed.timestamp
-            timestamp.signed.snapshot_meta = MetaFile(snapshot.signed.version)
-            timestamp.signed.version += 1
-            self._sign_and_write(timestamp, signers, moment, f"{Timestamp.type}.json")
-            return TufUpdate(added, targets.signed.version, timestamp.signed.version,
-                             committed=True)  # fmt: skip
+            signers = self._checked_signers()
+            try:
+                return self._commit(files, signers, moment, force=force, digests=digests)
+            except WriteError as exc:
+                timestamp = self.metadata_dir / f"{Timestamp.type}.json"
+                raise PublishError(
+                    f"TUF commit: {exc}; nothing was committed ({timestamp} is as it was)"
+                ) from None
 
     def check(
         self, files: Mapping[str, Path] | None = None, digests: Mapping[str, str] | None = None
     ) -> None:
-        """PublishError unless the committed metadata (if any) and the keys can be read, and no
+        """PublishError unless the committed metadata (if any) can be read, every role's signer
+        loads (dev keys are generated here on first use) and is the one the root names, and no
         path of ``files`` is a target with other bytes: run before uploading, so that a publish
-        this repository would refuse is refused before anything changes."""
+        this repository would refuse is refused before anything changes. The signers stay
+        loaded for the commit."""
         with self._locked():
-            if self._initialised():
-                targets = self._committed().targets.signed
-                self._check_keys()
-                wanted = _target_files(files or {}, digests)
-                self._refuse_conflicts(targets, wanted)
+            targets = self._committed().targets.signed if self._initialised() else None
+            self._checked_signers()
+            if targets is not None:
+                self._refuse_conflicts(targets, _target_files(files or {}, digests))
 
     def refresh_timestamp(self, *, now: datetime | None = None) -> TufUpdate:
         """Sign a new snapshot and timestamp valid from ``now`` (keeps an idle index fresh)."""
@@ -177,6 +161,42 @@ class TufRepository:
             return dict(self._committed().targets.signed.targets)
 
     # ----------------------------------------------------------------------- internals
+
+    def _commit(
+        self,
+        files: Mapping[str, Path],
+        signers: Mapping[str, tuple[Signer, Key]],
+        moment: datetime,
+        *,
+        force: bool,
+        digests: Mapping[str, str] | None,
+    ) -> TufUpdate:
+        """:meth:`add_targets`, under the lock, with its signers loaded."""
+        self._initialise(signers, moment)
+        committed = self._committed()
+        targets = committed.targets
+        wanted = _target_files(files, digests)
+        self._refuse_conflicts(targets.signed, wanted)
+        added = tuple(p for p in wanted if p not in targets.signed.targets)
+        stale = committed.timestamp.signed.expires - moment < self.expiry.timestamp / 2
+        if not added and not stale and not force:
+            return TufUpdate((), targets.signed.version, committed.timestamp.signed.version,
+                             committed=False)  # fmt: skip
+        if added:
+            for path in added:
+                targets.signed.targets[path] = wanted[path]
+            targets.signed.version += 1
+            self._sign_and_write_versioned(targets, signers, moment)
+        snapshot = committed.snapshot
+        snapshot.signed.meta[f"{Targets.type}.json"] = MetaFile(targets.signed.version)
+        snapshot.signed.version += 1
+        self._sign_and_write_versioned(snapshot, signers, moment)
+        timestamp = committed.timestamp
+        timestamp.signed.snapshot_meta = MetaFile(snapshot.signed.version)
+        timestamp.signed.version += 1
+        self._sign_and_write(timestamp, signers, moment, f"{Timestamp.type}.json")
+        return TufUpdate(added, targets.signed.version, timestamp.signed.version,
+                         committed=True)  # fmt: skip
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -225,16 +245,33 @@ class TufRepository:
                 "replaced"
             )
 
+    def _checked_signers(self) -> dict[str, tuple[Signer, Key]]:
+        """Each role's signer and key, checked against the root when there is one; loaded once
+        (by :meth:`check`, before a publish uploads anything) and kept."""
+        if self._initialised():
+            self._check_keys()  # before _signers, which would generate a missing key
+        if self._loaded is None:
+            self._loaded = self._signers()
+        return self._loaded
+
     def _signers(self) -> dict[str, tuple[Signer, Key]]:
         if self.signers is not None:
             return dict(self.signers)
-        self.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return {
-            role: generated_key_pair(
-                self.keys_dir / f"{role}.pem", self.keys_dir / f"{role}.pub.json"
-            )
-            for role in ROLES
-        }
+        return {role: self._generated(role) for role in ROLES}
+
+    def _generated(self, role: str) -> tuple[Signer, Key]:
+        """The dev key of ``role`` under ``keys_dir``, generated on first use; PublishError
+        naming the role and the file when it cannot be loaded or made."""
+        pem = self.keys_dir / f"{role}.pem"
+        try:
+            self.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            return generated_key_pair(pem, self.keys_dir / f"{role}.pub.json")
+        except ReleaseError as exc:
+            raise PublishError(f"TUF {role} key: {exc}") from None
+        except OSError as exc:  # the key could not be written (no space, no permission)
+            raise PublishError(
+                f"TUF {role} key: {exc.filename or pem}: {exc.strerror or exc}"
+            ) from None
 
     def _initialise(self, signers: Mapping[str, tuple[Signer, Key]], moment: datetime) -> None:
         """Write version 1 of every role unless a timestamp (the commit point) exists."""
