@@ -390,3 +390,51 @@ def test_private_key_never_leaves_the_key_file(tmp_path: Path) -> None:
         for secret in secrets:
             assert secret not in text, f"private key material in {where}"
         assert "PRIVATE KEY" not in text, where
+
+
+# ----------------------------------------------------------------------------- malformed JSON
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _signed_envelope(tmp_path: Path, payload: bytes) -> tuple[Path, CryptoSigner]:
+    signer = CryptoSigner.generate_ed25519()
+    envelope = sign_statement({"_type": STATEMENT_TYPE, "subject": []}, signer)
+    envelope.payload = payload
+    envelope.signatures.clear()
+    envelope.sign(signer)
+    path = tmp_path / "statement.intoto.json"
+    write_envelope(envelope, path)
+    return path, signer
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("file", r"the envelope is not JSON \(expected JSON text; got a UTF-8 byte-order mark"),
+        ("payload", r"the payload is not JSON \(expected JSON text; got a UTF-8 byte-order mark"),
+        ("deep", r"the payload is not JSON \(expected JSON; got values nested deeper"),
+        ("nan", r"the payload is not JSON \(expected JSON numbers; got NaN"),
+    ],
+)
+def test_a_statement_that_is_not_plain_json_is_one_signing_error(tmp_path, where, said):
+    body = json.dumps({"_type": STATEMENT_TYPE, "subject": []}).encode()
+    payload = {"payload": _BOM + body, "deep": b"[" * 100_000 + b"]" * 100_000,
+               "nan": b'{"_type": NaN}'}.get(where, body)  # fmt: skip
+    path, signer = _signed_envelope(tmp_path, payload)
+    if where == "file":
+        path.write_bytes(_BOM + path.read_bytes())
+    for read in (
+        read_statement_unverified,
+        lambda p: read_and_verify_envelope(p, signer.public_key),
+    ):
+        with pytest.raises(SigningError, match=rf"{path}: {said}"):
+            read(path)
+
+
+def test_a_public_key_file_with_a_bom_or_deep_nesting_is_one_signing_error(tmp_path):
+    path = tmp_path / "k.pub.json"
+    for data, said in ((_BOM + b"{}", "byte-order mark"), (b"[" * 100_000, "nested deeper")):
+        path.write_bytes(data)
+        with pytest.raises(SigningError, match=rf"{path}: not a readable public key file .*{said}"):
+            load_public_key(path)

@@ -35,6 +35,7 @@ from securesystemslib.signer import SIGNER_FOR_URI_SCHEME, CryptoSigner, Key, Si
 from release.errors import SigningError
 from release.util.atomic import atomic_write
 from release.util.digests import sha256_file
+from release.util.jsonfile import JsonFileError, parse_json, read_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -136,7 +137,7 @@ def load_public_key(path: Path) -> Key:
     """A public key written by :func:`write_public_key` (``Key.to_dict()`` plus ``keyid``)."""
     refuse_writable_by_others(path, "public key")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
         keyid = data.pop("keyid")
@@ -415,10 +416,10 @@ def read_statement_unverified(path: Path) -> dict[str, Any]:
 
 def _read_envelope(path: Path) -> Envelope:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except OSError as exc:
         raise SigningError(f"{path}: cannot read the envelope ({exc.strerror})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except JsonFileError as exc:
         raise SigningError(f"{path}: the envelope is not JSON ({exc})") from None
     try:
         envelope = Envelope.from_dict(data)
@@ -433,8 +434,8 @@ def _read_envelope(path: Path) -> Envelope:
 
 def _decode_statement(path: Path, envelope: Envelope) -> dict[str, Any]:
     try:
-        statement = json.loads(envelope.payload.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+        statement = parse_json(envelope.payload)
+    except JsonFileError as exc:
         raise SigningError(f"{path}: the payload is not JSON ({exc})") from None
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         raise SigningError(f"{path}: the payload is not an in-toto v1 Statement")

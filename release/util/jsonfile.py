@@ -28,6 +28,14 @@ def read_json(path: Path) -> Any:
         raise
     except OSError as error:
         raise JsonFileError(f"expected a readable file; got {error.strerror or error}") from None
+    return parse_json(data)
+
+
+def parse_json(data: bytes) -> Any:
+    """The JSON value of ``data``, UTF-8 without a byte-order mark (RFC 8259 §8.1: senders
+    never add one); JsonFileError saying what else it is."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise JsonFileError("expected JSON text; got a UTF-8 byte-order mark before it")
     try:
         return json.loads(data.decode("utf-8"), parse_constant=refuse_constant)
     except UnicodeDecodeError as error:
