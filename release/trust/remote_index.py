@@ -94,7 +94,9 @@ class RemoteIndex:
             exc.close()
             return None
         except (urllib.error.URLError, ValueError):
-            return None  # it does not say; a reply past the limits is a PublishError
+            return None  # it does not say
+        except PublishError as exc:  # past publish.limits: the note says so, in its one line
+            return f"whether the server would have let it is unknown: {exc}"
         result = document.get("result") if isinstance(document, dict) else None
         if isinstance(result, dict) and result.get("volatile") is True:
             return f"the server would have let it ({self.url} is a volatile devpi index)"
