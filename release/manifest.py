@@ -599,7 +599,7 @@ class NetworkLimits(_Model):
     # One downloaded file: a wheel, an sdist, a provenance envelope.
     file_bytes: Annotated[StrictInt, Field(gt=0, le=1 << 40)] = 4 << 30
     # One request, from the connection to its last byte (a reply that drips never ends it).
-    deadline_s: Annotated[StrictInt | StrictFloat, Field(gt=0, le=86_400)] = 300
+    deadline_s: Annotated[StrictFloat, Field(gt=0, le=86_400)] = 300.0
 
 
 class PublishSettings(_Model):
