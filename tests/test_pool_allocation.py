@@ -14,6 +14,7 @@ import inspect
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_connector_worker import configs
@@ -106,4 +107,23 @@ def test_a_connector_pool_that_cannot_be_allocated_names_cpu_bytes(site: Path) -
         'ConnectorConfigError kv_transfer_config.kv_connector_extra_config["cpu_bytes"]: cannot '
         f"allocate {_asked(65536)} bytes of page-aligned host memory (aligned_alloc: Cannot "
         "allocate memory)"
+    )
+
+
+def test_a_cuda_region_that_cannot_be_allocated_names_region_blocks(engine_module: Any) -> None:
+    """The CUDA route's buffers are sized by the engine's arguments: a region's device staging
+    buffer no GPU holds (8 Mi blocks of 128 KiB layers, 1 TiB) is an EngineInputError naming
+    region_blocks, not the route's RuntimeError (CudaRouteError)."""
+    from release.gates.gpu_runner import detect_gpu
+
+    if detect_gpu() is None:
+        pytest.skip("no GPU runner: the CUDA route cannot start here")
+    native = engine_module
+    layout = native.KvBlockLayout(1, 16, 8, 128, native.KvDtype.fp32)
+    slot = native.stored_block_bytes(layout, "exact")
+    with pytest.raises(native.EngineInputError) as refused:
+        native.Engine(layout, "exact", 4 * slot, 1, 1 << 23, 4, device="cuda")
+    assert str(refused.value) == (
+        f"region_blocks: cannot allocate {(1 << 23) * slot} bytes of device memory "
+        "(cudaMalloc: out of memory)"
     )

@@ -33,6 +33,13 @@ def _create(tmp_path: Path, extra: dict[str, Any], **options: Any) -> Any:
     return KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
 
 
+def _worker_role() -> Any:
+    """vLLM's KVConnectorRole.WORKER: the core refuses any other kind of role (a string too)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+
+    return KVConnectorRole.WORKER
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -95,7 +102,7 @@ def test_zero_or_several_kv_cache_groups_are_refused_saying_why(
         config = KVCacheConfig(num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[],
                                kv_cache_groups=groups)  # fmt: skip
         with pytest.raises(native.ConnectorConfigError, match=re.escape(expected)):
-            native.ConnectorCore(vllm_config, "WORKER", config)
+            native.ConnectorCore(vllm_config, _worker_role(), config)
 
 
 def test_a_spec_with_quantised_kv_is_refused_naming_the_field(
@@ -116,4 +123,54 @@ def test_a_spec_with_quantised_kv_is_refused_naming_the_field(
                            kv_cache_groups=[KVCacheGroupSpec(names, quantised)])  # fmt: skip
     with pytest.raises(native.ConnectorConfigError, match=r"kv_cache_spec\.kv_quant_mode: "
                        r"expected the plain K and V of FullAttentionSpec"):  # fmt: skip
-        native.ConnectorCore(vllm_config, "WORKER", config)
+        native.ConnectorCore(vllm_config, _worker_role(), config)
+
+
+@pytest.mark.parametrize("role", ["scheduler", "SCHEDULER", "WORKER", 0, 1, None])
+def test_a_role_that_is_not_vllms_kv_connector_role_is_refused(
+    activekv_site: Path, tmp_path: Path, role: Any
+) -> None:
+    """The string "scheduler" (or an int, None) was taken for a worker: refused, naming role,
+    through the shim as vLLM's factory builds it."""
+    import activekv._vllm as native
+    from activekv.vllm_connector import ActiveKVConnector
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    folder = tmp_path / "role"
+    folder.mkdir()
+    vllm_config, kv_cache_config, *_ = build_configs(folder, "ActiveKVConnector", None, 2)
+    expected = ("role: expected vLLM's KVConnectorRole.SCHEDULER or KVConnectorRole.WORKER; got "
+                f"{role!r} ({type(role).__name__})")  # fmt: skip
+    with pytest.raises(native.ConnectorConfigError, match=f"^{re.escape(expected)}$"):
+        ActiveKVConnector(vllm_config, role, kv_cache_config)
+
+
+def test_a_second_worker_of_one_engine_id_with_another_pool_is_refused(
+    activekv_site: Path, tmp_path: Path
+) -> None:
+    """It silently got the first engine's pool; an identical config still shares the engine."""
+    import activekv._vllm as native
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    engine_id = f"config-shared-{next(_ids)}"
+    made = []
+    for cpu_bytes in (1 << 22, 1 << 22, 1 << 23):
+        folder = tmp_path / f"shared-{next(_ids)}"
+        folder.mkdir()
+        vllm_config, kv_cache_config, *_ = build_configs(
+            folder, "ActiveKVConnector", None, 2, extra={"cpu_bytes": cpu_bytes}
+        )
+        vllm_config.kv_transfer_config.engine_id = engine_id
+        create = KVConnectorFactory.create_connector
+        if cpu_bytes == 1 << 22:
+            made.append(create(vllm_config, KVConnectorRole.WORKER, kv_cache_config))
+            continue
+        expected = (f'{EXTRA}["cpu_bytes"]: expected {1 << 22} (the engine "{engine_id}" of this '
+                    f"process already runs with it); got {1 << 23}")  # fmt: skip
+        with pytest.raises(native.ConnectorConfigError, match=f"^{re.escape(expected)}$"):
+            create(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+    assert len(made) == 2
