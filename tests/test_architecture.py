@@ -164,7 +164,7 @@ def test_the_python_reference_lives_outside_the_pipeline_and_the_tests() -> None
 GPU_RUNNER_MODULES = frozenset({
     "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions",
     "rich", "markdown_it", "mdurl", "pygments", "packaging", "securesystemslib", "cryptography",
-    "cffi", "_cffi_backend", "pycparser", "numpy",
+    "cffi", "_cffi_backend", "pycparser", "numpy", "tomlkit",
 })  # fmt: skip
 
 
