@@ -16,15 +16,17 @@ from rich.markup import escape
 
 from release import records
 from release.context import Context
-from release.errors import GateError
+from release.errors import BuildError, GateError
 from release.evidence import Evidence
 from release.gates.contract import GateInputs, GateOptions
 from release.gates.gpu_runner import detect_gpu
 from release.gates.registry import run_gate
+from release.manifest import ChannelSpec
 from release.records import BuildRecord, BuiltWheelEntry, SkippedEntry
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 from release.util.progress import VERDICT_STYLE, console
+from release.util.set_aside import SetAside
 from release.wheelset import Wheel, WheelSet
 
 
@@ -132,22 +134,33 @@ def run_gates(context: Context, wheels: WheelSet) -> None:
 
 # --- the whole release ---
 
+# The records a run makes after its build; an earlier run's are set aside when it starts.
+RUN_RECORDS = (records.SignRecord, records.PublishRecord, records.VerifyRecord)
+
 
 def step_run(context: Context, channel_name: str | None) -> int:
-    """The main job: build, every declared gate, sign, publish, verify, then the summary."""
-    from release.report.document import write_report
+    """The main job: build, every declared gate, sign, publish, verify, then the summary.
+
+    Every input that can be checked in a moment is checked first (check_run_inputs): a run
+    refused there leaves `<out>` as it was, byte for byte. The earlier run's evidence, records
+    and report are then moved aside, not deleted: put back if the build fails (nothing new was
+    made), removed once the build's wheels and record stand. From there on a failure (a gate
+    that fails, a refused publish) still leaves the summary and the report of what happened.
+    """
+    from release.report.document import REPORT_HTML, REPORT_MD, STAGING_PLOT, write_report
     from release.report.terminal import print_summary
     from release.trust.steps import sign_publish_verify
 
     channel, spec = context.channel(channel_name)
+    check_run_inputs(context, channel, spec)
     # Records of an earlier run must not speak for this one.
-    records.discard(context.out_dir, records.PublishRecord, records.VerifyRecord,
-                    records.SignRecord)  # fmt: skip
-    shutil.rmtree(context.out_dir / "evidence", ignore_errors=True)
+    earlier = ["evidence", REPORT_MD, REPORT_HTML, STAGING_PLOT]
+    earlier += [records.record_path(context.out_dir, kind).name for kind in RUN_RECORDS]
     console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
-    # A gate that stops the run still leaves the summary and the report of what happened.
-    try:
+    with SetAside(context.out_dir, earlier) as aside:
         wheels = build(context, [])
+        aside.discard()
+    try:
         console.rule("gates")
         run_gates(context, wheels)
         sign_publish_verify(context, channel, spec)
@@ -156,6 +169,64 @@ def step_run(context: Context, channel_name: str | None) -> int:
         for path in write_report(context.out_dir, context.manifest, channel):
             console.print(f"report: {path}")
     return 0
+
+
+def check_run_inputs(context: Context, channel: str, spec: ChannelSpec) -> None:
+    """ReleaseError naming the first input `run` would find missing or unusable only after its
+    build and gates: the toolchain's programs, an interpreter of every declared Python (verify
+    installs on each), the channel's signing key and the key that signs the gates'
+    attestations, each TUF role's key, and a remote index's credentials. Nothing under `<out>`
+    is touched (generated dev keys may be made under the state directory, as on any use)."""
+    from release.trust.keys import attesting_signer, channel_signer
+    from release.trust.steps import declared_interpreters
+
+    _check_toolchain(context)
+    declared_interpreters(context.manifest)
+    channel_signer(context, channel, spec)
+    attesting_signer(context)
+    _check_publish_inputs(context, channel)
+
+
+def _check_toolchain(context: Context) -> None:
+    """The hermetic toolchain's zig and CUDA host compiler (nvcc is found, or installed from
+    the pinned wheels, by the build itself)."""
+    manifest = context.manifest
+    if manifest.build.toolchain.kind != "hermetic":
+        return  # cibuildwheel's containers bring their own compilers
+    from release.build.toolchain import find_zig
+
+    find_zig()
+    host = manifest.build.toolchain.cuda_host_compiler
+    if shutil.which(host) is None:
+        raise BuildError(
+            f"{manifest.path}: build.toolchain.cuda_host_compiler: expected a program on PATH; "
+            f"{host!r} was not found"
+        )
+
+
+def _check_publish_inputs(context: Context, channel: str) -> None:
+    """Each TUF role's signer loads and is the one the index's root names (dev keys generated
+    on first use); a remote index's credentials are set. Where the TUF repository and its
+    generated keys live is the publish step's (release/trust/steps.py `_index`)."""
+    from release.trust.index import EmbeddedIndex
+    from release.trust.keys import tuf_keys_spec
+    from release.trust.remote_index import find_credentials
+    from release.trust.tuf_metadata import repository_for
+
+    settings = context.manifest.publish
+    tuf_keys = tuf_keys_spec(context.key_dir) if context.key_dir else settings.tuf_keys
+    if settings.embedded:
+        embedded = EmbeddedIndex(context.state_dir, settings.username)
+        tuf_dir, keys_dir = embedded.tuf_dir, embedded.keys_dir
+    else:
+        assert settings.tuf_dir and settings.upload_endpoint  # the manifest's checks
+        tuf_dir = (context.manifest.path.parent / settings.tuf_dir).resolve()
+        keys_dir = context.state_dir / "remote-index" / "tuf-keys"
+        find_credentials(settings.upload_endpoint, settings.username)
+    repository_for(
+        tuf_dir, tuf_keys, channel=channel, state_dir=context.state_dir,
+        manifest_dir=context.manifest.path.parent, keys_dir=keys_dir,
+    ).check()  # fmt: skip
 
 
 # --- the consumer's check, reports, CI, benchmarks ---
