@@ -46,10 +46,10 @@ class Site:
         """The wheel's file in the index's storage."""
         return self.index.packages_dir / wheel.name
 
-    def consumer(self, work: Path) -> Verification:
+    def consumer(self, work: Path, requirement: str = "activekv==0.1.0") -> Verification:
         """`verify --index` as a consumer on this interpreter (3.11: pip picks the cp311 wheel)."""
         return verify_release(
-            index_url=self.index.simple_url, requirement="activekv==0.1.0",
+            index_url=self.index.simple_url, requirement=requirement,
             trusted_root=TufRepository(self.index.tuf_dir).trusted_root_path,
             provenance_key=key_paths(self.state_dir, "dev")[1], interpreters=[Path(sys.executable)],
             imports=IMPORTS, workdir=work / "verify", cache_dir=work / "tuf-cache",
@@ -98,6 +98,16 @@ def test_a_wheel_pip_does_not_pick_here_changed_on_the_index_fails_the_consumers
                        r"target.*tampered file"):  # fmt: skip
         site.consumer(tmp_path / "after")
     assert _not_installed(tmp_path / "after")
+
+
+@pytest.mark.parametrize("requirement", ["activekv==0.1", "ActiveKV==0.1.0.0"])
+def test_another_spelling_of_the_published_version_is_that_version(
+    site: Site, tmp_path: Path, requirement: str
+) -> None:
+    """pip and publish take 0.1 for 0.1.0: so does verify (its statement, attestations, files)."""
+    verified = site.consumer(tmp_path, requirement)
+    assert verified.files == site.signed
+    assert [check.wheel for check in verified.checks] == [site.wheels[1].name]
 
 
 def test_without_tuf_a_changed_wheel_is_refused_by_the_statements_digest(
