@@ -7,13 +7,17 @@ manifest's [publish.limits]; bad values there are refused naming the key."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import tracemalloc
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from bad_servers import dripping, endless, pages, serving
+from fixtures_wheels import build_wheel
 from test_manifest import REAL, errors_of, load_text
 
 from release.errors import PackageIndexError, PublishError, VerifyError
@@ -24,6 +28,7 @@ from release.trust.served_files import check_served_files
 from release.trust.server_process import answers
 from release.trust.tuf_client import BoundedFetcher, LimitError, TrustedIndex
 from release.trust.tuf_metadata import TufRepository
+from release.trust.twine_upload import keep_end, upload
 
 CAP = 1 << 20  # 1 MiB: the endless servers send 256 MiB
 SMALL = NetworkLimits(page_bytes=CAP, file_bytes=CAP, deadline_s=1)
@@ -212,6 +217,31 @@ def test_an_endless_reply_to_the_overwrite_question_is_named_in_the_note(tmp_pat
     assert note is not None and _too_large(base + "/", "page_bytes") in note
 
 
+def test_a_twine_upload_to_an_endpoint_that_drips_ends_at_the_deadline(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    with serving(dripping(headers=True)) as base:
+        message, seconds, _ = _bounded(
+            lambda: upload(wheel, base + "/", "bot", "pw", limits=NetworkLimits(deadline_s=3)),
+            PublishError,
+        )
+    assert message == (f"twine upload of {wheel.name} to {base}/ did not finish in 3 s "
+                       "(publish.limits.deadline_s = 3)")  # fmt: skip
+    assert seconds < 8
+
+
+def test_only_the_end_of_twines_output_is_kept() -> None:
+    """twine --verbose prints a reply's body whole: 32 MiB of it are read, 1 MiB kept."""
+    script = "import sys; [sys.stdout.write('x' * 1023 + '\\n') for _ in range(32 * 1024)]; " \
+             "print('the end')"  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    kept: deque[bytes] = deque()
+    keep_end(process.stdout, kept)
+    process.wait()
+    text = b"".join(kept)
+    assert text.endswith(b"the end\n") and len(text) <= (1 << 20) + (1 << 16)  # and one read
+    assert text.startswith(b"x" * 1023 + b"\n")  # whole lines only
+
+
 def test_a_local_server_that_drips_its_headers_is_not_ready_within_a_second() -> None:
     with serving(dripping(headers=True)) as base:
         start = time.monotonic()
@@ -242,18 +272,7 @@ def test_the_manifest_limits_are_read(tmp_path: Path, monkeypatch: pytest.Monkey
         ("file_bytes = 1.5", "publish.limits.file_bytes"),
         ("deadline_s = 0", "publish.limits.deadline_s"),
         ("deadline_s = 1e9", "publish.limits.deadline_s"),
-        pytest.param(
-            "deadline_s = true",
-            "publish.limits.deadline_s",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "release/manifest.py NetworkLimits.deadline_s is StrictInt | StrictFloat: "
-                    "pydantic reports each branch (…deadline_s.int, …deadline_s.float); "
-                    "Annotated[StrictFloat, Field(gt=0, le=86_400)] takes ints, refuses booleans"
-                ),
-            ),
-        ),
+        ("deadline_s = true", "publish.limits.deadline_s"),
         ("timeout = 3", "publish.limits.timeout"),
     ],
 )

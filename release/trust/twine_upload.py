@@ -14,12 +14,18 @@ import os
 import re
 import subprocess
 import sys
+import threading
+from collections import deque
 from pathlib import Path
+from typing import IO
 
 from release.errors import PublishError
+from release.manifest import NetworkLimits
 
-_TIMEOUT_S = 300.0
 _REDACTED = "********"
+# What is kept of twine's output: its end, where the index's last answer is (twine --verbose
+# prints a reply's body whole, and a server may answer with any number of bytes).
+_KEPT_OUTPUT_BYTES = 1 << 20
 _MAX_ANSWER_CHARS = 400
 # twine's rich log: "INFO     Response from URL:" then "<status> <reason>", then the body.
 _RESPONSE = re.compile(r"Response from \S+:\s*\n\s*(?P<status>\d{3}[^\n]*)\n")
@@ -32,8 +38,16 @@ _PRE = re.compile(r"<pre>(.*?)</pre>", re.DOTALL | re.IGNORECASE)
 _TAG = re.compile(r"<(style|script|title)\b.*?</\1>|<[^>]+>", re.DOTALL | re.IGNORECASE)
 
 
-def upload(wheel: Path, url: str, username: str, password: str) -> None:
-    """Upload ``wheel`` to ``url``; PublishError naming what the index answered on failure."""
+def upload(
+    wheel: Path,
+    url: str,
+    username: str,
+    password: str,
+    *,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+) -> None:
+    """Upload ``wheel`` to ``url`` within ``limits.deadline_s``; PublishError naming what the
+    index answered on failure."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWINE_")}
     # Wide and not a dumb terminal: rich would wrap the server's answer at 80 columns.
     env.update(TWINE_USERNAME=username, TWINE_PASSWORD=password, COLUMNS="1000", LINES="50")
@@ -41,18 +55,61 @@ def upload(wheel: Path, url: str, username: str, password: str) -> None:
     command = [sys.executable, "-m", "twine", "--no-color", "upload", "--non-interactive",
                "--disable-progress-bar", "--verbose", "--repository-url", url,
                str(wheel)]  # fmt: skip
-    try:
-        result = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=_TIMEOUT_S, check=False)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise PublishError(
-            f"twine upload of {wheel.name} to {url} did not finish in {_TIMEOUT_S:.0f} s"
-        ) from None
-    if result.returncode != 0:
-        output = result.stdout + "\n" + result.stderr
+    status, output = _run(command, env, limits.deadline_s, wheel.name, url)
+    if status != 0:
         if password:
             output = output.replace(password, _REDACTED)
         raise PublishError(f"twine upload of {wheel.name} to {url} failed: {failure(output)}")
+
+
+def _run(
+    command: list[str], env: dict[str, str], deadline_s: float, name: str, url: str
+) -> tuple[int, str]:
+    """twine's exit status and the end of its output (stdout, then stderr), within
+    ``deadline_s``."""
+    try:
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    except OSError as exc:
+        raise PublishError(f"twine upload of {name} to {url}: cannot run twine ({exc})") from None
+    streams = [process.stdout, process.stderr]
+    kept: list[deque[bytes]] = [deque(), deque()]
+    readers = [threading.Thread(target=keep_end, args=(stream, end), daemon=True)
+               for stream, end in zip(streams, kept, strict=True)]  # fmt: skip
+    for reader in readers:
+        reader.start()
+    try:
+        status = process.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise PublishError(
+            f"twine upload of {name} to {url} did not finish in {deadline_s:g} s "
+            f"(publish.limits.deadline_s = {deadline_s:g})"
+        ) from None
+    finally:
+        for reader in readers:
+            reader.join(timeout=5)
+    return status, "\n".join(b"".join(end).decode("utf-8", errors="replace") for end in kept)
+
+
+def keep_end(stream: IO[bytes] | None, kept: deque[bytes]) -> None:
+    """Read ``stream`` to its end, keeping its last ``_KEPT_OUTPUT_BYTES`` in ``kept`` (whole
+    lines: a line cut at the front could show the end of a password that no redaction finds)."""
+    if stream is None:
+        return
+    size, trimmed = 0, False
+    with stream:
+        while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
+            kept.append(chunk)
+            size += len(chunk)
+            while size - len(kept[0]) >= _KEPT_OUTPUT_BYTES:
+                size -= len(kept.popleft())
+                trimmed = True
+    if trimmed:
+        rest = b"".join(kept).partition(b"\n")[2]
+        kept.clear()
+        kept.append(rest)
 
 
 def failure(output: str) -> str:

@@ -139,7 +139,7 @@ def too_large(url: str, key: CapKey, limits: NetworkLimits) -> str:
 
 def too_slow(url: str, limits: NetworkLimits) -> str:
     return (f"{masked_url(url)}: no complete reply within {limits.deadline_s:g} s "
-            f"(publish.limits.deadline_s = {limits.deadline_s}); stopped reading")  # fmt: skip
+            f"(publish.limits.deadline_s = {limits.deadline_s:g}); stopped reading")  # fmt: skip
 
 
 def _size(count: int) -> str:
