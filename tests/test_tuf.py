@@ -107,6 +107,21 @@ def test_publish_maintains_tuf_metadata_for_every_file_and_the_statement(site: S
     assert refused.value.code in (403, 404)
 
 
+def test_a_publish_says_what_it_uploaded_stored_and_committed(site: Site, tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist-0.2.0", version="0.2.0")
+    envelope = signed_envelope([wheel], site.state_dir, tmp_path / "0.2.0.intoto.json", "0.2.0")
+    again = [wheel], site.index
+    first = publish(*again, envelope=envelope, metadata_dir=site.index.provenance_dir,
+                    tuf=site.tuf)  # fmt: skip
+    assert first.message == (
+        f"activekv 0.2.0: uploaded 1 file(s): {wheel.name}; stored its signed statement; "
+        "committed 2 new TUF target(s) (targets version 3, timestamp 3)"
+    )
+    second = publish(*again, envelope=envelope, metadata_dir=site.index.provenance_dir,
+                     tuf=site.tuf)  # fmt: skip
+    assert second.message == "activekv 0.2.0 already exists on the index; nothing uploaded"
+
+
 def test_republishing_the_same_files_signs_nothing_new(site: Site) -> None:
     before = (site.index.tuf_dir / "metadata" / "timestamp.json").read_bytes()
     site.publish([site.wheel])

@@ -25,6 +25,10 @@ Rules:
 * Then the TUF repository (when given) names every file and the statement as targets; its
   timestamp is the commit point, so a publish killed between two uploads, or before that, is
   completed by running it again (the files already there are skipped as identical).
+* Every key the TUF commit signs with is loaded before the first upload (TufRepository.check).
+* Its message says what this run changed: the files it uploaded (or that all were there), the
+  statement it stored, the TUF commit it made or completed; a failure after the first upload
+  says what had been uploaded and stored, and that running the same publish again completes it.
 """
 
 from __future__ import annotations
