@@ -18,7 +18,7 @@ from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.manifest import Manifest
 from release.util.digests import sha256_file
-from release.util.progress import console
+from release.util.progress import step
 
 # The second copy sits deeper and under another name, so any path that leaks into a wheel shows.
 _COPIES = (("a", Path("a") / "activekv"), ("b", Path("b") / "elsewhere" / "src-of-activekv"))
@@ -75,13 +75,13 @@ def run_reproduce_gate(
     root = out_dir / "reproduce"
     shutil.rmtree(root, ignore_errors=True)
     builds: dict[str, dict[str, Path]] = {}
-    for label, relative in _COPIES:
+    for index, (label, relative) in enumerate(_COPIES, 1):
         copy = snapshot(source_dir, root / relative)
-        console.print(f"reproduce: build {label} from {copy}")
-        report = build_wheels(
-            manifest, source_dir=copy, out_dir=root / f"out-{label}", cache_dir=cache_dir,
-            only=only, fresh_build_root=root / f"build-{label}", epoch=epoch,
-        )  # fmt: skip
+        with step(f"reproduce: build {label} from {copy}", count=(index, len(_COPIES))):
+            report = build_wheels(
+                manifest, source_dir=copy, out_dir=root / f"out-{label}", cache_dir=cache_dir,
+                only=only, fresh_build_root=root / f"build-{label}", epoch=epoch,
+            )  # fmt: skip
         builds[label] = {wheel.path.name: wheel.path for wheel in report.wheels}
     first, second = builds["a"], builds["b"]
     if set(first) != set(second):

@@ -380,6 +380,14 @@ def _store_in_cache(wheel: Path, cache: Path) -> None:
     partial.replace(cache)
 
 
+def _target_label(target: BuildTarget) -> str:
+    return f"python {target.python}" + (" (stable ABI)" if target.stable_abi else "")
+
+
+def _building(target: BuildTarget) -> str:
+    return f"building the {_target_label(target)} wheel"
+
+
 def build_wheels(
     manifest: Manifest,
     *,
@@ -408,10 +416,8 @@ def build_wheels(
     builder.logs.mkdir(parents=True, exist_ok=True)
     built: list[BuiltWheel] = []
     with _staging_area(out_dir) as staging:
-        for target in tracked(targets, "wheels", lambda t: f"python {t.python}"):
-            label = f"python {target.python}" + (" (stable ABI)" if target.stable_abi else "")
-            with console.status(f"building the {label} wheel"):
-                wheel = builder.build(target, staging)
+        for target in tracked(targets, "wheels", _target_label, doing=_building):
+            wheel = builder.build(target, staging)
             how = "cached" if wheel.cached else f"built in {wheel.seconds:.0f} s"
             console.print(f"  {wheel.path.name}: {how}, {wheel.size / 1e6:.2f} MB")
             built.append(wheel)

@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ from release.scripts.parity_replay import (
 from release.util.paths import PYPROJECT, REPO_ROOT
 from release.util.pins import pinned_version
 from release.util.private_site import install_private, numpy_for
-from release.util.progress import console, tracked
+from release.util.progress import console, step, tally
 from release.wheelset import Wheel, WheelSet
 
 __all__ = ["Implementation", "engine_implementation", "reference_implementation"]
@@ -103,9 +103,10 @@ def _numpy_version() -> str:
 
 def _replay_wheel(
     wheel: Wheel, traces: list[Path], workdir: Path, *, device: str, python: Path,
-    cache_dir: Path, plant: Sequence[str],
+    cache_dir: Path, plant: Sequence[str], on_cell: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One wheel's replay in a child of `python`; its report (the child's JSON)."""
+    """One wheel's replay in a child of `python`; its report (the child's JSON). `on_cell` is
+    called as each cell's replay ends (the progress bar counts cells)."""
     site = install_private(python, wheel.path, workdir / "site")
     paths = [str(REPO_ROOT)]  # the reference and the replay script
     numpy = numpy_for(python, cache_dir, _numpy_version())
@@ -117,19 +118,60 @@ def _replay_wheel(
                *(f"--plant={fault}" for fault in plant),
                *(f"--trace={trace}" for trace in traces)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    sys.stdout.write(result.stdout)
-    if result.returncode != 0 or not report.exists():
-        tail = "\n".join(result.stderr.strip().splitlines()[-8:])
+    errors = workdir / "stderr.txt"
+    with errors.open("w") as stderr:
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        returncode = _relay(child, {trace.stem for trace in traces}, on_cell)
+    if returncode != 0 or not report.exists():
+        tail = "\n".join(errors.read_text(errors="replace").strip().splitlines()[-8:])
         raise GateError(f"parity replay of {wheel.name} with {python} failed "
-                        f"(exit {result.returncode}):\n{tail}")  # fmt: skip
+                        f"(exit {returncode}):\n{tail}")  # fmt: skip
     return json.loads(report.read_text())
+
+
+def _relay(child: subprocess.Popen[str], cells: set[str], on_cell: Callable[[], None]) -> int:
+    """Prints the child's lines as they come, calling `on_cell` for each cell it reports
+    replayed ("  <cell>: bit-identical" or "  <cell>: differs: ..."); its exit status."""
+    assert child.stdout is not None  # Popen(stdout=PIPE)
+    with child.stdout:
+        for line in child.stdout:
+            console.out(line.rstrip("\n"), highlight=False)
+            name, said, _ = line.strip().partition(": ")
+            if said and name in cells:
+                on_cell()
+    return child.wait()
 
 
 def _count(cells: list[dict[str, Any]], modes: dict[str, str], *, exact: bool) -> str:
     group = [c for c in cells if (modes[c["cell"]] == "exact") == exact]
     same = sum(c["difference"] is None for c in group)
     return f"{same} of {len(group)} bit-identical"
+
+
+def _judge_wheel(
+    wheel: Wheel, python: Path, traces: list[Path], judged: PerWheel, *, modes: dict[str, str],
+    device: str, cache_dir: Path, plant: Sequence[str], on_cell: Callable[[], None],
+) -> dict[str, Any]:  # fmt: skip
+    """Replays every trace on `wheel` in `python`; its figures (its problems go to `judged`)."""
+    with tempfile.TemporaryDirectory(prefix="activekv-parity-") as work:
+        try:
+            report = _replay_wheel(wheel, traces, Path(work), device=device, python=python,
+                                   cache_dir=cache_dir, plant=plant, on_cell=on_cell)  # fmt: skip
+        except GateError as error:
+            judged.found(wheel, [str(error)])
+            return {"status": f"fail: {error}"}
+    for cell in report["cells"]:
+        cell["mode"] = modes[cell["cell"]]
+        cell["verdict"] = "bit-identical" if cell["difference"] is None else "differs"
+    judged.found(wheel, [f"{c['cell']}: {c['difference']}" for c in report["cells"]
+                         if c["difference"]])  # fmt: skip
+    return {
+        "status": "pass" if all(c["difference"] is None for c in report["cells"]) else "fail",
+        "interpreter": str(python), "python": report["python"], "numpy": report["numpy"],
+        "cells": report["cells"],
+        "exact": _count(report["cells"], modes, exact=True),
+        "compressed": _count(report["cells"], modes, exact=False),
+    }  # fmt: skip
 
 
 def run_parity_gate(
@@ -160,30 +202,18 @@ def run_parity_gate(
     cache = cache_dir or out_dir / "parity" / "cache"
     judged = PerWheel(interpreters)
     per_wheel = judged.figures
-    for wheel in tracked(list(wheels), "parity: wheels", lambda w: w.name):
-        if (python := judged.interpreter(wheel)) is None:
-            continue
-        console.print(f"parity: engine of {wheel.name} ({device} route) with {python}")
-        with tempfile.TemporaryDirectory(prefix="activekv-parity-") as work:
-            try:
-                report = _replay_wheel(wheel, traces, Path(work), device=device, python=python,
-                                       cache_dir=cache, plant=plant)  # fmt: skip
-            except GateError as error:
-                per_wheel[wheel.name] = {"status": f"fail: {error}"}
-                judged.found(wheel, [str(error)])
+    with tally(len(chosen) * len(wheels), "parity: cells") as bar:  # every cell, every wheel
+        for index, wheel in enumerate(wheels, 1):
+            bar.describe(wheel.name)
+            if (python := judged.interpreter(wheel)) is None:
                 continue
-        for cell in report["cells"]:
-            cell["mode"] = modes[cell["cell"]]
-            cell["verdict"] = "bit-identical" if cell["difference"] is None else "differs"
-        judged.found(wheel, [f"{c['cell']}: {c['difference']}" for c in report["cells"]
-                             if c["difference"]])  # fmt: skip
-        per_wheel[wheel.name] = {
-            "status": "pass" if all(c["difference"] is None for c in report["cells"]) else "fail",
-            "interpreter": str(python), "python": report["python"], "numpy": report["numpy"],
-            "cells": report["cells"],
-            "exact": _count(report["cells"], modes, exact=True),
-            "compressed": _count(report["cells"], modes, exact=False),
-        }  # fmt: skip
+            console.print(f"parity: engine of {wheel.name} ({device} route) with {python}")
+            with step(f"parity: replaying {len(chosen)} cells on {wheel.name}",
+                      count=(index, len(wheels))):  # fmt: skip
+                per_wheel[wheel.name] = _judge_wheel(
+                    wheel, python, traces, judged, modes=modes, device=device, cache_dir=cache,
+                    plant=plant, on_cell=bar.advance,
+                )  # fmt: skip
     if device == "cuda":
         from release.gates.warmup import gpu_identity
 

@@ -253,7 +253,10 @@ def run_served_path_gate(
         return evidence
     python, tags = found
     wheel = wheel_for(wheels, tags)
-    with tempfile.TemporaryDirectory(prefix="activekv-served-path-") as work:
+    with (
+        console.status(f"served path: driving {wheel.name} under vLLM with {python}"),
+        tempfile.TemporaryDirectory(prefix="activekv-served-path-") as work,
+    ):
         problems, figures = drive_and_judge(python, wheel, Path(work), layers, steps)
     problems += shim_problems
     # The verdict is on the shim, which every wheel carries byte for byte (shim_problems fail
