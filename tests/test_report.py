@@ -181,6 +181,20 @@ def table_with(html_text: str, header: str) -> list[list[tuple[str, str]]]:
     raise AssertionError(f"no table whose first header is {header!r}")
 
 
+def gate_tables(html_text: str) -> list[dict[str, list[tuple[str, str]]]]:
+    """The gates tables (those the channel requires, then the others): gate name to its row of
+    (class, text): gate, runner, verdict, figures, judged, ran on."""
+    tables = [rows for _, rows in tables_of(html_text) if rows and rows[0][0][1] == "gate"]
+    assert [h for _, h in tables[0][0]] == ["gate", "runner", "verdict", "figures", "judged",
+                                             "ran on"]  # fmt: skip
+    return [{row[0][1]: row for row in rows[1:]} for rows in tables]
+
+
+def gate_table(html_text: str) -> dict[str, list[tuple[str, str]]]:
+    """Every gate's row, required or not."""
+    return {name: row for table in gate_tables(html_text) for name, row in table.items()}
+
+
 @pytest.fixture(scope="module")
 def full(tmp_path_factory: pytest.TempPathFactory, manifest: Manifest) -> tuple[str, str, Path]:
     out = write_records(
@@ -213,22 +227,25 @@ def test_every_gate_has_its_verdict_figures_and_judged_digests(
     full: tuple[str, str, Path], manifest: Manifest
 ) -> None:
     _, html_text, _ = full
-    rows = {row[0][1]: row for row in table_with(html_text, "gate")[1:]}
+    required, others = gate_tables(html_text)
+    rows = {**required, **others}
     # Every declared gate, and gates with evidence that the manifest does not declare, once.
     assert set(rows) == {*manifest.gates, "served-path", "gpu-staging"}
-    assert len(table_with(html_text, "gate")) == len(rows) + 1
-    verdicts = {name: (row[3][0].split()[0], row[3][1]) for name, row in rows.items()}
+    assert len(required) + len(others) == len(rows)
+    verdicts = {name: (row[2][0].split()[0], row[2][1]) for name, row in rows.items()}
     assert verdicts["policy"] == ("pass", "✓ pass")
     assert verdicts["parity"] == ("fail", "✗ fail")
     assert verdicts["warmup"] == ("not-run", "○ not-run")
-    assert "files: 6 extension, 6 stub" in rows["payload"][4][1]
-    assert "each of 3: auditwheel_show manylinux_2_17_x86_64" in rows["policy"][4][1]
-    assert "dispatch_sites: engine 3, reference 412" in rows["served-path"][4][1]
-    assert NO_GPU_RUNNER in rows["warmup"][4][1]
-    assert rows["gpu-staging"][6][1] == "fixture GPU, driver 0.0-fixture"
-    assert rows["policy"][5][1] == "all 3 built wheels (sha256 of each matches)"
-    assert rows["parity"][5][1] == "all 3 built wheels (sha256 of each matches)"
-    assert rows["policy"][2][1] == "yes" and rows["parity"][2][1] == "no"
+    assert "files: 6 extension, 6 stub" in rows["payload"][3][1]
+    assert "each of 3: auditwheel show manylinux_2_17_x86_64" in rows["policy"][3][1]
+    assert "dispatch sites: engine 3, reference 412" in rows["served-path"][3][1]
+    assert rows["warmup"][3][1] == NO_GPU_RUNNER
+    assert rows["gpu-staging"][5][1] == "fixture GPU, driver 0.0-fixture"
+    assert rows["policy"][4][1] == "all 3 built wheels (sha256 of each matches)"
+    assert rows["parity"][4][1] == "all 3 built wheels (sha256 of each matches)"
+    # dev requires policy, payload and casters, in the manifest's order; the rest come after.
+    assert list(required) == list(manifest.channel("dev").requires)
+    assert "parity" in others and "warmup" in others
 
 
 def test_evidence_of_another_wheel_is_called_out(tmp_path: Path, manifest: Manifest) -> None:
@@ -236,18 +253,18 @@ def test_evidence_of_another_wheel_is_called_out(tmp_path: Path, manifest: Manif
     planted = dict(ARTEFACTS, **{WHEELS["3.10"]: digest("a different build")})
     write_evidence(out, Evidence("payload", "pass", planted))
     write_report(out, manifest, "dev")
-    rows = {r[0][1]: r for r in table_with((out / REPORT_HTML).read_text(), "gate")[1:]}
-    assert "≠ built wheel" in rows["payload"][5][1]
-    assert "≠ built wheel" not in rows["policy"][5][1]
+    rows = gate_table((out / REPORT_HTML).read_text())
+    assert "≠ built wheel" in rows["payload"][4][1]
+    assert "≠ built wheel" not in rows["policy"][4][1]
     # Its pass is not this run's: the verdict says so, and the channel's blockers count it.
-    assert rows["payload"][3][1] == "≠ other-wheels"
-    assert "its pass names other wheels; changed since it was judged: " in rows["payload"][4][1]
+    assert rows["payload"][2][1] == "≠ other-wheels"
+    assert "its pass names other wheels; changed since it was judged: " in rows["payload"][3][1]
     assert "payload: other-wheels" in (out / REPORT_MD).read_text()
 
 
 def overview(md: str) -> dict[str, str]:
     """The overview cards of report.md: label to value."""
-    line = next(line for line in md.splitlines() if line.startswith("**wheels**"))
+    line = next(line for line in md.splitlines() if " · **wheels** " in line)
     return dict(card.removeprefix("**").split("** ", 1) for card in line.split(" · "))
 
 
@@ -258,14 +275,15 @@ def test_the_overview_counts_the_verdicts_the_gates_table_shows(
     planted = dict(ARTEFACTS, **{WHEELS["3.10"]: digest("a different build")})
     write_evidence(out, Evidence("payload", "pass", planted))
     write_report(out, manifest, "dev")
-    shown = Counter(
-        row[3][1].split()[1] for row in table_with((out / REPORT_HTML).read_text(), "gate")[1:]
-    )
-    assert shown["other-wheels"] == 1 and shown["pass"] >= 1
-    # The stale pass is not counted as passed: it has its own card, coloured as a failure.
+    required, others = gate_tables((out / REPORT_HTML).read_text())
+    shown = [Counter(r[2][1].split()[1] for r in table.values()) for table in (required, others)]
+    assert shown[0]["other-wheels"] == 1 and shown[0]["pass"] >= 1
+    # The stale pass is not counted as passed: it has its own card, coloured as a failure; the
+    # gates dev does not require are counted apart.
     cards = overview((out / REPORT_MD).read_text())
-    assert cards["gates passed"] == f"{shown['pass']} of {sum(shown.values())}"
-    assert cards["failed"] == str(shown["fail"]) and cards["not run"] == str(shown["not-run"])
+    assert cards["dev"] == "refused"
+    assert cards["required by dev passed"] == f"{shown[0]['pass']} of {len(required)}"
+    assert cards["not required, passed"] == f"{shown[1]['pass']} of {len(others)}"
     assert cards["judged other wheels"] == "1"
     assert '<div class="card fail"><div class="value">1</div>' in (out / REPORT_HTML).read_text()
 
@@ -531,7 +549,7 @@ def test_describe_summarises_any_figures() -> None:
     assert describe([[1], [2], [3], [4], [5], [6], [7]]) == "7 entries"
     assert describe({"reference": [9, 9], "engine": [1, 1]}) == "reference [9, 9], engine [1, 1]"
     assert describe({"a": {"x": 1}, "b": {"x": 1}}) == "each of 2: x 1"
-    assert describe({f"k{i}": i for i in range(7)}) == "7 entries"
+    assert describe({f"k{i}": i for i in range(7)}) == "7 entries: k0, k1, k2, k3, k4, k5, …"
     assert describe(None) == "—" and describe([]) == "none"
 
 
@@ -554,8 +572,7 @@ def test_the_report_shows_the_channel_the_records_were_made_for(
     assert cli.main(["report", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
     html_text = (out / REPORT_HTML).read_text()
     assert "Gates (channel stable)" in html_text
-    rows = {r[0][1]: r for r in table_with(html_text, "gate")[1:]}
-    assert rows["warmup"][2][1] == "yes"  # stable requires the GPU warm-up gate
+    assert "warmup" in gate_tables(html_text)[0]  # stable requires the GPU warm-up gate
 
 
 # --- a real browser ---
@@ -633,8 +650,9 @@ def test_the_terminal_summary_shows_the_same_gates_in_short(
     assert "6 extension, 6 stub" in lines["payload"]
     assert "13 of 13 bit-identical" in lines["parity"] and "fail" in lines["parity"]
     assert "not-run" in lines["warmup"] and NO_GPU_RUNNER[:30] in lines["warmup"]
-    # declared, required by stable, never run: shown as such
-    assert "no evidence in this run" in lines["served-path"] and "yes" in lines["served-path"]
+    # declared, required by stable, never run: shown as such, in the table of required gates
+    assert "no evidence in this run" in lines["served-path"]
+    assert text.index("Gates required by stable") < text.index("│ served-path")
     assert "unreadable record" in text and "verify.json" in text
     assert "publish: uploaded 3 file(s) of activekv 0.1.0" in text
 

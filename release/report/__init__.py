@@ -1,6 +1,11 @@
 """What a release did, for people: the records under ``<out>/`` loaded once, then rendered as the
-terminal summary, ``report.md`` and ``report.html``. Reads records; never runs a step.
+terminal summary, ``report.md`` and ``report.html``, each led by the channel's verdict on the gates
+it requires. Reads records, and the committed gate attestations of the channels' folders; never
+runs a step.
 
 May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.evidence``,
-``release.records`` and ``release.trust.index`` (the consumer's install line).
+``release.records``, ``release.trust.index`` (the consumer's install line),
+``release.trust.attestation`` (its unverified readers only: publishing verifies) and
+``release.gates.warmup`` (its figure lines); third-party: ``markdown_it`` (code spans, as a
+Markdown viewer finds them), ``rich``, ``matplotlib``.
 """

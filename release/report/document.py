@@ -25,10 +25,24 @@ from release.evidence import Evidence
 from release.manifest import Manifest
 from release.records import GPU_STAGING_RECORD, SignRecord
 from release.report import html, markdown
-from release.report.loader import STALE, Records, gate_rows, load_records
+from release.report.loader import (
+    OTHER_STATEMENT,
+    STALE,
+    Folder,
+    GateRow,
+    Records,
+    attestation_folders,
+    attestation_groups,
+    gate_rows,
+    load_records,
+    stale_attestations,
+)
 from release.report.model import Block, Cell, Document, Figure, Section, Table, Text
 from release.report.plot import block_size_label, staging_plot
+from release.report.verdict import ChannelVerdict, channel_verdict, names
+from release.report.words import words
 from release.util.atomic import atomic_write
+from release.util.paths import REPO_ROOT
 from release.util.pins import project_version
 
 REPORT_MD = "report.md"
@@ -80,13 +94,32 @@ def describe(value: Any) -> str:
         distinct = {json.dumps(v, sort_keys=True) for v in value.values()}
         if len(value) > 1 and len(distinct) == 1 and not _scalar(next(iter(value.values()))):
             return f"each of {len(value)}: {describe(next(iter(value.values())))}"
-        text = ", ".join(f"{k} {describe(v)}" for k, v in value.items())
-        return text if len(value) <= 6 and len(text) <= 120 else f"{len(value)} entries"
+        for shown in (describe, _brief):  # in full where it is short, else each value in brief
+            text = ", ".join(f"{words(k)} {shown(v)}" for k, v in value.items())
+            if len(value) <= 6 and len(text) <= 120:
+                return text
+        keys = ", ".join(words(k) for k in list(value)[:6])
+        return f"{len(value)} entries: {keys}{', …' if len(value) > 6 else ''}"
     return str(value)
 
 
-def _figure_text(figures: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(f"{key}: {describe(value)}" for key, value in figures.items())
+def _brief(value: Any) -> str:
+    """A value in a word or two, inside a summary of an object too long to show in full."""
+    if isinstance(value, str) and len(value) > 24:
+        if all(c in "0123456789abcdef" for c in value):
+            return f"{value[:12]}…"  # a digest
+        return f"…/{value.rsplit('/', 1)[1]}" if "/" in value else f"{value[:21]}…"
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        wheels = all(v.endswith(".whl") for v in value)
+        return f"{len(value)} {'wheels' if wheels else 'entries'}"
+    if isinstance(value, list | dict) and len(describe(value)) > 24:
+        return f"{len(value)} entries"
+    return describe(value)
+
+
+def figure_texts(figures: dict[str, Any]) -> tuple[str, ...]:
+    """A gate's figures, one line each: "<key in words>: <value in a few words>"."""
+    return tuple(f"{words(key)}: {describe(value)}" for key, value in figures.items())
 
 
 # --- sections ---
@@ -94,6 +127,37 @@ def _figure_text(figures: dict[str, Any]) -> tuple[str, ...]:
 
 def _size(size: int) -> str:
     return f"{size / 1e6:.2f} MB ({size:,} bytes)"
+
+
+# A toolchain key's last word that says what its value is about the tool named before it.
+TOOL_FIELDS = {"path": "path or file", "file": "path or file", "sha256": "sha256"}
+
+
+def _code_or_dash(values: list[str] | None) -> Cell:
+    return Cell(" ".join(values), "code") if values else Cell("—")
+
+
+def _toolchain(toolchain: dict[str, str]) -> Table:
+    """One row per tool: `zig`, `zig_path`, `zig_sha256`, `zig_target` are one tool's version,
+    file, digest and other facts (in words)."""
+    tools: dict[str, dict[str, list[str]]] = {}
+    for key, value in toolchain.items():
+        tool, _, field = key.rpartition("_")
+        if not tool or (tool not in toolchain and field not in TOOL_FIELDS):
+            tool, field = key, ""  # a tool of its own ("cuda_host_compiler", "ccache")
+        column = TOOL_FIELDS.get(field, "version")
+        other = column == "version" and field not in ("", "version")  # "target x86_64-…"
+        said = f"{words(field)} {value}" if other else value
+        tools.setdefault(tool, {}).setdefault(column, []).append(said)
+    rows = []
+    for tool, fields in tools.items():
+        rows.append((
+            Cell(words(tool), "name"),
+            Cell("", "", tuple(fields.get("version", ["—"]))),
+            _code_or_dash(fields.get("path or file")),
+            _code_or_dash(fields.get("sha256")),
+        ))  # fmt: skip
+    return Table(("tool", "version", "path or file", "sha256"), tuple(rows))
 
 
 def _artefacts(records: Records) -> Section:
@@ -116,9 +180,7 @@ def _artefacts(records: Records) -> Section:
         )
     section.blocks.append(Table(("wheel", "serves Python", "size", "build", "sha256"), tuple(rows)))
     if build.toolchain:
-        section.blocks.append(
-            Text("Toolchain: " + ", ".join(f"{k} {v}" for k, v in build.toolchain.items()))
-        )
+        section.blocks += [Text("Toolchain:"), _toolchain(build.toolchain)]
     epoch = build.source_date_epoch
     when = datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     section.blocks.append(Text(f"SOURCE_DATE_EPOCH {epoch} ({when})."))
@@ -133,11 +195,10 @@ def _runner(evidence: Evidence) -> str:
     return f"{runner.get('kind', '?')}: {runner.get('cpu', runner.get('host', '?'))}"
 
 
-def _judged(evidence: Evidence, built: dict[str, str]) -> Cell:
-    if built and evidence.artefacts == built:
-        return Cell(f"all {len(built)} built wheels (sha256 of each matches)")
+def digest_lines(artefacts: dict[str, str], built: dict[str, str]) -> tuple[str, ...]:
+    """Each wheel named with its sha256 (short), marked against the build's."""
     lines = []
-    for name, digest in sorted(evidence.artefacts.items()):
+    for name, digest in sorted(artefacts.items()):
         if built.get(name) == digest:
             mark = "= built"
         elif name in built:
@@ -145,30 +206,112 @@ def _judged(evidence: Evidence, built: dict[str, str]) -> Cell:
         else:
             mark = "not built here"
         lines.append(f"{name.split('-manylinux')[0]}: {digest[:16]}… {mark}")
-    return Cell("", "code", tuple(lines) or ("none",))
+    return tuple(lines) or ("none",)
 
 
-def _gates(manifest: Manifest, channel: str, records: Records) -> Section:
+def _judged(evidence: Evidence, built: dict[str, str]) -> Cell:
+    if built and evidence.artefacts == built:
+        return Cell(f"all {len(built)} built wheels (sha256 of each matches)")
+    return Cell("", "code", digest_lines(evidence.artefacts, built))
+
+
+def _gate_row(gate: GateRow, built: dict[str, str]) -> tuple[Cell, ...]:
+    tone = "fail" if gate.verdict == STALE else gate.verdict
+    head = (Cell(gate.name, "name"), Cell(gate.runner),
+            Cell(f"{VERDICT_MARK[gate.verdict]} {gate.verdict}", f"{tone} nowrap"))  # fmt: skip
+    evidence = gate.evidence
+    if gate.verdict == "not-run" or evidence is None:
+        # It judged nothing and ran nowhere: only that it did not run, and why.
+        return (*head, Cell(gate.reason or "its evidence gives no reason"), Cell("—"), Cell("—"))
+    said = (*figure_texts(evidence.figures), *([gate.reason] if gate.reason else ()))
+    return (*head, Cell("", "", said or ("—",)), _judged(evidence, built), Cell(_runner(evidence)))
+
+
+GATE_HEADERS = ("gate", "runner", "verdict", "figures", "judged", "ran on")
+
+
+def _gates(verdict: ChannelVerdict, records: Records) -> Section:
+    channel = verdict.channel
     section = Section(f"Gates (channel {channel})", "gates")
     built = records.built_digests()
-    rows = []
-    for gate in gate_rows(manifest, channel, records):
-        evidence = gate.evidence
-        figures = _figure_text(evidence.figures) if evidence else ()
-        tone = "fail" if gate.verdict == STALE else gate.verdict
-        rows.append(
-            (
-                Cell(gate.name, "name"),
-                Cell(gate.runner),
-                Cell("yes" if gate.required else "no"),
-                Cell(f"{VERDICT_MARK[gate.verdict]} {gate.verdict}", f"{tone} nowrap"),
-                Cell("", "", (*figures, *([gate.reason] if gate.reason else ())) or ("—",)),
-                _judged(evidence, built) if evidence else Cell("—"),
-                Cell(_runner(evidence) if evidence else "—"),
-            )
+    section.blocks += [
+        Text(f"Required by {channel}: its verdict rests on these.", verdict.tone),
+        Table(GATE_HEADERS, tuple(_gate_row(gate, built) for gate in verdict.required)),
+    ]
+    if verdict.not_required:
+        section.blocks += [
+            Text(
+                f"Not required by {channel}: shown for what they found; they do not decide "
+                f"whether {channel} releases."
+            ),
+            Table(GATE_HEADERS, tuple(_gate_row(gate, built) for gate in verdict.not_required)),
+        ]
+    return section
+
+
+def folder_name(path: Path, source_dir: Path) -> str:
+    return str(path.relative_to(source_dir)) if path.is_relative_to(source_dir) else str(path)
+
+
+def _folder_blocks(folder: Folder, channel: str, records: Records, source_dir: Path) -> list[Block]:
+    where = folder_name(folder.path, source_dir)
+    taken = f"taken by {names(list(folder.channels))}"
+    if channel not in folder.channels:
+        taken += f", not by {channel} (this report's channel)"
+    if not folder.path.is_dir():
+        return [Text(f"`{where}` ({taken}): no such folder in this checkout.", "not-run")]
+    built = records.built_digests()
+    groups = attestation_groups(folder, built)
+    stale = sum(len(g.attestations) for g in groups if g.stale)
+    count = len(folder.attestations)
+    blocks: list[Block] = [
+        Text(
+            f"`{where}` ({taken}): {count} signed gate attestation(s), read here without "
+            "checking their signatures (publishing checks them); one counts only where it "
+            "passed on exactly the wheels being released."
         )
-    headers = ("gate", "runner", f"required by {channel}", "verdict", "figures", "judged", "ran on")
-    section.blocks.append(Table(headers, tuple(rows)))
+    ]
+    if stale:
+        blocks.append(Text(f"{stale} of {count} name other wheels than this build's: stale, no "
+                           "channel takes them for this release.", "fail"))  # fmt: skip
+    rows = []
+    for group in groups:
+        tone = "not-run" if group.stale is None else "fail" if group.stale else "pass"
+        mark = "○" if group.stale is None else "≠" if group.stale else "✓"
+        rows.append((
+            Cell("", "code", digest_lines(group.artefacts, built)),
+            Cell("", "", tuple(_attestation_line(c.path, c.evidence) for c in group.attestations
+                               if c.evidence)),
+            Cell(f"{mark} {group.status}", tone),
+        ))  # fmt: skip
+    for committed in folder.attestations:
+        if committed.evidence is None:
+            said = (Cell(f"○ not taken: {OTHER_STATEMENT}", "not-run")
+                    if committed.problem == OTHER_STATEMENT
+                    else Cell(f"✗ unreadable: {committed.problem}", "fail"))  # fmt: skip
+            rows.append((Cell("—"), Cell(committed.path.name, "code"), said))
+    if rows:
+        blocks.append(Table(("wheels they name", "attestations", "for this build"), tuple(rows)))
+    if folder.other_files:
+        blocks.append(Text(f"The folder also holds {folder.other_files} file(s) that are not "
+                           "signed attestations (unsigned evidence records, measurements, "
+                           "logs): no channel takes them."))  # fmt: skip
+    return blocks
+
+
+def _attestation_line(path: Path, evidence: Evidence | None) -> str:
+    if evidence is None:
+        return path.name
+    on = evidence.runner.get("gpu") or evidence.runner.get("kind", "?")
+    return f"{path.name}: {evidence.gate} {evidence.verdict} on {on}, {evidence.time[:10]}"
+
+
+def _committed(channel: str, records: Records, source_dir: Path) -> Section | None:
+    if not records.folders:
+        return None
+    section = Section("Committed gate attestations", "attestations")
+    for folder in records.folders:
+        section.blocks += _folder_blocks(folder, channel, records, source_dir)
     return section
 
 
@@ -649,33 +792,52 @@ def _publish_blockers(manifest: Manifest, channel: str, records: Records) -> str
     return f"channel {channel} requires {', '.join(requires)} to pass; " + "; ".join(blockers)
 
 
-def _overview(manifest: Manifest, channel: str, records: Records) -> list[tuple[str, str, str]]:
-    """The cards, counted from the verdicts the gates table shows: a pass that names other
-    wheels is not this run's pass, so it has a card of its own."""
-    gates = gate_rows(manifest, channel, records)
-    verdicts = Counter(gate.verdict for gate in gates)
+def _overview(verdict: ChannelVerdict, records: Records) -> list[tuple[str, str, str]]:
+    """The cards: the channel's verdict, then its required gates apart from the others, counted
+    from the verdicts the gates tables show (a pass that names other wheels is not this run's
+    pass, so it has a card of its own)."""
+    channel = verdict.channel
     wheels = len(records.build.wheels) if records.build else 0
+    required = Counter(gate.verdict for gate in verdict.required)
+    others = Counter(gate.verdict for gate in verdict.not_required)
     published, verified = records.publish is not None, records.verify is not None
     cards = [
+        (channel, "releasable" if verdict.releasable else "refused", verdict.tone),
         ("wheels", str(wheels), "pass" if wheels else "fail"),
-        ("gates passed", f"{verdicts['pass']} of {len(gates)}", "pass" if verdicts["pass"] else ""),
-        ("failed", str(verdicts["fail"]), "fail" if verdicts["fail"] else ""),
-    ]
-    if verdicts[STALE]:
-        cards.append(("judged other wheels", str(verdicts[STALE]), "fail"))
+        (f"required by {channel} passed", f"{required['pass']} of {len(verdict.required)}",
+         verdict.tone),
+    ]  # fmt: skip
+    if verdict.not_required:
+        cards.append(("not required, passed", f"{others['pass']} of {len(verdict.not_required)}",
+                      ""))  # fmt: skip
+    if stale := required[STALE] + others[STALE]:
+        cards.append(("judged other wheels", str(stale), "fail"))
+    if stale := stale_attestations(records):
+        cards.append(("stale attestations", str(stale), "fail"))
     cards += [
-        ("not run", str(verdicts["not-run"]), "not-run"),
         ("published", "yes" if published else "no", "pass" if published else "not-run"),
         ("verified", "yes" if verified else "no", "pass" if verified else "not-run"),
     ]
     return cards
 
 
-def build_document(out_dir: Path, manifest: Manifest, channel: str) -> Document:
-    records = load_records(out_dir)
-    sections = [_artefacts(records), _gates(manifest, channel, records)]
+def build_document(
+    out_dir: Path, manifest: Manifest, channel: str, source_dir: Path = REPO_ROOT
+) -> Document:
+    """The report of the records under `out_dir`, for `channel`; the committed attestations
+    are read from the checkout `source_dir`."""
+    records = load_records(out_dir, attestation_folders(manifest, source_dir))
+    verdict = channel_verdict(manifest, channel, records)
+    sections = [_artefacts(records), _gates(verdict, records)]
     sections += [
-        s for s in (_parity(manifest, records), _gpu_staging(records), _dispatch(records)) if s
+        s
+        for s in (
+            _committed(channel, records, source_dir),
+            _parity(manifest, records),
+            _gpu_staging(records),
+            _dispatch(records),
+        )
+        if s
     ]
     sections.append(_publishing(records))
     missing = Section("Not run, and why", "not-run")
@@ -686,14 +848,16 @@ def build_document(out_dir: Path, manifest: Manifest, channel: str) -> Document:
         else Text("Everything ran.", "pass")
     )
     sections.append(missing)
-    overview = _overview(manifest, channel, records)
+    overview = _overview(verdict, records)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    headline = [Text(verdict.headline, verdict.tone)]
     return Document(
         f"Release report: {manifest.release.name} {project_version()}",
         f"channel {channel} · manifest {manifest.path.name} · written {stamp} "
         f"from the records in {out_dir}",
         overview,
         sections,
+        headline + ([Text(verdict.others)] if verdict.others else []),
     )
 
 
@@ -702,24 +866,27 @@ def _figures(document: Document) -> Iterable[Figure]:
         yield from (b for b in section.blocks if isinstance(b, Figure))
 
 
-def _render(out_dir: Path, manifest: Manifest, channel: str) -> dict[str, bytes]:
+def _render(out_dir: Path, manifest: Manifest, channel: str, source_dir: Path) -> dict[str, bytes]:
     """Every file of the report by name, rendered in memory, so that nothing is written until
     all of them are."""
-    document = build_document(out_dir, manifest, channel)
+    document = build_document(out_dir, manifest, channel, source_dir)
     files = {figure.file_name: figure.png for figure in _figures(document)}
     files[REPORT_MD] = markdown.render(document).encode()
     files[REPORT_HTML] = html.render(document).encode()
     return files
 
 
-def write_report(out_dir: Path, manifest: Manifest, channel: str) -> list[Path]:
+def write_report(
+    out_dir: Path, manifest: Manifest, channel: str, source_dir: Path = REPO_ROOT
+) -> list[Path]:
     """Writes report.md and report.html (and the staging plot, when there is one) into
     `out_dir`; returns their paths. Where that fails, no report is left: an earlier run's must
-    not pass for this one's."""
+    not pass for this one's. The committed attestations are read from the checkout
+    `source_dir`."""
     report = (out_dir / REPORT_MD, out_dir / REPORT_HTML, out_dir / STAGING_PLOT)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        files = _render(out_dir, manifest, channel)
+        files = _render(out_dir, manifest, channel, source_dir)
         for name, data in files.items():
             atomic_write(out_dir / name, data)
     except BaseException:

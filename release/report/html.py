@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
-from release.report.model import Cell, Document, Figure, Text
+from release.report.model import Cell, Document, Figure, Text, code_spans
 
 _CSS = """
 :root { --pass: #1a7f37; --pass-bg: #dafbe1; --fail: #cf222e; --fail-bg: #ffebe9;
@@ -47,22 +47,38 @@ table.grid td.pass, table.grid td.fail, table.grid td.not-run { color: #1f2328; 
 li.pass { color: var(--pass); } li.fail { color: var(--fail); font-weight: 600; }
 li.not-run { color: var(--skip); font-weight: 600; }
 p.pass { color: var(--pass); } p.fail { color: var(--fail); } p.not-run { color: var(--skip); }
+code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; font-size: 12px;
+  background: #eff1f3; border-radius: 4px; padding: 0 4px; }
+td.code code, table.grid code { background: none; padding: 0; }
+.verdict { font-size: 18px; font-weight: 600; margin: 4px 0 8px; padding: 8px 14px;
+  border-left: 6px solid var(--line); background: #fff; }
+.verdict.pass { border-color: var(--pass); color: var(--pass); }
+.verdict.fail { border-color: var(--fail); color: var(--fail); }
+.verdict.not-run { border-color: var(--skip); color: var(--skip); }
+p.aside { color: var(--muted); margin: 0 0 12px; }
 figure { margin: 8px 0; background: #fff; border: 1px solid var(--line); padding: 8px; }
 figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
 figcaption { color: var(--muted); font-size: 12px; text-align: center; }
 """
 
 
+def inline(text: str) -> str:
+    """`text` as HTML: its code spans (`like this`) as <code>, as a Markdown viewer shows them,
+    the rest as text."""
+    return "".join(f"<code>{html.escape(part)}</code>" if code else html.escape(part)
+                   for part, code in code_spans(text))  # fmt: skip
+
+
 def _html_cell(cell: Cell, header: bool = False) -> str:
     tag = "th" if header else "td"
     css = f' class="{cell.tone}"' if cell.tone else ""
-    body = html.escape(cell.text)
+    # A code cell is code as a whole (as the Markdown's one code span shows it).
+    whole_code = cell.tone == "code" and not cell.lines
+    body = html.escape(cell.text) if whole_code else inline(cell.text)
     if cell.lines:
         tones = cell.line_tones or ("",) * len(cell.lines)
         items = "".join(
-            f'<li class="{tone}">{html.escape(line)}</li>'
-            if tone
-            else f"<li>{html.escape(line)}</li>"
+            f'<li class="{tone}">{inline(line)}</li>' if tone else f"<li>{inline(line)}</li>"
             for line, tone in zip(cell.lines, tones, strict=True)
         )
         body += f"<ul>{items}</ul>"
@@ -75,24 +91,27 @@ def render(document: Document) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(document.title)}</title>",
         f"<style>{_CSS}</style></head><body><main>",
-        f"<h1>{html.escape(document.title)}</h1>",
-        f'<p class="subtitle">{html.escape(document.subtitle)}</p>',
-        '<div class="overview">',
+        f"<h1>{inline(document.title)}</h1>",
+        f'<p class="subtitle">{inline(document.subtitle)}</p>',
     ]
+    for index, line in enumerate(document.verdict):  # the headline first
+        css = f"verdict {line.tone}".strip() if index == 0 else "aside"
+        out.append(f'<p class="{css}">{inline(line.text)}</p>')
+    out.append('<div class="overview">')
     for label, value, tone in document.overview:
         out.append(
-            f'<div class="card {tone}"><div class="value">{html.escape(value)}</div>'
-            f'<div class="label">{html.escape(label)}</div></div>'
+            f'<div class="card {tone}"><div class="value">{inline(value)}</div>'
+            f'<div class="label">{inline(label)}</div></div>'
         )
     out.append("</div><nav>")
-    out += [f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in document.sections]
+    out += [f'<a href="#{s.anchor}">{inline(s.title)}</a>' for s in document.sections]
     out.append("</nav>")
     for section in document.sections:
-        out.append(f'<section id="{section.anchor}"><h2>{html.escape(section.title)}</h2>')
+        out.append(f'<section id="{section.anchor}"><h2>{inline(section.title)}</h2>')
         for block in section.blocks:
             if isinstance(block, Text):
                 css = f' class="{block.tone}"' if block.tone else ""
-                out.append(f"<p{css}>{html.escape(block.text)}</p>")
+                out.append(f"<p{css}>{inline(block.text)}</p>")
             elif isinstance(block, Figure):
                 data = base64.b64encode(block.png).decode("ascii")
                 alt = html.escape(block.alt)

@@ -6,6 +6,7 @@ A record that is missing is None (that step did not run); one that cannot be rea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,29 @@ from release.records import (
     SignRecord,
     VerifyRecord,
 )
-from release.trust.attestation import attested_evidence, other_wheels
+from release.trust.attestation import SUFFIX, attested_evidence, attested_gate, other_wheels
+
+OTHER_STATEMENT = "another kind of statement: it attests no gate"
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A gate attestation committed in a channel's `attestations` folder (a GPU runner's), read
+    WITHOUT checking its signature: publishing checks it; the report only shows what it says."""
+
+    path: Path
+    evidence: Evidence | None  # None where it cannot be read, or attests no gate
+    problem: str = ""  # why `evidence` is None
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One `attestations` folder of the manifest's channels, as this checkout holds it."""
+
+    path: Path
+    channels: tuple[str, ...]  # the channels that take attestations from it
+    attestations: tuple[Committed, ...] = ()
+    other_files: int = 0  # files that are not attestations (unsigned records, logs): never taken
 
 
 @dataclass
@@ -34,6 +57,7 @@ class Records:
     publish: PublishRecord | None = None
     verify: VerifyRecord | None = None
     unreadable: list[str] = field(default_factory=list)  # problems, as lines
+    folders: list[Folder] = field(default_factory=list)  # committed attestations, by folder
 
     def built_digests(self) -> dict[str, str]:
         """Wheel file name to sha256, as the build recorded them."""
@@ -48,8 +72,38 @@ def _optional(out_dir: Path, kind: type[R], unreadable: list[str]) -> R | None:
         return None
 
 
-def load_records(out_dir: Path) -> Records:
+def _committed(path: Path) -> Committed:
+    try:
+        if attested_gate(path) is None:
+            return Committed(path, None, OTHER_STATEMENT)
+        return Committed(path, attested_evidence(path))
+    except ReleaseError as error:
+        return Committed(path, None, str(error))
+
+
+def attestation_folders(manifest: Manifest, source_dir: Path) -> list[tuple[Path, tuple[str, ...]]]:
+    """Each committed `attestations` folder of the manifest's channels (relative to the
+    checkout `source_dir`, as publishing resolves them), with the channels that take it."""
+    taken: dict[Path, list[str]] = {}
+    for name, spec in manifest.release.channels.items():
+        for folder in spec.attestations:
+            taken.setdefault(source_dir / folder, []).append(name)
+    return [(folder, tuple(names)) for folder, names in taken.items()]
+
+
+def load_folder(path: Path, channels: tuple[str, ...]) -> Folder:
+    if not path.is_dir():
+        return Folder(path, channels)
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    attestations = tuple(_committed(p) for p in files if p.name.endswith(SUFFIX))
+    return Folder(path, channels, attestations, len(files) - len(attestations))
+
+
+def load_records(out_dir: Path, folders: Sequence[tuple[Path, tuple[str, ...]]] = ()) -> Records:
+    """The records under `out_dir`, and the committed attestations of `folders` (path and the
+    channels that take it; `attestation_folders`)."""
     loaded = Records()
+    loaded.folders = [load_folder(path, channels) for path, channels in folders]
     problems = loaded.unreadable
     loaded.build = _optional(out_dir, BuildRecord, problems)
     loaded.sign = _optional(out_dir, SignRecord, problems)
@@ -101,15 +155,39 @@ class GateRow:
     verdict: str  # the evidence's, or "not-run"
     reason: str  # the evidence's, or why there is none
     evidence: Evidence | None
+    attested_by: Path | None = None  # the committed attestation whose pass this row shows
 
 
 # A verdict on other wheels than the build's: shown with its reason, never as this run's verdict.
 STALE = "other-wheels"
 
 
+def _verdict(evidence: Evidence, built: dict[str, str]) -> tuple[str, str]:
+    other = other_wheels(evidence.artefacts, built) if built else None
+    if other is not None:
+        return STALE, f"its {evidence.verdict} {other}"
+    return evidence.verdict, evidence.reason
+
+
+def taken_attestation(records: Records, channel: str, gate: str) -> Committed | None:
+    """The committed attestation of `gate` in `channel`'s folders that passed on exactly the
+    built wheels: the one publishing would take (once its signature verifies), where this run's
+    own evidence did not pass."""
+    built = records.built_digests()
+    for folder in records.folders:
+        for committed in folder.attestations if channel in folder.channels else ():
+            evidence = committed.evidence
+            if (evidence is not None and built and evidence.gate == gate
+                    and _verdict(evidence, built)[0] == "pass"):  # fmt: skip
+                return committed
+    return None
+
+
 def gate_rows(manifest: Manifest, channel: str, records: Records) -> list[GateRow]:
     """Every gate of the manifest and every gate with evidence, by name. Evidence that judged
-    other wheels than the build recorded is STALE, whatever its verdict said."""
+    other wheels than the build recorded is STALE, whatever its verdict said. A required gate
+    that did not pass here shows the committed attestation that passed on these wheels, if any
+    (a GPU runner's)."""
     required = set(manifest.channel(channel).requires)
     built = records.built_digests()
     rows = []
@@ -118,10 +196,17 @@ def gate_rows(manifest: Manifest, channel: str, records: Records) -> list[GateRo
         recorded = records.evidence.get(name)
         verdict, reason = "not-run", "no evidence in this run"
         if recorded is not None:
-            verdict, reason = recorded.verdict, recorded.reason
-            other = other_wheels(recorded.artefacts, built) if built else None
-            if other is not None:
-                verdict, reason = STALE, f"its {recorded.verdict} {other}"
+            verdict, reason = _verdict(recorded, built)
+        attested = None
+        if verdict != "pass" and name in required:
+            attested = taken_attestation(records, channel, name)
+        if attested is not None and attested.evidence is not None:
+            here = f"{verdict}: {reason}" if reason else verdict
+            recorded, verdict = attested.evidence, "pass"
+            reason = (
+                f"attested by the committed {attested.path.name} (this run: {here}); "
+                "publishing checks its signature"
+            )
         rows.append(
             GateRow(
                 name=name,
@@ -130,6 +215,47 @@ def gate_rows(manifest: Manifest, channel: str, records: Records) -> list[GateRo
                 verdict=verdict,
                 reason=reason,
                 evidence=recorded,
+                attested_by=attested.path if attested else None,
             )
         )
     return rows
+
+
+@dataclass(frozen=True)
+class AttestationGroup:
+    """The committed attestations of one folder that name the same wheels (name and sha256)."""
+
+    artefacts: dict[str, str]
+    attestations: tuple[Committed, ...]
+    stale: bool | None  # names other wheels than the build's; None where nothing was built
+
+    @property
+    def status(self) -> str:
+        if self.stale is None:
+            return "no build record to compare with"
+        return "stale: names other wheels than this build's" if self.stale else "this build's"
+
+
+def attestation_groups(folder: Folder, built: dict[str, str]) -> list[AttestationGroup]:
+    """The readable attestations of `folder`, grouped by the wheels they name: this build's
+    first, then the stale groups, newest first."""
+    by_wheels: dict[tuple[tuple[str, str], ...], list[Committed]] = {}
+    for committed in folder.attestations:
+        if committed.evidence is not None:
+            key = tuple(sorted(committed.evidence.artefacts.items()))
+            by_wheels.setdefault(key, []).append(committed)
+    groups = [
+        AttestationGroup(dict(key), tuple(found),
+                         other_wheels(dict(key), built) is not None if built else None)
+        for key, found in by_wheels.items()
+    ]  # fmt: skip
+    newest = {id(g): max(c.evidence.time for c in g.attestations if c.evidence) for g in groups}
+    groups.sort(key=lambda g: newest[id(g)], reverse=True)
+    return sorted(groups, key=lambda g: bool(g.stale))
+
+
+def stale_attestations(records: Records) -> int:
+    """How many committed attestations name other wheels than the build's."""
+    built = records.built_digests()
+    return sum(len(group.attestations) for folder in records.folders
+               for group in attestation_groups(folder, built) if group.stale)  # fmt: skip

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
+
+from markdown_it import MarkdownIt
 
 
 @dataclass(frozen=True)
@@ -50,3 +53,18 @@ class Document:
     subtitle: str
     overview: list[tuple[str, str, str]]  # (label, value, tone)
     sections: list[Section]
+    verdict: list[Text] = field(default_factory=list)  # the headline, before everything else
+
+
+@cache
+def _code_parser() -> MarkdownIt:
+    # CommonMark's code spans and nothing else: the rest of a text is shown as it is.
+    return MarkdownIt("zero").enable("backticks")
+
+
+def code_spans(text: str) -> list[tuple[str, bool]]:
+    """`text` as (part, is_code) in order: the code spans (`like this`) as CommonMark finds
+    them, so both renderers show as code exactly what a Markdown viewer shows as code."""
+    tokens = _code_parser().parseInline(text)
+    children = (tokens[0].children or []) if tokens else []
+    return [(child.content, child.type == "code_inline") for child in children]

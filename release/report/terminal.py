@@ -15,9 +15,18 @@ from rich.table import Table
 from release.gates.warmup import figure_lines
 from release.manifest import Manifest
 from release.records import BuildRecord
-from release.report.document import built_from, describe
-from release.report.loader import GateRow, Records, gate_rows, load_records
+from release.report.document import built_from, describe, folder_name
+from release.report.loader import (
+    GateRow,
+    Records,
+    attestation_folders,
+    attestation_groups,
+    load_records,
+)
+from release.report.verdict import ChannelVerdict, channel_verdict
+from release.report.words import words
 from release.trust.index import install_hint
+from release.util.paths import REPO_ROOT
 from release.util.progress import VERDICT_STYLE, console
 
 
@@ -35,8 +44,8 @@ def _artefacts(build: BuildRecord) -> Table:
 def _detail(gate: GateRow) -> str:
     """The gate's own words for its evidence: a short line, not every figure."""
     record = gate.evidence
-    if record is None:
-        return gate.reason
+    if record is None or gate.verdict == "not-run":
+        return gate.reason or "its evidence gives no reason"  # it did not run, and why
     figures, reason = record.figures, record.reason
     if gate.name == "policy" and gate.verdict == "pass":
         shown = {w["auditwheel_show"] for w in figures["wheels"].values()}
@@ -52,25 +61,59 @@ def _detail(gate: GateRow) -> str:
         kinds = Counter(entry["kind"] for entry in figures["files"])
         return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
     if figures:  # a gate this summary has no words of its own for
-        shown = "; ".join(f"{k}: {describe(v)}" for k, v in figures.items())
+        shown = "; ".join(f"{words(k)}: {describe(v)}" for k, v in figures.items())
         return shown + (f"; {reason}" if reason else "")
     return reason
 
 
-def _gates(records: Records, manifest: Manifest, channel: str) -> Table:
-    table = Table(title=f"Gates (channel {channel})", title_justify="left")
-    for column in ("gate", "runner", f"required by {channel}", "verdict", "detail"):
+def _gates(title: str, gates: tuple[GateRow, ...]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("gate", "runner", "verdict", "detail"):
         table.add_column(column, overflow="fold")
-    for gate in gate_rows(manifest, channel, records):
-        table.add_row(gate.name, gate.runner, "yes" if gate.required else "no",
-                      f"[{VERDICT_STYLE[gate.verdict]}]{gate.verdict}[/]",
+    for gate in gates:
+        table.add_row(gate.name, gate.runner, f"[{VERDICT_STYLE[gate.verdict]}]{gate.verdict}[/]",
                       escape(_detail(gate)))  # fmt: skip
     return table
 
 
-def print_summary(out_dir: Path, manifest: Manifest, channel: str) -> None:
+def _print_verdict(verdict: ChannelVerdict) -> None:
+    style = "bold green" if verdict.releasable else "bold red"
+    console.print(escape(verdict.headline), style=style)
+    if verdict.others:
+        console.print(escape(verdict.others))
+
+
+def _print_attestations(records: Records, channel: str, source_dir: Path) -> None:
+    """Each committed attestation folder in a line, and its attestations by the wheels they
+    name: stale ones (other wheels than this build's) flagged."""
+    built = records.built_digests()
+    for folder in records.folders:
+        where = folder_name(folder.path, source_dir)
+        taken = ", ".join(folder.channels) + ("" if channel in folder.channels else
+                                              f"; not {channel}")  # fmt: skip
+        console.print(escape(f"committed attestations in {where} (taken by {taken}): "
+                             f"{len(folder.attestations)} signed, {folder.other_files} other "
+                             "file(s) that no channel takes"))  # fmt: skip
+        for group in attestation_groups(folder, built):
+            files = ", ".join(c.path.name for c in group.attestations)
+            wheels = ", ".join(f"{name.split('-manylinux')[0]} {digest[:12]}"
+                               for name, digest in sorted(group.artefacts.items()))  # fmt: skip
+            style = "red" if group.stale else "green" if group.stale is False else None
+            console.print(escape(f"  {group.status}: {files} (name {wheels})"), style=style)
+        for committed in folder.attestations:
+            if committed.evidence is None:
+                console.print(escape(f"  not taken: {committed.problem}"), style="red")
+
+
+def print_summary(
+    out_dir: Path, manifest: Manifest, channel: str, source_dir: Path = REPO_ROOT
+) -> None:
+    """The summary of the records under `out_dir` for `channel`, led by its verdict; the
+    committed attestations are read from the checkout `source_dir`."""
     console.rule("summary")
-    records = load_records(out_dir)
+    records = load_records(out_dir, attestation_folders(manifest, source_dir))
+    verdict = channel_verdict(manifest, channel, records)
+    _print_verdict(verdict)
     for problem in records.unreadable:
         console.print(f"[red]unreadable record[/]: {escape(problem)}")
     build = records.build
@@ -78,7 +121,11 @@ def print_summary(out_dir: Path, manifest: Manifest, channel: str) -> None:
         console.print(_artefacts(build))
         for skipped in build.skipped:
             console.print(f"python {skipped.python}: no wheel of its own, {skipped.reason}")
-    console.print(_gates(records, manifest, channel))
+    console.print(_gates(f"Gates required by {channel}", verdict.required))
+    if verdict.not_required:
+        title = f"Other gates (not required by {channel}: they do not decide its verdict)"
+        console.print(_gates(title, verdict.not_required))
+    _print_attestations(records, channel, source_dir)
 
     sign = records.sign
     if sign:

@@ -1,0 +1,83 @@
+"""The channel's verdict, in one sentence: whether every gate the channel requires
+(``[release.channels.<name>].requires``) passed on the wheels being released, and if not which
+did not and why; then the other gates, as not part of that verdict. The summary and the report
+both lead with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from release.manifest import Manifest
+from release.report.loader import STALE, GateRow, Records, gate_rows
+
+NOT_RUN_PREFIX = "not run: "  # how a gate's evidence says why it did not run
+
+
+@dataclass(frozen=True)
+class ChannelVerdict:
+    channel: str
+    releasable: bool
+    headline: str  # "dev: releasable — every gate dev requires (…) passed on all 3 wheels"
+    others: str  # the gates the channel does not require, in one line; "" where there are none
+    required: tuple[GateRow, ...]
+    not_required: tuple[GateRow, ...]
+
+    @property
+    def tone(self) -> str:
+        return "pass" if self.releasable else "fail"
+
+
+def names(items: list[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def why_not_run(row: GateRow) -> str:
+    """Why a gate did not run, in its evidence's words ("no GPU runner")."""
+    reason = row.reason or "its evidence gives no reason"
+    return reason[len(NOT_RUN_PREFIX) :] if reason.lower().startswith(NOT_RUN_PREFIX) else reason
+
+
+def outcomes(rows: tuple[GateRow, ...]) -> list[str]:
+    """The gates of `rows` in a few phrases: those that did not run (by reason), failed, judged
+    other wheels, passed."""
+    not_run: dict[str, list[str]] = {}
+    for row in rows:
+        if row.verdict == "not-run":
+            not_run.setdefault(why_not_run(row), []).append(row.name)
+    phrases = [f"{names(gates)} did not run ({why})" for why, gates in not_run.items()]
+    for verdict, said in (("fail", "failed"), (STALE, "judged other wheels than this build's"),
+                          ("pass", "passed")):  # fmt: skip
+        gates = [row.name for row in rows if row.verdict == verdict]
+        if gates:
+            phrases.append(f"{names(gates)} {said}")
+    return phrases
+
+
+def _wheels(count: int) -> str:
+    return f"all {count} wheels" if count > 1 else "the one wheel"
+
+
+def channel_verdict(manifest: Manifest, channel: str, records: Records) -> ChannelVerdict:
+    requires = manifest.channel(channel).requires
+    rows = {row.name: row for row in gate_rows(manifest, channel, records)}
+    required = tuple(
+        rows.get(gate) or GateRow(gate, "?", True, "not-run", "no evidence in this run", None)
+        for gate in requires
+    )
+    not_required = tuple(row for row in rows.values() if not row.required)
+    built = len(records.built_digests())
+    releasable = bool(built) and all(row.verdict == "pass" for row in required)
+    if releasable:
+        every = f"every gate {channel} requires ({', '.join(requires)})"
+        headline = f"{channel}: releasable — {every} passed on {_wheels(built)}"
+    elif not built:
+        headline = (f"{channel}: refused — no wheel was built (no build record), so no gate "
+                    "judged the wheels to release")  # fmt: skip
+    else:
+        headline = f"{channel}: refused — " + "; ".join(outcomes(required))
+    others = ""
+    if not_required:
+        others = (f"Not required by {channel}, so not part of its verdict: "
+                  + "; ".join(outcomes(not_required)) + ".")  # fmt: skip
+    return ChannelVerdict(channel, releasable, headline, others, required, not_required)
