@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from release import records
 from release.context import Context
-from release.errors import BuildError, GateError
+from release.errors import GateError
 from release.evidence import Evidence
 from release.gates.contract import GateInputs, GateOptions
 from release.gates.gpu_runner import detect_gpu
@@ -177,14 +177,13 @@ def check_run_inputs(context: Context, channel: str, spec: ChannelSpec) -> None:
     installs on each), the channel's signing key and the key that signs the gates'
     attestations, each TUF role's key, and a remote index's credentials. Nothing under `<out>`
     is touched (generated dev keys may be made under the state directory, as on any use)."""
-    from release.trust.keys import attesting_signer, channel_signer
-    from release.trust.steps import declared_interpreters
+    from release.trust.keys import attesting_signer
+    from release.trust.steps import check_publish_inputs, declared_interpreters
 
     _check_toolchain(context)
     declared_interpreters(context.manifest)
-    channel_signer(context, channel, spec)
     attesting_signer(context)
-    _check_publish_inputs(context, channel)
+    check_publish_inputs(context, channel, spec)
 
 
 def _check_toolchain(context: Context) -> None:
@@ -193,40 +192,10 @@ def _check_toolchain(context: Context) -> None:
     manifest = context.manifest
     if manifest.build.toolchain.kind != "hermetic":
         return  # cibuildwheel's containers bring their own compilers
-    from release.build.toolchain import find_zig
+    from release.build.toolchain import find_host_compiler, find_zig
 
     find_zig()
-    host = manifest.build.toolchain.cuda_host_compiler
-    if shutil.which(host) is None:
-        raise BuildError(
-            f"{manifest.path}: build.toolchain.cuda_host_compiler: expected a program on PATH; "
-            f"{host!r} was not found"
-        )
-
-
-def _check_publish_inputs(context: Context, channel: str) -> None:
-    """Each TUF role's signer loads and is the one the index's root names (dev keys generated
-    on first use); a remote index's credentials are set. Where the TUF repository and its
-    generated keys live is the publish step's (release/trust/steps.py `_index`)."""
-    from release.trust.index import EmbeddedIndex
-    from release.trust.keys import tuf_keys_spec
-    from release.trust.remote_index import find_credentials
-    from release.trust.tuf_metadata import repository_for
-
-    settings = context.manifest.publish
-    tuf_keys = tuf_keys_spec(context.key_dir) if context.key_dir else settings.tuf_keys
-    if settings.embedded:
-        embedded = EmbeddedIndex(context.state_dir, settings.username)
-        tuf_dir, keys_dir = embedded.tuf_dir, embedded.keys_dir
-    else:
-        assert settings.tuf_dir and settings.upload_endpoint  # the manifest's checks
-        tuf_dir = (context.manifest.path.parent / settings.tuf_dir).resolve()
-        keys_dir = context.state_dir / "remote-index" / "tuf-keys"
-        find_credentials(settings.upload_endpoint, settings.username)
-    repository_for(
-        tuf_dir, tuf_keys, channel=channel, state_dir=context.state_dir,
-        manifest_dir=context.manifest.path.parent, keys_dir=keys_dir,
-    ).check()  # fmt: skip
+    find_host_compiler(manifest)
 
 
 # --- the consumer's check, reports, CI, benchmarks ---

@@ -161,3 +161,22 @@ def test_a_tuf_commit_on_a_full_disk_says_what_was_done_and_a_rerun_completes_it
         "commit: 2 new target(s) (targets version 3, timestamp 3)"
     )
     assert wheel.name in TufRepository(tuf.directory).targets()
+
+
+def test_a_key_generated_on_a_full_disk_is_one_line_and_leaves_no_partial_key(
+    small_disk: SmallDisk,
+) -> None:
+    from release.errors import SigningError
+    from release.trust.sign import key_paths, load_signer
+
+    state = small_disk.folder / "state"
+    (state / "keys").mkdir(parents=True)
+    small_disk.fill()
+    pem, public = key_paths(state, "dev")
+    with pytest.raises(SigningError) as refused:
+        load_signer("generate", channel="dev", state_dir=state)
+    assert str(refused.value) == f"{pem}: cannot write the generated key ({NO_SPACE})"
+    assert not pem.exists() and not public.exists()
+    small_disk.free()  # space again: a key is generated, not a half-written one loaded
+    _, key = load_signer("generate", channel="dev", state_dir=state)
+    assert pem.is_file() and public.is_file() and key.keyid

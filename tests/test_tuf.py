@@ -387,15 +387,6 @@ def test_tuf_key_file_readable_by_others_is_refused(tmp_path: Path) -> None:
                        state_dir=tmp_path, manifest_dir=tmp_path)  # fmt: skip
 
 
-def test_a_generated_dev_key_cannot_be_a_stable_tuf_key(tmp_path: Path) -> None:
-    load_signer("generate", channel="dev", state_dir=tmp_path)
-    dev_pem, _ = key_paths(tmp_path, "dev")
-    refs = {role: {"key": f"file:{dev_pem}"} for role in ROLES}
-    with pytest.raises(PublishError, match=r"tuf_keys\.root: .* is a generated dev key"):
-        repository_for(tmp_path / "tuf", TufKeys.model_validate(refs), channel="stable",
-                       state_dir=tmp_path, manifest_dir=tmp_path)  # fmt: skip
-
-
 def test_generate_is_not_a_tuf_key_reference(tmp_path: Path) -> None:
     refs = {role: {"key": "generate"} for role in ROLES}
     with pytest.raises(PublishError, match=r'tuf_keys\.root\.key: "generate" is not a key ref'):

@@ -322,6 +322,18 @@ def _install_cuda_wheels(target: Path) -> Path:
     return root
 
 
+def find_host_compiler(manifest: Manifest) -> str:
+    """The manifest's CUDA host compiler on PATH, else BuildError naming the key."""
+    name = manifest.build.toolchain.cuda_host_compiler
+    host = shutil.which(name)
+    if host is None:
+        raise BuildError(
+            f"{manifest.path}: build.toolchain.cuda_host_compiler: expected a program on PATH; "
+            f"{name!r} was not found"
+        )
+    return host
+
+
 def resolve_host_toolchain(manifest: Manifest, cache_dir: Path) -> HostToolchain:
     """nvcc (the manifest's CUDA version; the pinned NVIDIA wheels where no toolkit is) and the
     manifest's host compiler, caching under cache_dir."""
@@ -343,13 +355,7 @@ def resolve_host_toolchain(manifest: Manifest, cache_dir: Path) -> HostToolchain
             f"{nvcc} is {found}"
         )
 
-    host_name = manifest.build.toolchain.cuda_host_compiler
-    host = shutil.which(host_name)
-    if host is None:
-        raise BuildError(
-            f"{manifest.path}: build.toolchain.cuda_host_compiler: expected a program on PATH; "
-            f"{host_name!r} was not found"
-        )
+    host = find_host_compiler(manifest)
     ccache = shutil.which("ccache")
     return HostToolchain(
         nvcc=nvcc,

@@ -171,11 +171,16 @@ def generated_key_pair(pem_path: Path, pub_path: Path) -> tuple[Signer, Key]:
         except FileExistsError:
             pass  # another run generated it first: load theirs below
         else:
-            os.fchmod(fd, _PRIVATE_MODE)  # whatever the umask
-            with os.fdopen(fd, "wb") as stream:
-                stream.write(generated.private_bytes)
-                stream.flush()
-                os.fsync(stream.fileno())
+            try:
+                os.fchmod(fd, _PRIVATE_MODE)  # whatever the umask
+                with os.fdopen(fd, "wb") as stream:
+                    stream.write(generated.private_bytes)
+                    stream.flush()
+                    os.fsync(stream.fileno())
+            except OSError as error:  # a full disk: no partial key is left to be loaded later
+                pem_path.unlink(missing_ok=True)
+                raise SigningError(f"{pem_path}: cannot write the generated key "
+                                   f"({error.strerror or error})") from None  # fmt: skip
             write_public_key(generated.public_key, pub_path)
     signer = _signer_from_pem_file(pem_path)
     key = signer.public_key

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from release.errors import PublishError, ReleaseError
+from release.errors import PublishError, ReleaseError, WriteError
 from release.trust.attestation import release_folder
 from release.trust.index import normalize_project
 from release.trust.release_version import version_key
@@ -239,14 +239,20 @@ def _place(source: Path, destination: Path, *, replace: bool) -> bool:
     if not replace and destination.exists():
         return False
     data = source.read_bytes()
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
     try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, 0o644)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
+    except OSError as error:
+        raise WriteError(f"writing {destination}: {error.strerror or error}") from None
+    try:
+        try:
+            with os.fdopen(fd, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.chmod(tmp, 0o644)
+        except OSError as error:
+            raise WriteError(f"writing {destination}: {error.strerror or error}") from None
         if replace:
             os.replace(tmp, destination)
             return True

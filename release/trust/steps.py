@@ -21,7 +21,7 @@ from tuf.api.metadata import Metadata, Root
 
 from release import records
 from release.context import Context
-from release.errors import PublishError, SigningError, VerifyError
+from release.errors import PublishError, SigningError, VerifyError, WriteError
 from release.gates import registry
 from release.manifest import SIGNING_KEY_ATTESTER, ChannelSpec, Manifest
 from release.records import BuildRecord
@@ -37,7 +37,7 @@ from release.trust.keys import channel_signer, tuf_keys_spec
 from release.trust.pins import ChannelPins, channel_pins, operator_signed
 from release.trust.publish import publish
 from release.trust.rebuild import rebuild_release
-from release.trust.remote_index import RemoteIndex
+from release.trust.remote_index import RemoteIndex, find_credentials
 from release.trust.sign import (
     Key,
     build_statement,
@@ -151,17 +151,20 @@ def _sign(
         attestations=[provenance_entry(a, runner) for a, runner in attestations],
     )
     envelope = context.envelope_path
-    envelope.parent.mkdir(parents=True, exist_ok=True)
-    write_envelope(sign_statement(statement, signer), envelope)
     public_path = envelope.parent / f"{signing_key_name(channel)}.pub.json"
-    write_public_key(public_key, public_path)
-    records.write(context.out_dir, records.SignRecord(
-        channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
-        keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.digests,
-        attestations={a.evidence.gate: str(a.path) for a, _ in attestations},
-        source_commit=source.commit, uncommitted=source.changed,
-        uncommitted_sha256=source.change_sha256,
-    ))  # fmt: skip
+    try:  # a full disk: one line naming the step and the file
+        envelope.parent.mkdir(parents=True, exist_ok=True)
+        write_envelope(sign_statement(statement, signer), envelope)
+        write_public_key(public_key, public_path)
+        records.write(context.out_dir, records.SignRecord(
+            channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
+            keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.digests,
+            attestations={a.evidence.gate: str(a.path) for a, _ in attestations},
+            source_commit=source.commit, uncommitted=source.changed,
+            uncommitted_sha256=source.change_sha256,
+        ))  # fmt: skip
+    except WriteError as error:
+        raise SigningError(f"sign: {error}; the release is not signed") from None
     console.print(f"signed {len(wheels)} wheel(s) and the {len(attestations)} gate attestations "
                   f"they rest on: {envelope} (key {public_key.keyid[:16]})")  # fmt: skip
     if source.dirty:
@@ -231,10 +234,15 @@ def open_publish(
             f"those that pass now ({', '.join(str(a.path) for a, _ in attestations)}); run "
             "`python -m release sign` again. Nothing was uploaded"
         )
+    return _tuf_repository(context, channel, _index(context))
+
+
+def _tuf_repository(context: Context, channel: str, index: Index) -> TufRepository:
+    """The index's TUF repository with the run's role keys (--key-dir, else
+    [publish.tuf_keys], else generated: dev), each checked against the channel's pins."""
     tuf_keys = context.manifest.publish.tuf_keys
     if context.key_dir is not None:
         tuf_keys = tuf_keys_spec(context.key_dir)
-    index = _index(context)
     tuf = repository_for(
         index.tuf_dir, tuf_keys, channel=channel, state_dir=context.state_dir,
         manifest_dir=context.manifest.path.parent, keys_dir=index.keys_dir,
@@ -242,6 +250,22 @@ def open_publish(
     pins = channel_pins(context.manifest, channel, context.channel(channel)[1])
     _require_pinned_tuf_keys(pins, tuf, "--key-dir" if context.key_dir else "[publish.tuf_keys]")
     return tuf
+
+
+def check_publish_inputs(context: Context, channel: str, spec: ChannelSpec) -> None:
+    """What sign, publish and verify will need, checked before a run builds anything: a
+    committed tree (where the channel refuses uncommitted changes), the channel's pinned signing
+    key, its attesters' public keys, an index folder apart from the keys, a remote index's
+    credentials (found, not yet tried), and each TUF role's pinned key, loaded and named by the
+    index's root (dev keys are generated here on first use)."""
+    if operator_signed(context.manifest, spec):
+        refuse_dirty(source_state(context.source_dir), channel, context.source_dir)
+    _, public_key = channel_signer(context, channel, spec)
+    _attester_keys(context, channel, spec, public_key)
+    index = _index(context)
+    if isinstance(index, RemoteIndex):
+        find_credentials(index.url, context.manifest.publish.username)
+    _tuf_repository(context, channel, index).check()
 
 
 def _require_pinned_tuf_keys(pins: ChannelPins, tuf: TufRepository, source: str) -> None:
