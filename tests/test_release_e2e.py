@@ -140,8 +140,10 @@ def test_stable_refuses_dev_attestations_and_gpu_attestations_of_other_wheels(
     release_run, tmp_path
 ):
     _, out, state = release_run
-    keys = tmp_path / "keys"
-    made = _release("keygen", "--channel", "stable", str(keys), out=out, state=state)
+    keys, manifest = tmp_path / "keys", tmp_path / "manifests" / "activekv.toml"
+    shutil.copytree(REPO / "manifests", manifest.parent)  # keygen --pin edits the copy
+    made = _release("keygen", "--manifest", str(manifest), "--channel", "stable", str(keys),
+                    "--pin", out=out, state=state)  # fmt: skip
     assert made.returncode == 0, made.stderr
     # One wheel changed after the GPU runner judged this commit's wheels (tests/gpu/evidence).
     changed_out = tmp_path / "out"
@@ -150,8 +152,8 @@ def test_stable_refuses_dev_attestations_and_gpu_attestations_of_other_wheels(
     with wheel.open("ab") as stream:
         stream.write(b"\0")
     before = _index_files(state)
-    refused = _release("publish", "--channel", "stable", "--key-dir", str(keys),
-                       out=changed_out, state=state)  # fmt: skip
+    refused = _release("publish", "--manifest", str(manifest), "--channel", "stable",
+                       "--key-dir", str(keys), out=changed_out, state=state)  # fmt: skip
     assert refused.returncode == 2
     text = " ".join(refused.stderr.split())
     assert "channel 'stable' refuses to publish; nothing was uploaded" in text
