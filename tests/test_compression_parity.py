@@ -12,6 +12,7 @@ The module under test comes from the `engine` fixture below (see its docstring f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -261,13 +262,29 @@ def test_stored_block_bytes(engine: ModuleType) -> None:
 # ---- the reference itself ----
 
 
+# Every float32 (and so every E4M3 value) is a whole multiple of 2**-149, float32's least
+# subnormal: scaled by 2**149 they are integers, whose arithmetic is exact rational arithmetic.
+_FLOAT32_EXPONENT = 149
+
+
+def _scaled(value: float) -> int:
+    """`value` times 2**149, exactly (an integer: `value` is a float32 or an E4M3 value)."""
+    numerator, denominator = Fraction(value).as_integer_ratio()
+    scale, rest = divmod(1 << _FLOAT32_EXPONENT, denominator)
+    assert rest == 0, f"{value!r} is not a multiple of 2**-149"
+    return numerator * scale
+
+
+@functools.cache
+def _e4m3_scaled() -> tuple[int, ...]:
+    return tuple(_scaled(float(v)) for v in ref._E4M3_VALUES)
+
+
 def exact_nearest_e4m3(value: float) -> int:
-    """Nearest E4M3 magnitude code to |value| <= 448 in exact rational arithmetic, ties to even."""
-    target = Fraction(value)
-    candidates = [
-        (abs(Fraction(float(v)) - target), code % 2, code)
-        for code, v in enumerate(ref._E4M3_VALUES)
-    ]
+    """Nearest E4M3 magnitude code to |value| <= 448 in exact rational arithmetic, ties to even:
+    every code is tried, on integers (the values scaled by 2**149), not on float64."""
+    target = _scaled(value)
+    candidates = [(abs(v - target), code % 2, code) for code, v in enumerate(_e4m3_scaled())]
     return min(candidates)[2]
 
 
