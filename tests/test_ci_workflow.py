@@ -72,10 +72,18 @@ def test_the_schema_is_schemastores_github_workflow_schema() -> None:
 
 
 def check_jsonschema_cli(path: Path) -> subprocess.CompletedProcess[str]:
-    """check-jsonschema's own command line on `path` (its YAML reader, its regex engine)."""
-    command = [sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-               ci_workflow.SCHEMA_NAME, str(path)]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+    """check-jsonschema's own command line on `path` (its YAML reader, its regex engine), run in
+    this process through click's runner (a child would spend seconds importing jsonschema)."""
+    from check_jsonschema import main
+    from click.testing import CliRunner
+
+    arguments = ["--builtin-schema", ci_workflow.SCHEMA_NAME, str(path)]
+    result = CliRunner().invoke(main, arguments)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(
+        ["check-jsonschema", *arguments], result.exit_code, result.stdout, result.stderr
+    )
 
 
 def test_check_jsonschema_accepts_the_committed_file(
