@@ -98,8 +98,9 @@ def describe(value: Any) -> str:
             text = ", ".join(f"{words(k)} {shown(v)}" for k, v in value.items())
             if len(value) <= 6 and len(text) <= 120:
                 return text
-        keys = ", ".join(words(k) for k in list(value)[:6])
-        return f"{len(value)} entries: {keys}{', …' if len(value) > 6 else ''}"
+        wheels = all(k.endswith(".whl") for k in value)
+        keys = ", ".join(k.split("-manylinux")[0] if wheels else words(k) for k in list(value)[:6])
+        return f"{len(value)} {'wheels' if wheels else 'entries'}: {keys}{', …' * (len(value) > 6)}"
     return str(value)
 
 
