@@ -134,6 +134,10 @@ def _size(size: int) -> str:
 TOOL_FIELDS = {"path": "path or file", "file": "path or file", "sha256": "sha256"}
 
 
+def _one_or_lines(values: list[str]) -> Cell:
+    return Cell(values[0]) if len(values) == 1 else Cell("", "", tuple(values))
+
+
 def _code_or_dash(values: list[str] | None) -> Cell:
     return Cell(" ".join(values), "code") if values else Cell("—")
 
@@ -154,7 +158,7 @@ def _toolchain(toolchain: dict[str, str]) -> Table:
     for tool, fields in tools.items():
         rows.append((
             Cell(words(tool), "name"),
-            Cell("", "", tuple(fields.get("version", ["—"]))),
+            _one_or_lines(fields.get("version", ["—"])),
             _code_or_dash(fields.get("path or file")),
             _code_or_dash(fields.get("sha256")),
         ))  # fmt: skip
