@@ -165,8 +165,8 @@ def step_run(context: Context, channel_name: str | None) -> int:
         run_gates(context, wheels)
         sign_publish_verify(context, channel, spec)
     finally:
-        print_summary(context.out_dir, context.manifest, channel)
-        for path in write_report(context.out_dir, context.manifest, channel):
+        print_summary(context.out_dir, context.manifest, channel, context.source_dir)
+        for path in write_report(context.out_dir, context.manifest, channel, context.source_dir):
             console.print(f"report: {path}")
     return 0
 
@@ -235,7 +235,7 @@ def step_report(context: Context, channel_name: str | None) -> int:
     from release.report.loader import recorded_channel
 
     channel = channel_name or recorded_channel(context.out_dir, context.manifest)
-    for path in write_report(context.out_dir, context.manifest, channel):
+    for path in write_report(context.out_dir, context.manifest, channel, context.source_dir):
         console.print(f"wrote {path}")
     return 0
 
