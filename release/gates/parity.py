@@ -32,7 +32,9 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +55,24 @@ from release.scripts.parity_replay import (
 from release.util.paths import PYPROJECT, REPO_ROOT
 from release.util.pins import pinned_version
 from release.util.private_site import install_private, numpy_for
-from release.util.progress import console, step, tally
+from release.util.progress import Tally, console, step, tally
 from release.wheelset import Wheel, WheelSet
 
 __all__ = ["Implementation", "engine_implementation", "reference_implementation"]
+
+# Counts one cell on the progress bar of the gate in hand (run_parity_gate sets it).
+_cell_replayed: ContextVar[Callable[[], None]] = ContextVar("cell_replayed", default=lambda: None)
+
+
+@contextmanager
+def _counting_on(bar: Tally) -> Iterator[None]:
+    """Each cell a child reports replayed meanwhile is counted on `bar` (its total: the cells
+    of every wheel)."""
+    token = _cell_replayed.set(bar.advance)
+    try:
+        yield
+    finally:
+        _cell_replayed.reset(token)
 
 
 def install_wheel(wheel: Path, site: Path) -> Path:
@@ -103,10 +119,10 @@ def _numpy_version() -> str:
 
 def _replay_wheel(
     wheel: Wheel, traces: list[Path], workdir: Path, *, device: str, python: Path,
-    cache_dir: Path, plant: Sequence[str], on_cell: Callable[[], None] = lambda: None,
+    cache_dir: Path, plant: Sequence[str],
 ) -> dict[str, Any]:  # fmt: skip
-    """One wheel's replay in a child of `python`; its report (the child's JSON). `on_cell` is
-    called as each cell's replay ends (the progress bar counts cells)."""
+    """One wheel's replay in a child of `python`; its report (the child's JSON). The progress
+    bar counts each cell as the child reports it replayed."""
     site = install_private(python, wheel.path, workdir / "site")
     paths = [str(REPO_ROOT)]  # the reference and the replay script
     numpy = numpy_for(python, cache_dir, _numpy_version())
@@ -121,7 +137,7 @@ def _replay_wheel(
     errors = workdir / "stderr.txt"
     with errors.open("w") as stderr:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-        returncode = _relay(child, {trace.stem for trace in traces}, on_cell)
+        returncode = _relay(child, {trace.stem for trace in traces})
     if returncode != 0 or not report.exists():
         tail = "\n".join(errors.read_text(errors="replace").strip().splitlines()[-8:])
         raise GateError(f"parity replay of {wheel.name} with {python} failed "
@@ -129,16 +145,16 @@ def _replay_wheel(
     return json.loads(report.read_text())
 
 
-def _relay(child: subprocess.Popen[str], cells: set[str], on_cell: Callable[[], None]) -> int:
-    """Prints the child's lines as they come, calling `on_cell` for each cell it reports
-    replayed ("  <cell>: bit-identical" or "  <cell>: differs: ..."); its exit status."""
+def _relay(child: subprocess.Popen[str], cells: set[str]) -> int:
+    """Prints the child's lines as they come, counting each cell it reports replayed
+    ("  <cell>: bit-identical" or "  <cell>: differs: ...") on the bar; its exit status."""
     assert child.stdout is not None  # Popen(stdout=PIPE)
     with child.stdout:
         for line in child.stdout:
             console.out(line.rstrip("\n"), highlight=False)
             name, said, _ = line.strip().partition(": ")
             if said and name in cells:
-                on_cell()
+                _cell_replayed.get()()
     return child.wait()
 
 
@@ -150,13 +166,13 @@ def _count(cells: list[dict[str, Any]], modes: dict[str, str], *, exact: bool) -
 
 def _judge_wheel(
     wheel: Wheel, python: Path, traces: list[Path], judged: PerWheel, *, modes: dict[str, str],
-    device: str, cache_dir: Path, plant: Sequence[str], on_cell: Callable[[], None],
+    device: str, cache_dir: Path, plant: Sequence[str],
 ) -> dict[str, Any]:  # fmt: skip
     """Replays every trace on `wheel` in `python`; its figures (its problems go to `judged`)."""
     with tempfile.TemporaryDirectory(prefix="activekv-parity-") as work:
         try:
             report = _replay_wheel(wheel, traces, Path(work), device=device, python=python,
-                                   cache_dir=cache_dir, plant=plant, on_cell=on_cell)  # fmt: skip
+                                   cache_dir=cache_dir, plant=plant)  # fmt: skip
         except GateError as error:
             judged.found(wheel, [str(error)])
             return {"status": f"fail: {error}"}
@@ -202,7 +218,7 @@ def run_parity_gate(
     cache = cache_dir or out_dir / "parity" / "cache"
     judged = PerWheel(interpreters)
     per_wheel = judged.figures
-    with tally(len(chosen) * len(wheels), "parity: cells") as bar:  # every cell, every wheel
+    with tally(len(chosen) * len(wheels), "parity: cells") as bar, _counting_on(bar):
         for index, wheel in enumerate(wheels, 1):
             bar.describe(wheel.name)
             if (python := judged.interpreter(wheel)) is None:
@@ -212,7 +228,7 @@ def run_parity_gate(
                       count=(index, len(wheels))):  # fmt: skip
                 per_wheel[wheel.name] = _judge_wheel(
                     wheel, python, traces, judged, modes=modes, device=device, cache_dir=cache,
-                    plant=plant, on_cell=bar.advance,
+                    plant=plant,
                 )  # fmt: skip
     if device == "cuda":
         from release.gates.warmup import gpu_identity
