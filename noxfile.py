@@ -30,15 +30,17 @@ def _install(session: nox.Session, *groups: str) -> None:
 
 @nox.session
 def wheels(session: nox.Session) -> None:
-    """Build one manylinux wheel per declared Python version (python -m release build)."""
+    """Build one manylinux wheel per declared Python version (`python -m release build`)."""
     _install(session, "build", "release")
     session.run("python", "-m", "release", "build", *session.posargs)
 
 
 @nox.session(python=_interpreter("3.12"))
 def release(session: nox.Session) -> None:
-    """The main job: wheels, gates, sign, publish to the embedded index, verify (channel dev;
-    `-- --channel stable --key-dir DIR` for stable, with the pinned vLLM for its served-path)."""
+    """Build, gate, sign, publish to the embedded index and verify a release (the main job).
+
+    Channel dev by default; `-- --channel stable --key-dir DIR` releases on stable, with the
+    pinned vLLM installed for its served-path gate."""
     _install(session, "build", "release")
     if _channel(session.posargs) == "stable":
         session.log("stable requires the served-path gate: installing the pinned vLLM into this "
@@ -59,7 +61,7 @@ def _channel(arguments: list[str]) -> str | None:
 
 @nox.session
 def parity(session: nox.Session) -> None:
-    """Parity gate: manifest cells replayed through the reference and the built engine."""
+    """Replay the manifest's parity cells through the reference and the built engine."""
     _install(session, "build", "release")
     session.run("python", "-m", "release", "build")
     session.run("python", "-m", "release", "parity", *session.posargs)
@@ -67,7 +69,7 @@ def parity(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmark: engine bookkeeping per layer-step against the reference, as a ratio."""
+    """Benchmark the engine's bookkeeping per layer-step against the reference, as a ratio."""
     _install(session, "build", "release")
     session.run("python", "-m", "release", "build")
     session.run("python", "-m", "release", "bench", *session.posargs)
@@ -75,15 +77,16 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def reproduce(session: nox.Session) -> None:
-    """Reproducible gate: every wheel built twice from two source copies must be identical."""
+    """Build every wheel twice from two source copies and require them identical."""
     _install(session, "build", "release")
     session.run("python", "-m", "release", "reproduce", *session.posargs)
 
 
 @nox.session(name="gpu-gates")
 def gpu_gates(session: nox.Session) -> None:
-    """GPU warm-up gate under CUPTI on the built wheels (or `-- --wheel W`); without a GPU it
-    records "not run: no GPU runner"."""
+    """Run the GPU gates (warm-up under CUPTI, GPU parity) on the built wheels.
+
+    `-- --wheel W` judges given wheels; without a GPU each records "not run: no GPU runner"."""
     _install(session, "build", "release")
     if not session.posargs:
         session.run("python", "-m", "release", "build")
@@ -92,7 +95,9 @@ def gpu_gates(session: nox.Session) -> None:
 
 @nox.session(name="gpu-staging")
 def gpu_staging(session: nox.Session) -> None:
-    """CUDA route staging benchmark against its baselines on this GPU (`<out>/gpu-staging.json`)."""
+    """Benchmark the CUDA route's staging against this GPU's copy baselines.
+
+    Writes `<out>/gpu-staging.json`."""
     _install(session, "build", "release")
     session.run("python", "-m", "release", "build")
     session.run("python", "-m", "release", "gpu-staging", *session.posargs)
@@ -100,7 +105,9 @@ def gpu_staging(session: nox.Session) -> None:
 
 @nox.session(python=_interpreter("3.12"))
 def vllm(session: nox.Session) -> None:
-    """Real vLLM (pinned, CPU): plugin, factory, both connector roles, citations, served path."""
+    """Test the connector inside the pinned vLLM on CPU, and run the served-path gate.
+
+    Plugin, factory, both connector roles and the citations, with vLLM's own classes."""
     _install(session, "vllm", "test")
     session.run("python", "-m", "release", "build", "--python", "3.12")
     session.run("python", "-m", "release", "served-path", *session.posargs)
@@ -111,7 +118,7 @@ def vllm(session: nox.Session) -> None:
 
 @nox.session
 def sanitize(session: nox.Session) -> None:
-    """C++ tests under AddressSanitizer with UndefinedBehaviorSanitizer, then ThreadSanitizer."""
+    """Run the C++ tests under AddressSanitizer with UBSan, then under ThreadSanitizer."""
     _install(session, "build", "release")
     for sanitizer in ("asan-ubsan", "tsan"):
         session.run("python", "-m", "release", "cpp-tests", "--sanitizer", sanitizer)
@@ -119,8 +126,10 @@ def sanitize(session: nox.Session) -> None:
 
 @nox.session
 def keygen(session: nox.Session) -> None:
-    """Make an operator's stable keys (`-- --channel stable DIR`) or a runner's key
-    (`-- --runner NAME DIR`); the GPU runner's dependency group is all it needs."""
+    """Make an operator's stable keys or a GPU runner's attestation key.
+
+    `-- --channel stable DIR --pin` (pins them in the manifest) or `-- --runner NAME DIR`; the
+    GPU runner's dependency group is all it needs."""
     _install(session, "gpu-runner")
     session.run("python", "-m", "release", "keygen", *session.posargs)
 
@@ -134,7 +143,7 @@ def serve(session: nox.Session) -> None:
 
 @nox.session
 def unit(session: nox.Session) -> None:
-    """The edit loop's profile: lint and the unit tests (no wheel build, server or compiler)."""
+    """Lint and run the unit tests, without wheel builds, servers or compilers (the edit loop)."""
     _install(session, "test")
     session.run("ruff", "check", "release", "tests", "reference", "cmake", "noxfile.py")
     session.run("pytest", "-m", "not integration", *session.posargs)
@@ -142,7 +151,7 @@ def unit(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """C++ tests (ctest), lint, then the pipeline's tests and the end-to-end release (pytest)."""
+    """Run the C++ tests, lint, then every pipeline test and the end-to-end release."""
     _install(session, "test")
     session.run("python", "-m", "release", "cpp-tests")
     session.run("ruff", "check", "release", "tests", "reference", "cmake", "noxfile.py")
