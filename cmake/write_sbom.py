@@ -1,13 +1,16 @@
 """Writes the wheel's CycloneDX 1.6 SBOM (PEP 770: `<name>.dist-info/sboms/activekv.cdx.json`).
 
-Run by CMake after the modules are linked (bindings/CMakeLists.txt), with the build's own Python,
+Run by CMake when it installs the modules (bindings/CMakeLists.txt), with the build's own Python,
 whose isolated environment holds the pinned cyclonedx-python-lib and pyelftools
 (build-system.requires). What each module links in comes from the module itself: the facts its
 code recorded in the ELF section `.activekv_sbom` from the headers the compiler really used
-(engine/common/sbom_facts.h), and its DT_NEEDED entries (static or dynamic). The build tools come
-from the pipeline's toolchain record (the provenance's versions and digests), each checked here
-against the tool CMake really ran; a build without a record (a plain `pip wheel .`) names the
-tools CMake ran and hashes the binaries it can see.
+(engine/common/sbom_facts.h), and its DT_NEEDED entries (static or dynamic). Each module is read
+as the wheel holds it (CMake runs this at install time, after `--strip`), so its SHA-256 is the
+digest of the wheel's file. The package's licence is pyproject.toml's `project.license`. The
+build tools come from the pipeline's toolchain record (the provenance's versions and digests),
+each checked here against the tool CMake really ran; a build without a record (a plain
+`pip wheel .`) names the tools CMake ran and hashes the binaries it can see. Every tool's version
+is a version number (`13.0.88`), never a `--version` banner.
 
 Bit-identical for identical inputs: no clock (the time is SOURCE_DATE_EPOCH, or none), no paths,
 a serial number derived from the content, fixed bom-refs. docs/sbom.md describes the result.
@@ -40,13 +43,19 @@ from elftools.construct.core import ConstructError
 from elftools.elf.elffile import ELFFile
 from packageurl import PackageURL
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # scikit-build-core, in build-system.requires, brings tomli to Python 3.10
+    import tomli as tomllib
+
 FACT_SECTION = ".activekv_sbom"
 # What the SBOM takes from a toolchain record (release/build/toolchain.py: toolchain_record).
-RECORDED = tuple(
-    f"{tool}{suffix}"
-    for tool in ("zig", "nvcc", "cuda_host_compiler", "cmake", "nanobind", "scikit-build-core")
-    for suffix in ("", "_sha256")
-)
+_TOOLS = ("zig", "nvcc", "cuda_host_compiler", "cmake", "nanobind", "scikit-build-core")
+RECORDED = (*(f"{tool}{suffix}" for tool in _TOOLS for suffix in ("", "_sha256")), "nvcc_version")
+# A tool's exact version: major.minor.patch, perhaps with a pre-release or build suffix
+# ("0.16.0-dev.1+abc"); never a banner ("g++ (Debian 12.2.0-14) 12.2.0") nor a release ("13.0").
+TOOL_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:[-+~][0-9A-Za-z.+~-]+)?")
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 LLVM_LICENSE = "Apache-2.0 WITH LLVM-exception"
 # The latest second a timestamp can hold (9999-12-31T23:59:59Z): Python's datetime, and what GCC
 # and Clang accept as SOURCE_DATE_EPOCH.
@@ -242,6 +251,22 @@ def _sha256(flag: str, path: str) -> str:
         ) from None
 
 
+def tool_version(given: str, text: str) -> str:
+    """The version number in what CMake, a record or a tool says of the tool `given` names: a
+    plain version ("13.0.88"), CMake's "<id> <version>" ("Clang 19.1.0"), or the first line of
+    its `--version` ("g++ (Debian 12.2.0-14) 12.2.0", "clang version 19.1.7 (...)")."""
+    lines = text.strip().splitlines()
+    line = lines[0] if lines else ""
+    said = re.search(r"\bversion (\S+)", line)
+    candidate = said.group(1) if said else (line.split() or [""])[-1]
+    if TOOL_VERSION.fullmatch(candidate) is None:
+        raise SbomError(
+            f"{given}: expected a version major.minor.patch, or a --version line that ends in "
+            f"one; got {text!r}"
+        )
+    return candidate
+
+
 def _tool(
     name: str, version: str | None, sha256: str | None, purl: PackageURL | None = None
 ) -> Component:
@@ -279,6 +304,7 @@ def recorded_tools(
         ("cmake", record.get("cmake"), ran.cmake_version),
         ("cmake_sha256", record.get("cmake_sha256"), _sha256("--cmake", ran.cmake)),
         ("nvcc", record.get("nvcc"), ".".join(ran.nvcc_version.split(".")[:2])),
+        ("nvcc_version", record.get("nvcc_version"), ran.nvcc_version),
         ("nvcc_sha256", record.get("nvcc_sha256"), _sha256("--nvcc", ran.nvcc)),
         ("nanobind", record.get("nanobind"), facts.get("nanobind")),
         ("scikit-build-core", record.get("scikit-build-core"), ran.scikit_build_core),
@@ -297,26 +323,33 @@ def recorded_tools(
                 f"toolchain record: {key}: expected what this build ran, {actual!r}; "
                 f"got {recorded!r}"
             )
+    version = {
+        key: tool_version(f"toolchain record: {key}", record[key])
+        for key in ("nvcc_version", *_TOOLS)
+        if key != "nvcc"  # its release (major.minor); nvcc_version is the exact version
+    }
     pypi = {
-        name: PackageURL("pypi", None, name, record[name])
+        name: PackageURL("pypi", None, name, version[name])
         for name in ("cmake", "nanobind", "scikit-build-core")
     }
     return [
         _tool(
             "zig",
-            record["zig"],
+            version["zig"],
             record["zig_sha256"],
-            PackageURL("pypi", None, "ziglang", record["zig"]),
+            PackageURL("pypi", None, "ziglang", version["zig"]),
         ),
-        _tool("nvcc", record["nvcc"], record["nvcc_sha256"]),
+        _tool("nvcc", version["nvcc_version"], record["nvcc_sha256"]),
         _tool(
-            "cuda-host-compiler", record["cuda_host_compiler"], record["cuda_host_compiler_sha256"]
+            "cuda-host-compiler",
+            version["cuda_host_compiler"],
+            record["cuda_host_compiler_sha256"],
         ),
-        _tool("cmake", record["cmake"], record["cmake_sha256"], pypi["cmake"]),
-        _tool("nanobind", record["nanobind"], record["nanobind_sha256"], pypi["nanobind"]),
+        _tool("cmake", version["cmake"], record["cmake_sha256"], pypi["cmake"]),
+        _tool("nanobind", version["nanobind"], record["nanobind_sha256"], pypi["nanobind"]),
         _tool(
             "scikit-build-core",
-            record["scikit-build-core"],
+            version["scikit-build-core"],
             record["scikit-build-core_sha256"],
             pypi["scikit-build-core"],
         ),
@@ -332,12 +365,22 @@ def observed_tools(ran: argparse.Namespace, facts: dict[str, str]) -> list[Compo
         )
     tools = [
         _tool(
-            "cxx-compiler", ran.cxx_compiler_version, _sha256("--cxx-compiler", ran.cxx_compiler)
+            "cxx-compiler",
+            tool_version("--cxx-compiler-version", ran.cxx_compiler_version),
+            _sha256("--cxx-compiler", ran.cxx_compiler),
         ),
-        _tool("nvcc", ran.nvcc_version, _sha256("--nvcc", ran.nvcc)),
-        _tool("cmake", ran.cmake_version, _sha256("--cmake", ran.cmake)),
+        _tool(
+            "nvcc", tool_version("--nvcc-version", ran.nvcc_version), _sha256("--nvcc", ran.nvcc)
+        ),
+        _tool(
+            "cmake",
+            tool_version("--cmake-version", ran.cmake_version),
+            _sha256("--cmake", ran.cmake),
+        ),
         _tool("nanobind", facts["nanobind"], None),
-        _tool("scikit-build-core", ran.scikit_build_core, None),
+        _tool(
+            "scikit-build-core", tool_version("--scikit-build-core", ran.scikit_build_core), None
+        ),
     ]
     if ran.cuda_host_compiler:
         tools.insert(
@@ -350,10 +393,10 @@ def observed_tools(ran: argparse.Namespace, facts: dict[str, str]) -> list[Compo
 
 
 def _module_spec(spec: str) -> tuple[str, str, Path]:
-    """`IMPORT_NAME=PATH_IN_WHEEL=BUILT_FILE`, each part given."""
+    """`IMPORT_NAME=PATH_IN_WHEEL=INSTALLED_FILE`, each part given."""
     parts = spec.split("=", 2)
     if len(parts) != 3 or not all(parts):
-        raise SbomError(f"--module {spec!r}: expected IMPORT_NAME=PATH_IN_WHEEL=BUILT_FILE")
+        raise SbomError(f"--module {spec!r}: expected IMPORT_NAME=PATH_IN_WHEEL=INSTALLED_FILE")
     name, wheel_path, built = parts
     return name, wheel_path, Path(built)
 
@@ -377,6 +420,47 @@ def _merge_facts(all_facts: dict[str, str], facts: dict[str, str], built: Path) 
             f"{built}: {FACT_SECTION}: nanobind: expected {all_facts['nanobind']!r}, "
             f"as the modules before it record; got {facts['nanobind']!r}"
         )
+
+
+def module_sha256(path: Path) -> str:
+    """The SHA-256 of the module as the wheel will hold it (read_module has read it)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as error:
+        raise SbomError(
+            f"{path}: expected a built module; cannot read it ({error.strerror})"
+        ) from None
+
+
+def project_license(pyproject: Path) -> str:
+    """pyproject.toml's `project.license`, the SPDX expression (PEP 639) METADATA gives as
+    License-Expression, spelled as scikit-build-core spells it there (canonical)."""
+    try:
+        declared = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise SbomError(
+            f"--pyproject {pyproject}: expected the project's pyproject.toml; cannot read it "
+            f"({error.strerror})"
+        ) from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise SbomError(f"--pyproject {pyproject}: expected TOML; got {error}") from None
+    expression = declared.get("project", {}).get("license")
+    if not isinstance(expression, str) or not expression.strip():
+        raise SbomError(
+            f"{pyproject}: project.license: expected an SPDX licence expression (PEP 639); "
+            f"got {expression!r}"
+        )
+    try:
+        from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
+    except ImportError:  # packaging before 24.2 cannot spell it; scikit-build-core neither
+        return expression
+    try:
+        return str(canonicalize_license_expression(expression))
+    except InvalidLicenseExpression as error:
+        raise SbomError(
+            f"{pyproject}: project.license: expected an SPDX licence expression; got "
+            f"{expression!r} ({error})"
+        ) from None
 
 
 def read_record(argument: str) -> dict[str, object] | None:
@@ -434,6 +518,7 @@ def build_sbom(arguments: argparse.Namespace) -> str:
             version=arguments.version,
             type=ComponentType.LIBRARY,
             bom_ref=name,
+            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=module_sha256(built))],
             properties=[
                 Property(name="activekv:file", value=wheel_path),
                 Property(
@@ -458,6 +543,7 @@ def build_sbom(arguments: argparse.Namespace) -> str:
         type=ComponentType.LIBRARY,
         bom_ref=f"pkg:pypi/{arguments.name}@{arguments.version}",
         purl=PackageURL("pypi", None, arguments.name, arguments.version),
+        licenses=[LicenseExpression(project_license(arguments.pyproject))],
     )
     metadata = BomMetaData(component=package, tools=ToolRepository(components=tools))
     metadata.timestamp = source_date(os.environ)
@@ -500,8 +586,12 @@ def main() -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--version", required=True)
     parser.add_argument(
-        "--module", action="append", required=True, help="IMPORT_NAME=PATH_IN_WHEEL=BUILT_FILE"
+        "--module",
+        action="append",
+        required=True,
+        help="IMPORT_NAME=PATH_IN_WHEEL=INSTALLED_FILE",
     )
+    parser.add_argument("--pyproject", type=Path, default=PYPROJECT)
     parser.add_argument("--toolchain-record", default="")
     parser.add_argument("--cmake", required=True)
     parser.add_argument("--cmake-version", required=True)

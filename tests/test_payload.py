@@ -23,8 +23,15 @@ from release.manifest import Manifest, load_manifest
 from release.util.digests import sha256_file
 from release.util.paths import REFERENCE_DIR
 
-REAL = Path(__file__).resolve().parents[1] / "manifests" / "activekv.toml"
+REPO = Path(__file__).resolve().parents[1]
+REAL = REPO / "manifests" / "activekv.toml"
 DIST_INFO = "activekv-0.1.0.dist-info"
+# Every wheel carries the project's licence, named by METADATA (release/gates/licenses.py).
+LICENSE_MEMBER = f"{DIST_INFO}/licenses/LICENSE"
+METADATA_TEXT = (
+    b"Metadata-Version: 2.4\nName: activekv\nVersion: 0.1.0\n"
+    b"License-Expression: Apache-2.0\nLicense-File: LICENSE\n"
+)
 SHIM_PATH = "activekv/connector.py"
 CITED_RETURN = f"        return x  {fakefw_cite('fakefw/caller.py', 2)}\n".encode()
 SHIM_TEXT = fakefw_shim()
@@ -34,7 +41,8 @@ CLEAN = {
     "activekv/_engine.cpython-311-x86_64-linux-gnu.so": b"\x7fELF fake module",
     "activekv/_engine.pyi": b"def probe() -> int: ...\n",
     "activekv/py.typed": b"",
-    f"{DIST_INFO}/METADATA": b"Metadata-Version: 2.1\nName: activekv\nVersion: 0.1.0\n",
+    f"{DIST_INFO}/METADATA": METADATA_TEXT,
+    LICENSE_MEMBER: (REPO / "LICENSE").read_bytes(),
     f"{DIST_INFO}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n",
     f"{DIST_INFO}/RECORD": b"",
 }
@@ -54,8 +62,10 @@ def make_wheel(directory: Path, extra: dict[str, bytes] | None = None, *, tag: s
 
 
 def without_sbom(manifest: Manifest) -> Manifest:
-    """The fake modules here record no SBOM facts; tests/test_sbom.py judges real wheels' SBOMs."""
-    payload = manifest.payload.model_copy(update={"sbom": None})
+    """The fake modules here record no SBOM facts; tests/test_sbom.py judges real wheels' SBOMs.
+    Licence files are among the allowed kinds (every wheel carries its licence)."""
+    kinds = tuple(dict.fromkeys([*manifest.payload.allowed_kinds, "license"]))
+    payload = manifest.payload.model_copy(update={"sbom": None, "allowed_kinds": kinds})
     return manifest.model_copy(update={"payload": payload})
 
 
@@ -75,9 +85,9 @@ def shim_manifest(
 ) -> Manifest:
     """The real manifest with one declared shim (and "shim" among the allowed kinds or not)."""
     text = REAL.read_text()
-    kinds = 'allowed_kinds = ["extension", "stub", "typed-marker", "metadata", "shim", "sbom"]'
+    kinds = re.findall(r"^allowed_kinds = \[.*\]$", text, re.MULTILINE)[0]
     shims = re.compile(r"^shims = \[\n(?:  .*\n)*\]\n", re.MULTILINE)
-    assert text.count(kinds) == 1 and len(shims.findall(text)) == 1
+    assert text.count(kinds) == 1 and ', "shim"' in kinds and len(shims.findall(text)) == 1
     if not allow_shim:
         text = text.replace(kinds, kinds.replace(', "shim"', ""))
     entry = (
@@ -161,7 +171,7 @@ def test_clean_native_wheel_passes(manifest: Manifest, tmp_path: Path) -> None:
         ("activekv/connector.pyc", "bytecode may never ship"),
         ("activekv/data.bin", "kind 'other' is not in payload.allowed_kinds"),
         ("activekv.libs/libcudart-1234abcd.so.13", "kind 'vendored-library' is not in"),
-        ("activekv/LICENSE", "kind 'license' is not in payload.allowed_kinds"),
+        ("activekv/LICENSE", f"a licence file outside {DIST_INFO}/licenses/; expected it"),
         ("activekv-0.1.0.data/purelib/evil.py", "undeclared Python file"),
         # names an installer resolves elsewhere than the gate judged them (an SBOM over the SBOM)
         (f"{DIST_INFO}/sboms/x/../activekv.cdx.json", "the name has a '..' part; expected"),

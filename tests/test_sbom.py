@@ -110,16 +110,25 @@ def test_the_real_wheel_carries_an_sbom_that_tells_the_truth(built_wheel, manife
     tools = {t["name"]: t for t in document["metadata"]["tools"]["components"]}
     for tool in ("zig", "nvcc", "cuda-host-compiler", "cmake", "nanobind", "scikit-build-core"):
         assert tools[tool]["hashes"][0]["alg"] == "SHA-256", tool
+    # the package's licence, and each module's digest as the wheel holds it (after auditwheel)
+    assert document["metadata"]["component"]["licenses"] == [{"expression": "Apache-2.0"}]
+    for module in ("_engine", "_fabric", "_vllm"):
+        digest = _member_sha256(built_wheel, f"activekv/{module}.", ".so")
+        assert names[f"activekv.{module}"]["hashes"] == [{"alg": "SHA-256", "content": digest}]
     record = _toolchain_record(built_wheel)
     assert tools["zig"]["hashes"][0]["content"] == record["zig_sha256"]
     assert tools["nanobind"]["hashes"][0]["content"] == record["nanobind_sha256"]
+    # exact versions, never a banner: nvcc's full version, the host compiler's number
     assert tools["cmake"]["version"] == record["cmake"]
+    assert tools["nvcc"]["version"] == record["nvcc_version"]
+    assert tools["cuda-host-compiler"]["version"] == record["cuda_host_compiler"].split()[-1]
 
 
-def _member_sha256(wheel: Path, prefix: str) -> str:
-    """The SHA-256 of the one member of `wheel` whose name starts with `prefix`."""
+def _member_sha256(wheel: Path, prefix: str, suffix: str = "") -> str:
+    """The SHA-256 of the one member of `wheel` whose name starts with `prefix` (and ends with
+    `suffix`)."""
     with zipfile.ZipFile(wheel) as archive:
-        (path,) = [n for n in archive.namelist() if n.startswith(prefix)]
+        (path,) = [n for n in archive.namelist() if n.startswith(prefix) and n.endswith(suffix)]
         return hashlib.sha256(archive.read(path)).hexdigest()
 
 
@@ -148,7 +157,7 @@ def _member_sha256(wheel: Path, prefix: str) -> str:
 )
 def test_what_tells_the_truth_another_way_passes(built_wheel, manifest, tmp_path, change):
     """Negative controls need positive ones: the same purl spelled otherwise, and a module's
-    true digest (which the writer does not give, but which is no lie), pass."""
+    true digest in capitals (the same digest), pass."""
     wheel = _rewritten(built_wheel, tmp_path, change(built_wheel))
     assert _problems(wheel, manifest) == []
 
@@ -308,6 +317,7 @@ def _no_licences(document: Document) -> Document:
 
 OPENSSL_CPE = "cpe:2.3:a:openssl:openssl:0.1.0:*:*:*:*:*:*:*"
 MADE_UP_SHA256 = [{"alg": "SHA-256", "content": "ab" * 32}]
+GCC_BANNER = "g++ (Debian 12.2.0-14+deb12u1) 12.2.0"
 PACKAGE = "pkg:pypi/activekv@0.1.0"
 
 
@@ -537,8 +547,43 @@ def _nested(depth: int) -> list[Document]:
         ),
         pytest.param(
             _update(ENGINE, hashes=MADE_UP_SHA256),
-            f"{ENGINE}: hashes: expected none, or the SHA-256 of activekv/_engine.",
+            f"{ENGINE}: hashes: expected one SHA-256, that of activekv/_engine.",
             id="module-made-up-hash",
+        ),
+        pytest.param(
+            _edit(lambda d: _component(d, ENGINE).pop("hashes")),
+            f"{ENGINE}: hashes: expected one SHA-256, that of activekv/_engine.",
+            id="module-hash-left-out",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: _component(d, ENGINE).update(
+                    hashes=_component(d, "activekv._fabric")["hashes"]
+                )
+            ),
+            f"{ENGINE}: hashes: expected one SHA-256, that of activekv/_engine.",
+            id="module-hash-of-another-module",
+        ),
+        pytest.param(
+            _edit(
+                lambda d: _component(d, ENGINE)["hashes"].append(
+                    {"alg": "SHA-512", "content": "ab" * 64}
+                )
+            ),
+            f"{ENGINE}: hashes: expected one SHA-256, that of activekv/_engine.",
+            id="module-hash-and-another",
+        ),
+        # the package's licence: METADATA's License-Expression
+        pytest.param(
+            _edit(lambda d: d["metadata"]["component"].pop("licenses")),
+            'metadata.component: licenses: expected [{"expression": "Apache-2.0"}] (METADATA\'s '
+            "License-Expression); got null",
+            id="package-licence-left-out",
+        ),
+        pytest.param(
+            _edit(lambda d: d["metadata"]["component"].update(licenses=[{"expression": "MIT"}])),
+            'metadata.component: licenses: expected [{"expression": "Apache-2.0"}]',
+            id="package-licence-of-another",
         ),
         # each library's licence and supplier as the writer gives them, and no digest
         pytest.param(
@@ -602,9 +647,25 @@ def _nested(depth: int) -> list[Document]:
         ),
         pytest.param(
             _edit(lambda d: _tool(d, "cuda-host-compiler").pop("version")),
-            "(cuda-host-compiler): version: expected the tool's version (cmake/write_sbom.py); "
-            "got None",
+            "(cuda-host-compiler): version: expected the tool's exact version, a number "
+            "major.minor.patch (cmake/write_sbom.py), not a banner; got None",
             id="tool-version-left-out",
+        ),
+        pytest.param(
+            _edit(lambda d: _tool(d, "cuda-host-compiler").update(version=GCC_BANNER)),
+            f"(cuda-host-compiler): version: expected the tool's exact version, a number "
+            f"major.minor.patch (cmake/write_sbom.py), not a banner; got {GCC_BANNER!r}",
+            id="tool-version-a-banner",
+        ),
+        pytest.param(
+            _edit(lambda d: _tool(d, "nvcc").update(version="13.0")),
+            "(nvcc): version: expected the tool's exact version, a number major.minor.patch",
+            id="tool-version-a-release",
+        ),
+        pytest.param(
+            _edit(lambda d: _tool(d, "cmake").update(version="cmake version 4.4.5")),
+            "(cmake): version: expected the tool's exact version",
+            id="tool-version-with-its-name",
         ),
         pytest.param(
             _edit(lambda d: _tool(d, "cyclonedx-python-lib").update(hashes=MADE_UP_SHA256)),
@@ -836,7 +897,7 @@ def test_without_a_record_the_sbom_names_the_tools_cmake_ran(built_wheel, tmp_pa
     assert first.returncode == 0, first.stderr
     document = json.loads((tmp_path / "sbom.json").read_text())
     tools = {t["name"]: t for t in document["metadata"]["tools"]["components"]}
-    assert tools["cxx-compiler"]["version"] == "Clang 22.1.8"
+    assert tools["cxx-compiler"]["version"] == "22.1.8"  # CMake's "Clang 22.1.8", its number
     assert "hashes" not in tools["nanobind"]  # no distribution file to hash without a record
     assert document["metadata"]["timestamp"] == "2023-11-14T22:13:20+00:00"
     again = (tmp_path / "sbom.json").read_bytes()

@@ -207,7 +207,7 @@ def test_source_date_epoch_at_its_bounds_or_unset(module, write, tmp_path, epoch
 )
 def test_a_module_argument_without_its_three_parts_is_named(write, tmp_path, spec):
     done = write(_arguments(tmp_path / "sbom.json", spec))
-    _refused(done, f"--module {spec!r}: expected IMPORT_NAME=PATH_IN_WHEEL=BUILT_FILE")
+    _refused(done, f"--module {spec!r}: expected IMPORT_NAME=PATH_IN_WHEEL=INSTALLED_FILE")
 
 
 def test_a_module_given_twice_is_refused(module, write, tmp_path):
@@ -321,13 +321,14 @@ def _record(tool: str) -> dict[str, str]:
     record = {
         "zig": "0.15.1",
         "nvcc": "13.0",
-        "cuda_host_compiler": "13.2.0",
+        # What release/build/toolchain.py records: the host compiler's --version first line.
+        "cuda_host_compiler": "g++ (Debian 12.2.0-14+deb12u1) 12.2.0",
         "cmake": "4.4.5",
         "nanobind": "2.9.2",
         "scikit-build-core": "1.1.2",
     }
     record |= {f"{name}_sha256": digest for name in list(record)}
-    return record
+    return record | {"nvcc_version": "13.0.88"}
 
 
 def test_a_record_that_matches_names_its_tools(module, write, tmp_path):
@@ -338,6 +339,136 @@ def test_a_record_that_matches_names_its_tools(module, write, tmp_path):
     assert status == 0, stderr
     tools = {t["name"] for t in json.loads(out.read_text())["metadata"]["tools"]["components"]}
     assert "zig" in tools and "cxx-compiler" not in tools
+
+
+def _tool_versions(out: Path) -> dict[str, str]:
+    tools = json.loads(out.read_text())["metadata"]["tools"]["components"]
+    return {tool["name"]: tool.get("version") for tool in tools}
+
+
+def test_the_tools_carry_version_numbers_not_banners(module, write, tmp_path):
+    """nvcc's exact version (13.0.88, not the release 13.0 the record also holds), the host
+    compiler's number out of its --version line, the compiler's out of CMake's "<id> <version>"."""
+    (tmp_path / "record.json").write_text(json.dumps(_record(sys.executable)))
+    out = tmp_path / "sbom.json"
+    extra = ("--toolchain-record", str(tmp_path / "record.json"))
+    status, stderr = write(_arguments(out, module(), extra=extra))
+    assert status == 0, stderr
+    assert _tool_versions(out) == {
+        "zig": "0.15.1",
+        "nvcc": "13.0.88",
+        "cuda-host-compiler": "12.2.0",
+        "cmake": "4.4.5",
+        "nanobind": "2.9.2",
+        "scikit-build-core": "1.1.2",
+        "cyclonedx-python-lib": _tool_versions(out)["cyclonedx-python-lib"],
+    }
+    status, stderr = write(_arguments(out, module()))
+    assert status == 0, stderr
+    versions = _tool_versions(out)
+    observed = (versions["cxx-compiler"], versions["nvcc"], versions["cmake"])
+    assert observed == ("22.1.8", "13.0.88", "4.4.5")
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("13.0.88", "13.0.88"),
+        ("Clang 22.1.8", "22.1.8"),
+        ("GNU 12.2.0", "12.2.0"),
+        ("g++ (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022", "12.2.0"),
+        ("clang version 19.1.7 (https://github.com/llvm/llvm-project abc)", "19.1.7"),
+        ("Ubuntu clang version 18.1.3 (1ubuntu1)", "18.1.3"),
+        ("0.16.0-dev.1234+0123abcd", "0.16.0-dev.1234+0123abcd"),
+    ],
+)
+def test_a_version_is_read_out_of_what_a_tool_says(writer, text, version):
+    assert writer.tool_version("--x", text) == version
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--cxx-compiler-version", "Clang"),
+        ("--cxx-compiler-version", "g++ (Debian 12.2.0-14) twelve"),
+        ("--nvcc-version", "13.0"),
+        ("--cmake-version", "cmake version 4.4"),
+        ("--scikit-build-core", ""),
+    ],
+)
+def test_a_tool_version_that_is_no_version_number_is_named(module, write, tmp_path, flag, value):
+    argv = _arguments(tmp_path / "sbom.json", module())
+    argv[argv.index(flag) + 1] = value
+    _refused(write(argv), f"{flag}: expected a version major.minor.patch", repr(value))
+    assert not (tmp_path / "sbom.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (
+            {"cuda_host_compiler": "g++ (Debian)"},
+            "toolchain record: cuda_host_compiler: expected a version major.minor.patch",
+        ),
+        (
+            {"nvcc_version": "13.0.48"},
+            "toolchain record: nvcc_version: expected what this build ran, '13.0.88'; got "
+            "'13.0.48'",
+        ),
+    ],
+)
+def test_a_record_whose_version_is_no_number_or_another_is_refused(
+    module, write, tmp_path, change, named
+):
+    (tmp_path / "record.json").write_text(json.dumps(_record(sys.executable) | change))
+    extra = ("--toolchain-record", str(tmp_path / "record.json"))
+    _refused(write(_arguments(tmp_path / "sbom.json", module(), extra=extra)), named)
+
+
+# ----------------------------------------------------------------------------- the package
+
+
+def test_the_package_carries_pyproject_licence_and_each_module_its_digest(module, write, tmp_path):
+    out = tmp_path / "sbom.json"
+    built = module()
+    status, stderr = write(_arguments(out, built))
+    assert status == 0, stderr
+    document = json.loads(out.read_text())
+    assert document["metadata"]["component"]["licenses"] == [{"expression": "Apache-2.0"}]
+    (engine,) = [c for c in document["components"] if c["name"] == "activekv._m0"]
+    assert engine["hashes"] == [
+        {"alg": "SHA-256", "content": hashlib.sha256(built.read_bytes()).hexdigest()}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (None, "expected the project's pyproject.toml; cannot read it (No such file"),
+        ("[project\n", "expected TOML; got"),
+        ("[project]\nname = 'activekv'\n", "project.license: expected an SPDX licence expression"),
+        ("[project]\nlicense = { text = 'Apache' }\n", "project.license: expected an SPDX"),
+        ("[project]\nlicense = 'Apache 2'\n", "project.license: expected an SPDX licence"),
+    ],
+)
+def test_a_pyproject_without_an_spdx_licence_is_named(module, write, tmp_path, text, named):
+    pyproject = tmp_path / "pyproject.toml"
+    if text is not None:
+        pyproject.write_text(text)
+    extra = ("--pyproject", str(pyproject))
+    _refused(
+        write(_arguments(tmp_path / "sbom.json", module(), extra=extra)), str(pyproject), named
+    )
+
+
+def test_the_licence_is_spelled_as_metadata_spells_it(module, write, tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[project]\nlicense = 'apache-2.0 OR mit'\n")
+    out = tmp_path / "sbom.json"
+    extra = ("--pyproject", str(tmp_path / "pyproject.toml"))
+    status, stderr = write(_arguments(out, module(), extra=extra))
+    assert status == 0, stderr
+    licenses = json.loads(out.read_text())["metadata"]["component"]["licenses"]
+    assert licenses == [{"expression": "Apache-2.0 OR MIT"}]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,9 @@ which
 is checked against that framework's own wheel, fetched once into a cache
 (release/util/framework_cache.py). Bytecode and undeclared `.py` files (a stray `__init__.py`
 included) always fail. The SBOM the manifest requires (`payload.sbom`) must be there and tell the
-truth about the wheel's modules (release/gates/sbom.py).
+truth about the wheel's modules (release/gates/sbom.py). The project's licence and the notice of
+every library a module links statically must be there, named by METADATA
+(release/gates/licenses.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.gates.citations import verify_shim
 from release.gates.contract import GateInputs, Judges, Runner
+from release.gates.licenses import dist_info, licence_problems
 from release.gates.sbom import sbom_problems
 from release.manifest import Manifest, Shim
 from release.util.digests import sha256_file
@@ -134,6 +137,7 @@ def list_wheel(
     with zipfile.ZipFile(wheel) as archive:
         names = [info.filename for info in archive.infolist()]
         counts, spellings = Counter(names), _spellings(names)
+        licences = licence_problems(archive, wheel.name, sbom)
         for info in archive.infolist():
             kind = "directory" if info.is_dir() else classify(info.filename)
             name = info.filename
@@ -146,11 +150,31 @@ def list_wheel(
                 )
             if not problem and kind not in allowed:
                 problem = f"kind {kind!r} is not in payload.allowed_kinds {sorted(allowed)}"
+            if not problem and kind == "license":
+                problem = _licence_place_problem(wheel.name, name)
+            problem = problem or licences.pop(name, "")
             listing.append(PayloadFile(wheel.name, info.filename, kind, info.file_size, problem))
         if sbom and sbom not in archive.namelist():
             missing = "missing: every wheel carries its SBOM here (payload.sbom, PEP 770)"
             listing.append(PayloadFile(wheel.name, sbom, "sbom", 0, missing))
+        # What is missing: a licence file, or METADATA itself.
+        listing += [
+            PayloadFile(wheel.name, path, classify(path), 0, problem)
+            for path, problem in licences.items()
+            if path not in counts
+        ]
     return listing
+
+
+def _licence_place_problem(wheel_name: str, name: str) -> str:
+    """A licence file belongs in the .dist-info's licenses/ (PEP 639), where METADATA names it."""
+    folder = f"{dist_info(wheel_name)}/licenses/"
+    if name.startswith(folder):
+        return ""
+    return (
+        f"a licence file outside {folder}; expected it there, named by a License-File line of "
+        "METADATA (PEP 639)"
+    )
 
 
 def _content_problem(

@@ -6,8 +6,10 @@ validate against the CycloneDX 1.6 schema, name the wheel's distribution and ver
 too), and name each native module of the wheel with exactly what that module links in. What a
 module links in is read from the module itself, independently of cmake/write_sbom.py that wrote
 the document (release/gates/sbom_facts.py: the facts its code recorded in the ELF section
-`.activekv_sbom`). Each library carries the identifiers, licence and supplier the writer gives it,
-and the build tools carry the versions and digests the writer gives them. A component the SBOM
+`.activekv_sbom`). The package carries the licence METADATA gives (License-Expression), each
+module the SHA-256 of its file in the wheel, each library the identifiers, licence and supplier
+the writer gives it, and the build tools their exact versions (a version number, never a banner)
+and the digests the writer gives them. A component the SBOM
 lists with another version, or that no module records, or a module it leaves out, or a fact it
 cannot be judged by, is a problem naming it.
 """
@@ -29,6 +31,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 from packaging.utils import parse_wheel_filename
 
+from release.gates.licenses import read_metadata
 from release.gates.sbom_facts import (
     FACT_SECTION,
     FactError,
@@ -101,6 +104,9 @@ _OBSERVED_TOOLS = {
     "cyclonedx-python-lib": _Tool(version=True, sha256=False),
 }
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# A tool's exact version as cmake/write_sbom.py gives it (TOOL_VERSION there): major.minor.patch,
+# perhaps with a pre-release or build suffix; never a `--version` banner or a release ("13.0").
+_TOOL_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:[-+~][0-9A-Za-z.+~-]+)?")
 Component = dict[str, Any]
 
 
@@ -352,6 +358,27 @@ def _package_identifier_problems(package: Component, name: str, version: str) ->
     return problems
 
 
+def _package_licence_problems(
+    package: Component, archive: zipfile.ZipFile, wheel_name: str
+) -> list[str]:
+    """metadata.component's licence: exactly the SPDX expression METADATA's License-Expression
+    gives (PEP 639), so a scanner reads the package's licence where it reads the libraries'."""
+    metadata = read_metadata(archive, wheel_name) or {}
+    expression = metadata.get("license_expression")
+    said = package.get("licenses")
+    if not expression:
+        return [
+            f"metadata.component: licenses: expected the wheel's License-Expression; METADATA "
+            f"gives none (the SBOM says {_json(said)})"
+        ]
+    if said != [{"expression": expression}]:
+        return [
+            f"metadata.component: licenses: expected {_json([{'expression': expression}])} "
+            f"(METADATA's License-Expression); got {_json(said)}"
+        ]
+    return []
+
+
 # --- the build tools ---
 
 
@@ -396,9 +423,12 @@ def _one_tool_problems(where: str, tool: Component, expected: _Tool) -> list[str
     """One tool's version and sha256, each there exactly when the writer gives it."""
     problems: list[str] = []
     version = tool.get("version")
-    if expected.version and not (isinstance(version, str) and version.strip()):
+    if expected.version and not (
+        isinstance(version, str) and _TOOL_VERSION.fullmatch(version) is not None
+    ):
         problems.append(
-            f"{where}: version: expected the tool's version (cmake/write_sbom.py); got {version!r}"
+            f"{where}: version: expected the tool's exact version, a number major.minor.patch "
+            f"(cmake/write_sbom.py), not a banner; got {version!r}"
         )
     if not expected.version and version is not None:
         problems.append(
@@ -447,6 +477,7 @@ def sbom_problems(archive: zipfile.ZipFile, member: str, wheel_name: str) -> lis
             f"got {package.get('name')} {package.get('version')}"
         )
     problems += _package_identifier_problems(package, str(name), str(version))
+    problems += _package_licence_problems(package, archive, wheel_name)
     for where, component in _listed(document):
         problems += _identifier_problems(where, component)
     problems += _tool_problems(document)
@@ -532,16 +563,20 @@ def _module_problems(
 
 
 def _module_hash_problems(module: Component, path: str, import_name: str, data: bytes) -> list[str]:
-    """The writer gives a module no digest; one the SBOM does give must be the SHA-256 of the
-    module the wheel holds (`data`), or a scanner would match another file to it."""
+    """The module's one digest, the SHA-256 of the module as the wheel holds it (`data`): what a
+    scanner matches an installed file to (the writer hashes the installed, stripped module)."""
     hashes = module.get("hashes")
-    if hashes is None:
-        return []
     actual = hashlib.sha256(data).hexdigest()
-    if all(h.get("alg") == "SHA-256" and h.get("content", "").lower() == actual for h in hashes):
+    if (
+        isinstance(hashes, list)
+        and len(hashes) == 1
+        and set(hashes[0]) == {"alg", "content"}
+        and hashes[0]["alg"] == "SHA-256"
+        and str(hashes[0]["content"]).lower() == actual  # hex of either case is that digest
+    ):
         return []
     return [
-        f"{import_name}: hashes: expected none, or the SHA-256 of {path} ({actual}); "
+        f"{import_name}: hashes: expected one SHA-256, that of {path} in the wheel ({actual}); "
         f"got {_json(hashes)}"
     ]
 
