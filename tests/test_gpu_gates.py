@@ -8,12 +8,11 @@ rule of the judgement gets a planted violation that must fail it, and the clean 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from release_cli import run_release
 
 from release.evidence import read_evidence
 from release.gates import parity, per_wheel, registry
@@ -215,15 +214,14 @@ def test_library_candidates_prefer_override_then_wheels_then_system(tmp_path, mo
 
 
 @pytest.mark.skipif(detect_gpu() is not None, reason="this machine has a GPU runner")
-def test_without_a_gpu_the_gate_is_not_run_and_stable_refuses(tmp_path: Path) -> None:
+def test_without_a_gpu_the_gate_is_not_run_and_stable_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     wheel = tmp_path / "activekv-0.1.0-cp312-abi3-manylinux_2_28_x86_64.whl"
     wheel.write_bytes(b"not a real wheel: never installed without a GPU")
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "release", "gpu-gates", "--wheel", str(wheel), "--out", str(out),
-         "--state-dir", str(tmp_path / "state")],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+    result = run_release(["gpu-gates", "--wheel", wheel, "--out", out,
+                          "--state-dir", tmp_path / "state"], capsys, monkeypatch)  # fmt: skip
     assert result.returncode == 0, result.stderr
     stable = load_manifest(REPO / "manifests" / "activekv.toml").channel("stable")
     for gate in ("warmup", "gpu-parity"):  # every GPU gate of the manifest
@@ -239,12 +237,11 @@ def test_without_a_gpu_the_gate_is_not_run_and_stable_refuses(tmp_path: Path) ->
     assert attested.evidence.verdict == "not-run" and attested.evidence.reason == NO_GPU_RUNNER
 
 
-def test_gpu_gates_names_a_missing_wheel(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "release", "gpu-gates", "--wheel", str(tmp_path / "nope.whl"),
-         "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+def test_gpu_gates_names_a_missing_wheel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_release(["gpu-gates", "--wheel", tmp_path / "nope.whl", "--out", tmp_path],
+                         capsys, monkeypatch)  # fmt: skip
     assert result.returncode == 2
     assert "--wheel" in result.stderr
     assert "nope.whl: expected a wheel file; got no such file" in result.stderr
@@ -368,13 +365,12 @@ def test_gpu_parity_fails_naming_the_wheel_cell_and_byte(tmp_path: Path, monkeyp
 
 
 @pytest.mark.skipif(detect_gpu() is not None, reason="this machine has a GPU runner")
-def test_parity_device_cuda_is_the_gpu_parity_gate(tmp_path: Path) -> None:
+def test_parity_device_cuda_is_the_gpu_parity_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     wheel = _wheels(tmp_path).wheels[0].path
-    result = subprocess.run(
-        [sys.executable, "-m", "release", "parity", "--device", "cuda", "--wheel", str(wheel),
-         "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+    result = run_release(["parity", "--device", "cuda", "--wheel", wheel, "--out", tmp_path / "out",
+                          "--state-dir", tmp_path / "state"], capsys, monkeypatch)  # fmt: skip
     assert result.returncode == 1, result.stderr  # one gate alone: only a pass is 0
     assert "gpu-parity: not-run" in result.stdout
     evidence = read_evidence(tmp_path / "out", "gpu-parity")

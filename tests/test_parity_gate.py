@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_wheels import build_files_wheel, wheel_set
+from release_cli import run_release
 
 from release.errors import GateError
 from release.gates.parity import (
@@ -281,14 +282,12 @@ def test_a_named_interpreter_that_does_not_run_is_refused(tmp_path):
         interpreter_for((running_python(),), [tmp_path / "nowhere"])
 
 
-def test_parity_refuses_a_named_interpreter_that_does_not_run(tmp_path):
+def test_parity_refuses_a_named_interpreter_that_does_not_run(tmp_path, capsys, monkeypatch):
     here = running_python().replace(".", "")
     wheel = _stand_in(tmp_path / "dist", f"cp{here}-cp{here}-linux_x86_64")
-    result = subprocess.run(
-        [sys.executable, "-m", "release", "parity", "--wheel", str(wheel), "--cell", REFUSALS,
-         "--python", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+    result = run_release(["parity", "--wheel", wheel, "--cell", REFUSALS,
+                          "--python", tmp_path / "nowhere", "--out", tmp_path / "out"],
+                         capsys, monkeypatch)  # fmt: skip
     assert result.returncode == 2, result.stdout
     assert f"--python {tmp_path / 'nowhere'}: expected a Python interpreter that runs" in " ".join(
         result.stderr.split()
