@@ -249,6 +249,7 @@ def this_python(_: str) -> Path:
     return Path(sys.executable)
 
 
+@pytest.mark.integration  # g++ compiles the module, pip installs the wheel
 def test_a_module_that_forges_the_scan_on_stdout_fails_quoting_it(tmp_path: Path) -> None:
     module = compile_module(tmp_path / "build", "_forged", FORGED_OUTPUT_MODULE)
     wheel = this_interpreter_wheel(
@@ -262,6 +263,7 @@ def test_a_module_that_forges_the_scan_on_stdout_fails_quoting_it(tmp_path: Path
     ), evidence.reason
 
 
+@pytest.mark.integration  # g++ compiles the module, pip installs the wheel
 def test_a_module_that_prints_at_import_is_still_judged(tmp_path: Path) -> None:
     module = compile_module(tmp_path / "build", "_chatty", CHATTY_MODULE)
     wheel = this_interpreter_wheel(

@@ -193,6 +193,7 @@ def test_a_shim_that_is_not_python_fails_naming_the_line(framework: Path) -> Non
     assert "expected Python source" in problem or "uncited" in problem
 
 
+@pytest.mark.integration  # pip download
 def test_framework_cache_downloads_once_with_pip(
     framework: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,6 +210,7 @@ def test_framework_cache_downloads_once_with_pip(
     assert framework_wheel("fakefw", "1.0", cache, pip_args=empty) == fetched
 
 
+@pytest.mark.integration  # pip download
 def test_framework_cache_failure_names_the_framework_and_leaves_nothing(
     framework: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -160,6 +160,7 @@ def test_tag_glibc(tag: str, glibc: tuple[int, int] | None) -> None:
     assert tag_glibc(tag) == glibc
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_zig_built_wheel_passes(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
     wheel = platform_wheel(tmp_path / "dist", objects.zig_228)
     tag, shown = shown_policy(wheel)
@@ -174,6 +175,7 @@ def test_zig_built_wheel_passes(objects: Objects, manifest: Manifest, tmp_path: 
     assert record["figures"]["wheels"][wheel.name] == {"auditwheel_show": tag}
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_wheel_repaired_by_auditwheel_passes(
     objects: Objects, manifest: Manifest, tmp_path: Path
 ) -> None:
@@ -198,6 +200,7 @@ def test_wheel_repaired_by_auditwheel_passes(
     assert evidence.verdict == "pass", evidence.reason
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_glibc_234_symbols_fail_naming_the_newer_policy(
     objects: Objects, manifest: Manifest, tmp_path: Path
 ) -> None:
@@ -217,6 +220,7 @@ def test_glibc_234_symbols_fail_naming_the_newer_policy(
     assert _read_evidence(tmp_path / "out")["verdict"] == "fail"
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_vendored_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
     vendored = "activekv.libs/libcudart-1234abcd.so.13"
     wheel = platform_wheel(
@@ -226,6 +230,7 @@ def test_vendored_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: P
     _assert_fails(evidence, wheel, f"{vendored}: a vendored CUDA library")
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 @pytest.mark.parametrize(
     "library",
     ["libcudnn_ops-1a2b.so.9", "libnvinfer_plugin-3c4d.so.10", "libcusparseLt-5e6f.so.0",
@@ -240,6 +245,7 @@ def test_every_library_of_a_cuda_family_is_vendored_cuda(
     _assert_fails(evidence, wheel, f"{vendored}: a vendored CUDA library")
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_needed_cudart_fails(objects: Objects, manifest: Manifest, tmp_path: Path) -> None:
     readelf = shutil.which("readelf")
     if readelf is not None:
@@ -261,6 +267,7 @@ def _without_section_headers(elf: bytes) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_needed_cudart_is_found_by_the_bytes_not_the_name_or_the_sections(
     objects: Objects, manifest: Manifest, tmp_path: Path
 ) -> None:
@@ -274,6 +281,7 @@ def test_needed_cudart_is_found_by_the_bytes_not_the_name_or_the_sections(
     assert "NOTES" not in evidence.reason
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_file_name_claiming_a_newer_policy_fails(
     objects: Objects, manifest: Manifest, tmp_path: Path
 ) -> None:
@@ -284,6 +292,7 @@ def test_file_name_claiming_a_newer_policy_fails(
     _assert_fails(evidence, wheel, "platform tag manylinux_2_34_x86_64 is newer than the declared")
 
 
+@pytest.mark.integration  # zig and gcc compile its objects (the objects fixture)
 def test_one_failing_wheel_fails_the_gate_and_every_digest_is_recorded(
     objects: Objects, manifest: Manifest, tmp_path: Path
 ) -> None:

@@ -510,6 +510,7 @@ def driven_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     )  # fmt: skip
 
 
+@pytest.mark.integration  # pip installs the wheel for the driver
 @pytest.mark.parametrize(
     ("body", "verdict", "reason"),
     [
