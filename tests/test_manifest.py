@@ -435,7 +435,7 @@ CASES = [
     # payload
     pytest.param(
         replace('"shim", "sbom"]', '"shim", "sbom", "binary"]'),
-        "payload.allowed_kinds[6]",
+        "payload.allowed_kinds[7]",
         'one of "extension", "stub",',
         id="kind-unknown",
     ),

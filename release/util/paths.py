@@ -7,9 +7,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = REPO_ROOT / "pyproject.toml"
-# The licence files the wheel takes: pyproject's [tool.scikit-build] wheel.license-files
-# (tests/test_build_cache_key.py keeps them equal), as git pathspecs and Path.glob patterns.
-LICENSE_FILES = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
+# The licence files the wheel takes: pyproject's [project] license-files (PEP 639;
+# tests/test_build_cache_key.py keeps them equal), as git pathspecs and Path.glob patterns.
+LICENSE_FILES = ("LICENSE", "NOTICE", "LICENSES/*.txt")
 # What decides a wheel's bytes, besides the toolchain, the interpreter and the build environment
 # (release/build/wheels.py).
 SOURCE_ROOTS = (
