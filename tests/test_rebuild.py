@@ -24,6 +24,7 @@ from fixtures_sign import attest_passing_gates
 
 from release.build.reproduce import snapshot
 from release.errors import VerifyError
+from release.manifest import load_manifest
 from release.trust import steps as trust_steps
 from release.trust.build_inputs import LATEST_EPOCH, build_inputs
 from release.trust.index import EmbeddedIndex
@@ -32,6 +33,7 @@ from release.trust.rebuild_workdir import check_apart, fresh_workdir, git_source
 from release.trust.tuf_client import TrustedIndex
 from release.trust.verify import parse_requirement
 from release.util.digests import sha256_file
+from release.util.paths import DEFAULT_MANIFEST
 from release.util.pins import project_version
 
 REPO = Path(__file__).resolve().parent.parent
@@ -306,7 +308,8 @@ def test_the_work_folder_of_an_earlier_rebuild_is_emptied_and_marked(tmp_path):
 
 def _step(out: Path, run: Callable[..., RebuildResult], monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setattr(trust_steps, "rebuild_release", run)
-    context = SimpleNamespace(out_dir=out, cache_dir=out / "cache")
+    context = SimpleNamespace(out_dir=out, cache_dir=out / "cache",
+                              manifest=load_manifest(DEFAULT_MANIFEST))  # fmt: skip
     args = SimpleNamespace(
         index="http://127.0.0.1:9/simple/",
         requirement="activekv==0.1.0",
@@ -507,4 +510,4 @@ def test_an_index_that_cannot_be_reached_is_named_with_the_reason(tmp_path):
         trusted.refresh()
     message = str(refused.value)
     assert f"cannot be downloaded from {url}metadata/" in message
-    assert "Connection refused" in message and f"port={port}" in message
+    assert "Connection refused" in message and f"127.0.0.1:{port}" in message

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from release.errors import PublishError, ReleaseError
+from release.manifest import NetworkLimits
 from release.trust import twine_upload
 from release.trust.attestation import attestation_target
 from release.trust.index import list_project_files, normalize_project
@@ -130,19 +131,20 @@ def publish(
     tuf: TufRepository | None = None,
     digests: Mapping[str, str] | None = None,
     attachments: Mapping[str, Path] | None = None,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008 (frozen: the manifest's defaults)
 ) -> PublishReport:
     """Upload the ``wheels`` not yet on ``index``, store ``envelope`` for their version and make
     both TUF targets of ``tuf``. ``digests`` are the wheels' sha256 as the caller hashed them (the
     bytes its gates judged): the copies published must still have them. ``attachments`` (name ->
     file: the gate attestations the statement names) are stored beside the statement, as
-    targets too."""
+    targets too. ``limits`` bound every read from the index (``[publish.limits]``)."""
     project, version = project_and_version(wheels)
     with tempfile.TemporaryDirectory(prefix="activekv-publish-") as private:
         copies = PrivateCopies.make(Path(private), wheels, envelope, attachments or {})
         if digests is not None:
             _check_unchanged(wheels, copies.digests, digests)
         _check_envelope(envelope, copies, version)
-        return _publish_copies(copies, index, project, version, metadata_dir, tuf)
+        return _publish_copies(copies, index, project, version, metadata_dir, tuf, limits)
 
 
 def _check_unchanged(
@@ -170,6 +172,7 @@ def _publish_copies(
     version: str,
     metadata_dir: Path,
     tuf: TufRepository | None,
+    limits: NetworkLimits,
 ) -> PublishReport:
     release = f"{project} {version}"
     local = copies.digests
@@ -186,7 +189,7 @@ def _publish_copies(
         planned = attachment_plan(kept, attached_dir, copies, release)
         tuf.check(_tuf_targets(copies.wheels, kept, planned, (project, version)), digests=local)
 
-    present = list_project_files(index.simple_url, project)
+    present = list_project_files(index.simple_url, project, limits=limits)
     _check_index(present, local, index, project, version)
     missing = sorted(name for name in local if name not in present)
 
@@ -200,9 +203,9 @@ def _publish_copies(
         for name in sorted(local)
     )
     done = _Done(release, files, envelope_stored)
-    _upload(copies, index, missing, done)
+    _upload(copies, index, missing, done, limits)
     if missing:
-        after = list_project_files(index.simple_url, project)
+        after = list_project_files(index.simple_url, project, limits=limits)
         for name in missing:
             if after.get(name) != local[name]:
                 raise PublishError(
@@ -232,12 +235,19 @@ def _publish_copies(
     )
 
 
-def _upload(copies: PrivateCopies, index: IndexTarget, missing: Sequence[str], done: _Done) -> None:
+def _upload(
+    copies: PrivateCopies,
+    index: IndexTarget,
+    missing: Sequence[str],
+    done: _Done,
+    limits: NetworkLimits,
+) -> None:
     """Uploads the ``missing`` files in order; a refused one fails the publish naming what this
     run uploaded before it."""
     for name in tracked(missing, "uploads"):
         try:
-            twine_upload.upload(copies.wheels[name], index.url, index.username, index.password)
+            twine_upload.upload(copies.wheels[name], index.url, index.username, index.password,
+                                limits=limits)  # fmt: skip
         except ReleaseError as exc:
             raise PublishError(
                 f"{exc}. {done.before_failure(upto=name)}; once the cause is fixed, the same "

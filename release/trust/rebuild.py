@@ -28,6 +28,7 @@ from packaging.utils import parse_wheel_filename
 from release.build.reproduce import wheel_differences
 from release.build.wheels import run_logged
 from release.errors import BuildError, ReleaseError, VerifyError
+from release.manifest import NetworkLimits
 from release.trust.build_inputs import build_inputs
 from release.trust.rebuild_workdir import check_apart, check_workdir, fresh_workdir, git_source
 from release.trust.sign import subject_digests
@@ -67,6 +68,7 @@ def rebuild_release(
     build_cache: Path,
     tuf_url: str | None = None,
     tuf_cache: Path | None = None,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008 (frozen: the manifest's defaults)
 ) -> RebuildResult:
     """Verifies, downloads, checks out, rebuilds and compares; the result either way.
     `build_cache` holds the toolchain (ACTIVEKV_CACHE_DIR); nothing compiled is taken from it."""
@@ -76,7 +78,8 @@ def rebuild_release(
     source = git_source(source, workdir)
     if tuf_cache is not None:
         check_apart(tuf_cache, "--tuf-cache", workdir)
-    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, tuf_cache)
+    trusted = TrustedIndex(tuf_url or tuf_url_for(index_url), trusted_root, tuf_cache,
+                           limits=limits)  # fmt: skip
     check_apart(trusted.cache_dir, "--tuf-cache", workdir)  # the default one too
     fresh_workdir(workdir)
     statement = verified_statement(trusted, project, version, provenance_key, workdir)

@@ -216,7 +216,7 @@ def _index(context: Context, *, upload: bool = False) -> Index:
     return RemoteIndex(
         simple_url=settings.index, url=settings.upload_endpoint, tuf_dir=tuf_dir,
         tuf_url=settings.tuf_url, keys_dir=keys_dir, default_username=settings.username,
-        upload=upload,
+        upload=upload, limits=settings.limits,
     )  # fmt: skip
 
 
@@ -310,6 +310,7 @@ def _publish_with(
     report = publish(
         wheels.paths, index, envelope=context.envelope_path, metadata_dir=index.provenance_dir,
         tuf=tuf, digests=wheels.digests, attachments=attached,
+        limits=context.manifest.publish.limits,
     )  # fmt: skip
     console.print(escape(report.message))
     records.write(context.out_dir, records.PublishRecord(
@@ -354,8 +355,9 @@ def _verify_with(context: Context, index: Index, channel: str, public_key: Any) 
     _require_pinned_root(pins, TufRepository(index.tuf_dir).trusted_root_path)
     # What pip downloads must also be the TUF target the publisher signed (the cache in the
     # state dir remembers the metadata seen, so a later rollback is refused).
+    limits = context.manifest.publish.limits
     trusted = TrustedIndex(index.tuf_url, TufRepository(index.tuf_dir).trusted_root_path,
-                           context.state_dir / "verify-tuf-cache")  # fmt: skip
+                           context.state_dir / "verify-tuf-cache", limits=limits)  # fmt: skip
     trusted.refresh()
     project = context.manifest.release.name
     for attestation in verify_attestations(statement, trusted, project, version,
@@ -369,7 +371,7 @@ def _verify_with(context: Context, index: Index, channel: str, public_key: Any) 
         verified = verify_from_index(
             simple_url=index.simple_url, project=context.manifest.release.name, version=version,
             statement=statement, interpreters=interpreters, imports=MODULES,
-            workdir=context.out_dir / "verify", file_check=trusted.check_file,
+            workdir=context.out_dir / "verify", file_check=trusted.check_file, limits=limits,
         )  # fmt: skip
     checks = verified.checks
     _print_served(verified.files)
@@ -448,7 +450,7 @@ def step_verify_index(context: Context, args: Any) -> int:
             index_url=args.index, requirement=args.requirement, trusted_root=args.root,
             provenance_key=args.provenance_key, interpreters=interpreters,
             imports=args.imports or MODULES, workdir=context.out_dir / "verify-index",
-            tuf_url=args.tuf_url, cache_dir=args.tuf_cache,
+            tuf_url=args.tuf_url, cache_dir=args.tuf_cache, limits=context.manifest.publish.limits,
         )  # fmt: skip
     _print_served(verified.files)
     for check in verified.checks:
@@ -496,7 +498,7 @@ def step_rebuild(context: Context, args: Any) -> int:
             index_url=args.index, requirement=args.requirement, trusted_root=args.root,
             provenance_key=args.provenance_key, source=args.source, python=args.python,
             workdir=context.out_dir / "rebuild", build_cache=context.cache_dir,
-            tuf_url=args.tuf_url, tuf_cache=args.tuf_cache,
+            tuf_url=args.tuf_url, tuf_cache=args.tuf_cache, limits=context.manifest.publish.limits,
         )  # fmt: skip
     atomic_write(record, (json.dumps(dataclasses.asdict(result), indent=2) + "\n").encode())
     for line in result.toolchain_differences:
