@@ -59,9 +59,9 @@ BEAT = 0.02  # the heartbeat of these tests (30 s in a real run)
 
 @pytest.fixture
 def log(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
-    """The real console, printing into a file that is not a terminal (as in CI)."""
+    """The pipeline's kind of console, printing into a file that is not a terminal (as in CI)."""
     stream = io.StringIO()
-    monkeypatch.setattr(progress.console, "file", stream)
+    monkeypatch.setattr(progress, "console", progress.StepConsole(file=stream, highlight=False))
     monkeypatch.setattr(progress, "HEARTBEAT_S", BEAT)
     assert not progress.console.is_interactive
     return stream
