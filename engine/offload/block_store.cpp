@@ -1,5 +1,6 @@
 #include "offload/block_store.h"
 
+#include <chrono>
 #include <limits>
 #include <set>
 
@@ -80,6 +81,7 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
   std::size_t uncounted = pool_.free_slots();
   std::optional<std::uint64_t> inserted_now;
   evicted_by_step_.clear();
+  std::uint64_t eviction_ns = 0;
   try {
     for (const std::uint64_t hash : hashes) {
       // Pinned from allocation until commit or drop; not evictable meanwhile (not committed).
@@ -94,6 +96,7 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
       if (uncounted > 0) {
         --uncounted;
       } else if (evictable_count_ > 0) {
+        const auto evicting = std::chrono::steady_clock::now();
         // The least recently used extent with an evictable block: every stamped extent is
         // listed, and an evictable block is committed, so stamped.
         std::size_t victim = least_recent_;
@@ -113,6 +116,10 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
           evicted_by_step_.push_back(evicted);
         }
         uncounted += allocation.evicted.size() - 1;
+        eviction_ns += static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - evicting)
+                .count());
       } else {
         blocks_.erase(entry);
         inserted_now.reset();
@@ -133,6 +140,7 @@ StepAllocation BlockStore::allocate_step(const std::vector<std::uint64_t>& hashe
     throw;
   }
   evicted_by_step_.clear();  // reported by `result`
+  last_eviction_ns_ = eviction_ns;
   if (placed.empty()) return result;
   pool_.take(placed.size(), result.runs);
   std::size_t next = 0;
@@ -211,6 +219,11 @@ std::vector<SlotRun> BlockStore::free_runs() const {
 std::size_t BlockStore::free_run_count() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return pool_.free_runs().run_count();
+}
+
+std::uint64_t BlockStore::last_step_eviction_ns() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return last_eviction_ns_;
 }
 
 ExtentCounts BlockStore::extent_counts() const {

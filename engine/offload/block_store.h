@@ -121,6 +121,8 @@ class BlockStore {
   std::vector<SlotRun> free_runs() const;
   std::size_t free_run_count() const;
   ExtentCounts extent_counts() const;
+  // Nanoseconds (steady clock) the last allocate_step spent evicting (a benchmark's figure).
+  std::uint64_t last_step_eviction_ns() const;
   std::size_t committed_blocks() const;
   std::size_t storing_blocks() const;
   std::size_t pinned_blocks() const;  // blocks with a load in flight
@@ -186,6 +188,7 @@ class BlockStore {
   std::size_t evictable_count_ = 0;
   std::uint64_t clock_ = 0;
   ExtentCounts counts_;
+  std::uint64_t last_eviction_ns_ = 0;
 };
 
 }  // namespace activekv::offload

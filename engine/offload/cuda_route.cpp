@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -383,6 +384,16 @@ struct CudaRoute::Resources {
         pinned(pool, num_slots * layout.num_layers() * layer_bytes),
         load_bus(bus_priority()),
         store_bus(bus_priority()) {
+    // A region's buffers: its transfer list (twice) and its staged layer, plus the scratch lists
+    // below (two copies a block at most). A count whose bytes do not fit a size_t is refused
+    // rather than wrapped into a small buffer that the lease would overrun.
+    const std::size_t widest = std::max({sizeof(akv_transfer), layer_bytes, 2 * sizeof(void*),
+                                         2 * sizeof(std::size_t)});
+    if (blocks_per_region > std::numeric_limits<std::size_t>::max() / widest) {
+      throw CudaAllocationError("region_blocks: expected a region whose buffers fit in memory; got " +
+                                std::to_string(blocks_per_region) + " blocks of " +
+                                std::to_string(widest) + " bytes");
+    }
     const std::size_t staged = stages ? blocks_per_region * layer_bytes : 0;
     regions.reserve(num_regions);
     for (std::size_t index = 0; index < num_regions; ++index) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <unordered_map>
@@ -12,6 +13,13 @@
 namespace activekv::offload {
 
 namespace {
+
+// Nanoseconds of the steady clock since `since` (StepTimes).
+std::uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since)
+          .count());
+}
 
 std::size_t positive(std::size_t value, const char* what) {
   if (value == 0) throw EngineInputError(std::string(what) + ": expected a positive value; got 0");
@@ -162,8 +170,14 @@ Engine::Engine(const KvBlockLayout& layout, CompressionMode mode, std::size_t ca
   if (mode_ != CompressionMode::exact && route == Route::cpu) gathered_.resize(2 * tensor_bytes_);
   if (route == Route::cuda) {
     try {
+      // A lease carries at most region_blocks entries, and no more than a step can hold: its
+      // loads (one hash per device block, SPEC.md §6 rule 6) or its allocated stores (one slot
+      // each). The route's buffers are sized by that, so a huge region_blocks (anything below
+      // 2**63 serves, rule 10) sizes nothing by itself.
+      const std::size_t lease_blocks =
+          std::min(region_blocks, std::max(store_.num_slots(), num_device_blocks));
       cuda_ = std::make_unique<CudaRoute>(layout_, mode_, pool_base_, store_.num_slots(),
-                                          num_regions, region_blocks);
+                                          num_regions, lease_blocks);
     } catch (const CudaAllocationError& error) {
       // The pool or a region too large to pin or allocate: a size the user gave, as on the CPU
       // route (allocated_store). No device or driver stays a CudaRouteError.
@@ -185,6 +199,11 @@ std::size_t Engine::quarantined_regions() const {
 ExtentCounts Engine::extent_counts() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return store_.extent_counts();
+}
+
+StepTimes Engine::last_step_times() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return last_times_;
 }
 
 StepRuns Engine::last_step_runs() const {
@@ -284,6 +303,7 @@ std::vector<std::size_t> Engine::build_step() {
     stores_.push_back({planned.hash, planned.device_block, 0, false, false});
   }
   last_runs_ = StepRuns{};
+  last_times_ = StepTimes{};
   run_transfers_.clear();
   for (const LoadEntry& entry : loads_) run_transfers_.push_back({entry.slot, entry.device_block});
   count_step_runs(last_runs_.load_blocks, last_runs_.load_runs, last_runs_.load_direct_runs);
@@ -661,6 +681,7 @@ void Engine::finish_loads() {
 }
 
 void Engine::allocate_stores() {
+  const auto started = std::chrono::steady_clock::now();
   // The whole step at once, so that its blocks can take one extent (SPEC.md §2).
   std::vector<std::uint64_t> hashes;
   hashes.reserve(stores_.size());
@@ -703,6 +724,10 @@ void Engine::allocate_stores() {
   }
   count_step_runs(last_runs_.store_blocks, last_runs_.store_runs, last_runs_.store_direct_runs);
   carried_stores_.reset();
+  if (!stores_.empty()) {  // a step without stores allocated nothing: its figures stay 0
+    last_times_.allocation_ns = elapsed_ns(started);
+    last_times_.eviction_ns = store_.last_step_eviction_ns();
+  }
 }
 
 void Engine::count_step_runs(std::size_t& blocks, std::size_t& runs, std::size_t& direct) {
@@ -751,6 +776,7 @@ void Engine::complete_store(const InFlight& in_flight) {
 }
 
 void Engine::finish_stores() {
+  const auto started = std::chrono::steady_clock::now();
   for (const StoreEntry& entry : stores_) {
     if (!entry.allocated) continue;
     if (entry.dropped) {
@@ -761,6 +787,7 @@ void Engine::finish_stores() {
       log(EventKind::commit, entry.hash);
     }
   }
+  if (!stores_.empty()) last_times_.commit_ns = elapsed_ns(started);
 }
 
 }  // namespace activekv::offload

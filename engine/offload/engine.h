@@ -95,6 +95,16 @@ struct StepRuns {
   std::size_t store_direct_runs = 0;
 };
 
+// Host time of the last step's bookkeeping (nanoseconds, steady clock), for benchmarks: where a
+// step under eviction pressure spends its time besides the bus. `allocation` is the whole of
+// allocate_stores at save_kv_layer(0) (eviction included), `eviction` the part of it that freed
+// victims' slots, `commit` wait_for_save's commits of the step's stores. 0 until measured.
+struct StepTimes {
+  std::uint64_t allocation_ns = 0;
+  std::uint64_t eviction_ns = 0;
+  std::uint64_t commit_ns = 0;
+};
+
 class Engine {
  public:
   // EngineInputError naming the argument: no whole slot fits in capacity_bytes, num_regions,
@@ -124,6 +134,7 @@ class Engine {
   // The allocator's counts since construction and the last step's runs (SPEC.md §2, §7).
   ExtentCounts extent_counts() const;
   StepRuns last_step_runs() const;
+  StepTimes last_step_times() const;
   // The CUDA route's counts of what it issued (which path moved each layer); none on the CPU
   // route.
   std::optional<RouteCounts> cuda_route_counts() const;
@@ -295,6 +306,7 @@ class Engine {
   std::shared_ptr<const Carried> carried_stores_;  // null: rebuilt at the next lease
   std::size_t lost_loads_ = 0;                     // entries of loads_ marked lost
   StepRuns last_runs_;
+  StepTimes last_times_;
   // Reused by count_step_runs, so a steady step allocates nothing for its statistics.
   std::vector<BlockTransfer> run_transfers_;
   std::vector<TransferRun> run_scratch_;

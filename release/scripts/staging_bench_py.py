@@ -11,7 +11,17 @@ layer: 16 KiB to 1 MiB), each loads alone, stores alone and both at once, in two
   requests  chains of 16-64 blocks, each new request sharing a prefix of a recent earlier
             request's chain, which it loads back (as far as still committed) while the step
             stores its own blocks; loads alone read earlier chains back whole; measured first,
-            after request-shaped steps have turned the freshly filled pool over twice.
+            after request-shaped steps have turned the freshly filled pool over twice;
+  pressure  serving-shaped under eviction pressure: requests of 8-160 blocks (cut to the step's
+            room), each sharing a prefix (a hit ratio of 0.2-0.5) of an earlier request drawn by
+            recency (age geometric, mean 32 requests), the rest of each prompt stored, the step's
+            blocks in all: steps heavy with stores, each evicting about as many blocks, the pool
+            turning over every few steps; after such steps turned it over twice.
+
+Each row's steps of both at once are also judged against their mix-adjusted ceiling (with
+--ceiling): the longest of load bytes / H2D, store bytes / D2H and all bytes / both ways, from
+the C++ run's ceilings (`both_ways_of_mix_ceiling`, the median over steps of that time over the
+step's).
 
 Exact and int8 run on two engines side by side, their steps taking turns (measure_together), so
 that a slow spell of the machine falls on both and int8's ratio to exact holds; each figure is
@@ -24,7 +34,12 @@ fractions of the ceiling. Progress on stderr; one JSON object to --out (and stdo
 
 `phases_ms` gives, per block size, scenario and mode (int8 too), the median milliseconds of each
 part of a step (PHASES: the plans, build_step, start_load, the 32 waits and saves summed,
-wait_for_save, events), loads alone and stores alone: where a step's time goes.
+wait_for_save, events), loads alone and stores alone: where a step's time goes; and under
+`split` the same steps and those of both at once by SPLIT (plans, build_step, eviction,
+allocation, issue, wait, commit, events). Eviction, allocation and commit are the engine's own
+clock where `extent_stats` gives it (last_eviction_ns, last_allocation_ns, last_commit_ns);
+else allocation (eviction in it) is save_kv_layer(0)'s time over the median of the other
+layers' saves (allocate_stores runs there), and eviction and commit are null.
 
 `--wheel` names the wheel installed at --site: the record carries its name and sha256, and the
 run stops first if a native module of the site is not that wheel's (its RECORD's digest).
@@ -76,6 +91,37 @@ def _log(message: str) -> None:
 # The parts of a step, timed apart (`phases_ms` of the record): where a step's time goes.
 PHASES = ("plan", "build_step", "start_load", "wait_for_layer_load", "save_kv_layer",
           "wait_for_save", "events")  # fmt: skip
+# The same steps split as the C++ bench splits them (its kPhases).
+SPLIT = ("plans", "build_step", "eviction", "allocation", "issue", "wait", "commit", "events")
+SCENARIOS = ("requests", "pressure", "random")  # measured in this order
+
+
+def mix_ceiling_seconds(load_bytes: float, store_bytes: float, ceiling: dict[str, float]) -> float:
+    """The copy ceiling of a step moving these bytes (GB/s ceilings by way): the longest of its
+    loads over H2D, its stores over D2H and all of it over both ways at once."""
+    return max(load_bytes / (ceiling["load"] * 1e9), store_bytes / (ceiling["store"] * 1e9),
+               (load_bytes + store_bytes) / (ceiling["both_ways"] * 1e9))  # fmt: skip
+
+
+def split_phases(phases: dict[str, float], save_0: float, saves: list[float],
+                 engine_ns: dict[str, int] | None) -> dict[str, float | None]:  # fmt: skip
+    """SPLIT of one step (seconds) from its PHASES, its save_kv_layer(0) and other saves, and
+    the engine's own clock (nanoseconds of allocation, eviction, commit) where it has one."""
+    if engine_ns is not None:
+        allocation = engine_ns["allocation"] * 1e-9
+        eviction: float | None = engine_ns["eviction"] * 1e-9
+        commit: float | None = engine_ns["commit"] * 1e-9
+    else:
+        allocation = max(0.0, save_0 - statistics.median(saves)) if saves else 0.0
+        eviction = commit = None
+    issue = phases["start_load"] + phases["save_kv_layer"] - allocation
+    wait = phases["wait_for_layer_load"] + phases["wait_for_save"] - (commit or 0.0)
+    return {
+        "plans": phases["plan"], "build_step": phases["build_step"],
+        "eviction": eviction,
+        "allocation": allocation - (eviction or 0.0) if eviction is not None else allocation,
+        "issue": issue, "wait": wait, "commit": commit, "events": phases["events"],
+    }  # fmt: skip
 
 
 @dataclass
@@ -86,6 +132,7 @@ class Step:
     load_runs: int
     store_runs: int
     phases: dict[str, float] = field(default_factory=dict)  # seconds per part of PHASES
+    split: dict[str, float | None] = field(default_factory=dict)  # seconds per part of SPLIT
 
 
 @dataclass
@@ -107,10 +154,15 @@ class Rig:
     requests: list[list[int]] = field(default_factory=list)
     settled: int = 0
     # The scenario begin() started and its steps so far, by way (load, store, both).
-    requests_shaped: bool = False
+    scenario: str = "random"
     samples: dict[str, list[Step]] = field(default_factory=dict)
     # Median milliseconds per part of PHASES of the last figures()'s loads alone and stores alone.
     phases_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Median milliseconds per part of SPLIT of its loads alone, stores alone and both (None: not
+    # measured).
+    split_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # The C++ run's ceilings (GB/s by way: load, store, both_ways), for the mix-adjusted ceiling.
+    ceiling: dict[str, float] = field(default_factory=dict)
 
     def run(self, loads: list[int], stores: list[int]) -> Step:
         load_devices = list(range(self.blocks))
@@ -132,13 +184,15 @@ class Rig:
         phases["build_step"], mark = clock() - mark, clock()
         engine.start_load()
         phases["start_load"], mark = clock() - mark, clock()
+        saves: list[float] = []
         for layer in range(LAYERS):
             engine.wait_for_layer_load(layer)
             now = clock()
             phases["wait_for_layer_load"] += now - mark
             engine.save_kv_layer(layer)
             mark = clock()
-            phases["save_kv_layer"] += mark - now
+            saves.append(mark - now)
+        phases["save_kv_layer"] = sum(saves)
         engine.wait_for_save()
         phases["wait_for_save"], mark = clock() - mark, clock()
         kinds, values = engine.event_arrays()
@@ -146,6 +200,11 @@ class Rig:
         phases["events"] = end - mark
         seconds = end - start
         stats = engine.extent_stats
+        clocked = ("last_allocation_ns", "last_eviction_ns", "last_commit_ns")
+        engine_ns = (
+            {key[5:-3]: int(stats[key]) for key in clocked} if all(k in stats for k in clocked)
+            else None
+        )  # fmt: skip
         names = [self.kind_names[k] for k in kinds.tolist()]
         for kind, value in zip(names, values.tolist(), strict=True):
             if kind in LOST:
@@ -169,6 +228,7 @@ class Rig:
             stats["last_load_runs"],
             stats["last_store_runs"],
             phases,
+            split_phases(phases, saves[0], saves[1:], engine_ns),
         )
 
     def fresh(self, count: int) -> list[int]:
@@ -206,22 +266,67 @@ class Rig:
         self.engine.event_arrays()  # the lookups'
         return self.run(loads, stores)
 
-    def begin(self, requests: bool) -> None:
-        """Starts a measurement of one scenario; request-shaped steps first turn the pool over
-        twice (the fragmented pool the measured steps allocate in)."""
-        self.requests_shaped = requests
+    def pressure_step(self, load: bool, store: bool) -> Step:
+        """Serving-shaped under eviction pressure (the module's `pressure`): requests of 8-160
+        blocks cut to the step's room, a hit ratio of 0.2-0.5 of each prompt shared with an
+        earlier request drawn by recency and loaded as far as committed, the rest stored, until
+        the step holds `blocks` in all (loads alone, stores alone: that side only)."""
+        loads: list[int] = []
+        stores: list[int] = []
+
+        def room() -> int:
+            return self.blocks - (len(loads) if load else 0) - (len(stores) if store else 0)
+
+        attempts = 0
+        while room() > 0 and attempts < 64 * self.blocks:
+            attempts += 1
+            prompt = min(self.rng.randint(8, 160), room())
+            shared = int(self.rng.uniform(0.2, 0.5) * prompt + 0.5)
+            hashes: list[int] = []
+            if self.settled > 0:
+                age = min(int(self.rng.expovariate(1 / 32)), self.settled - 1)
+                parent = self.requests[self.settled - 1 - age]
+                hashes = parent[: min(shared, len(parent))]
+                hashes = hashes[: self.engine.lookup(hashes)]
+                if load:
+                    hashes = hashes[: room()]
+                    loads += hashes
+            if store:
+                own = self.fresh(min(prompt - min(prompt, len(hashes)), room()))
+                stores += own
+                if hashes or own:
+                    self.requests.append(hashes + own)
+        self.engine.event_arrays()  # the lookups'
+        return self.run(loads, stores)
+
+    def step(self, load: bool, store: bool) -> Step:
+        """One step of begin()'s scenario."""
+        if self.scenario == "requests":
+            return self.request_step(load, store)
+        if self.scenario == "pressure":
+            return self.pressure_step(load, store)
+        return self.random_step(load, store)
+
+    def begin(self, scenario: bool | str) -> None:
+        """Starts a measurement of one scenario (SCENARIOS; True: requests, False: random);
+        request-shaped and pressure steps first turn the pool over twice (the fragmented pool
+        the measured steps allocate in)."""
+        if isinstance(scenario, bool):
+            scenario = "requests" if scenario else "random"
+        if scenario not in SCENARIOS:
+            raise ValueError(f"scenario: expected one of {list(SCENARIOS)}; got {scenario!r}")
+        self.scenario = scenario
         self.samples = {"load": [], "store": [], "both": []}
-        if requests:
+        if scenario != "random":
             turned = 0
             while turned < 2 * self.engine.num_slots:
-                turned += self.request_step(True, True).stored
+                turned += self.step(True, True).stored
 
     def sample(self) -> None:
         """One load step, one store step and one step of both, of begin()'s scenario."""
-        step = self.request_step if self.requests_shaped else self.random_step
-        self.samples["load"].append(step(True, False))
-        self.samples["store"].append(step(False, True))
-        self.samples["both"].append(step(True, True))
+        self.samples["load"].append(self.step(True, False))
+        self.samples["store"].append(self.step(False, True))
+        self.samples["both"].append(self.step(True, True))
 
     def figures(self) -> dict[str, float]:
         """The medians of the samples since begin(); phases_ms too."""
@@ -230,6 +335,10 @@ class Rig:
         self.phases_ms = {
             way: {p: round(median(s.phases[p] for s in steps) * 1e3, 3) for p in PHASES}
             for way, steps in (("load", loads), ("store", stores))
+        }
+        self.split_ms = {
+            way: {p: _median_ms([s.split.get(p) for s in steps]) for p in SPLIT}
+            for way, steps in (("load", loads), ("store", stores), ("both", both))
         }
         loaded, load_runs = sum(s.loaded for s in both), sum(s.load_runs for s in both)
         stored, store_runs = sum(s.stored for s in both), sum(s.store_runs for s in both)
@@ -243,16 +352,40 @@ class Rig:
             "store_tokens_per_s": median(s.stored * self.block_tokens / s.seconds for s in stores),
             "load_blocks_per_run": loaded / load_runs if load_runs else 0.0,
             "store_blocks_per_run": stored / store_runs if store_runs else 0.0,
+            "both_ways_load_share": loaded / (loaded + stored) if loaded + stored else 0.0,
+            **self.mix_figures(both),
         }
+
+    def mix_figures(self, both: list[Step]) -> dict[str, float]:
+        """The steps of both against their mix-adjusted ceilings (medians over the steps): the
+        ceiling's GB/s and the ceiling's time over the step's; nothing without a ceiling."""
+        if not self.ceiling or not both:
+            return {}
+        gbps, of = [], []
+        for s in both:
+            load_bytes, store_bytes = s.loaded * self.block_bytes, s.stored * self.block_bytes
+            floor = mix_ceiling_seconds(load_bytes, store_bytes, self.ceiling)
+            gbps.append((load_bytes + store_bytes) / floor / 1e9)
+            of.append(floor / s.seconds)
+        return {"both_ways_mix_ceiling_gbps": statistics.median(gbps),
+                "both_ways_of_mix_ceiling": statistics.median(of)}  # fmt: skip
+
+
+def _median_ms(values: list[float | None]) -> float | None:
+    """The median of the measured values, in ms (None when none was measured)."""
+    measured = [v for v in values if v is not None]
+    return round(statistics.median(measured) * 1e3, 3) if measured else None
 
 
 def measure_together(
-    rigs: dict[str, Rig], repeats: int, requests: bool, failed: Callable[[str, Exception], None]
-) -> dict[str, dict[str, float]]:
+    rigs: dict[str, Rig], repeats: int, requests: bool | str,
+    failed: Callable[[str, Exception], None],
+) -> dict[str, dict[str, float]]:  # fmt: skip
     """One scenario on each rig, their steps interleaved (one rig's load, store and both, then
     the next rig's, `repeats` times), so that what slows the machine for a while slows them all
-    alike and their ratios hold: int8 against exact is measured this way. A rig that raises is
-    reported to `failed` by its name and left out of the rest and of the result."""
+    alike and their ratios hold: int8 against exact is measured this way. `requests`: a scenario
+    of SCENARIOS (True: requests, False: random). A rig that raises is reported to `failed` by
+    its name and left out of the rest and of the result."""
     live = dict(rigs)
 
     def each(call: Callable[[Rig], None]) -> None:
@@ -362,15 +495,21 @@ def main(argv: list[str] | None = None) -> int:
 
     def add(block: int, scenario: str, path: str, figures: dict[str, float]) -> None:
         row: dict[str, Any] = {"block_bytes": block, "scenario": scenario, "path": path}
-        row.update({k: round(v, 2) for k, v in figures.items()})
+        row.update({k: round(v, 3 if "share" in k else 2) for k, v in figures.items()})
         for way in WAYS:
             if ceiling:
                 row[f"{way}_of_ceiling"] = round(figures[f"{way}_gbps"] / ceiling[way], 3)
         rows.append(row)
         gbps = " ".join(f"{way} {figures[f'{way}_gbps']:6.2f}" for way in WAYS)
         per_run = f"{figures['load_blocks_per_run']:.1f} / {figures['store_blocks_per_run']:.1f}"
+        mix = ""
+        if "both_ways_of_mix_ceiling" in figures:
+            row["both_ways_of_mix_ceiling"] = round(figures["both_ways_of_mix_ceiling"], 3)
+            mix = (f" ({figures['both_ways_of_mix_ceiling']:.3f} of its mix ceiling "
+                   f"{figures['both_ways_mix_ceiling_gbps']:.2f})")  # fmt: skip
         elapsed = time.perf_counter() - started
-        _log(f"{block // KIB:6d} KiB  {scenario:8s} {path:12s} {gbps} GB/s  blocks/run {per_run}  "
+        _log(f"{block // KIB:6d} KiB  {scenario:8s} {path:12s} {gbps}{mix} GB/s  "
+             f"loads {100 * figures['both_ways_load_share']:.0f}%  blocks/run {per_run}  "
              f"t={elapsed:.0f}s")  # fmt: skip
 
     errors: list[dict[str, Any]] = []
@@ -401,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     def measure(
         block: int, modes: tuple[str, ...], path: str | None
     ) -> dict[str, dict[str, dict[str, float]]]:
-        """Both scenarios (requests first: random loads would scramble the pool) on one new
+        """Every scenario (random last: its loads would scramble the pool) on one new
         engine per mode, measured together (measure_together); a mode whose engine fails is
         recorded and left out, the others go on. The engines are released on return."""
         rigs: dict[str, Rig] = {}
@@ -411,10 +550,12 @@ def main(argv: list[str] | None = None) -> int:
                                       args.device_runs)  # fmt: skip
             except Exception as error:  # one rig's failure is recorded; the others still run
                 failed(block, path or mode, error)
+        for rig in rigs.values():
+            rig.ceiling = ceiling
         figures: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in rigs}  # by scenario
-        for scenario in ("requests", "random"):
+        for scenario in SCENARIOS:
             measured = measure_together(
-                rigs, args.repeats, scenario == "requests",
+                rigs, args.repeats, scenario,
                 lambda mode, error: failed(block, path or mode, error),
             )  # fmt: skip
             for mode in set(rigs) - set(measured):
@@ -422,14 +563,15 @@ def main(argv: list[str] | None = None) -> int:
             for mode, row in measured.items():
                 figures[mode][scenario] = row
                 phases.append({"block_bytes": block, "scenario": scenario, "mode": mode,
-                               "path": path or "auto", **rigs[mode].phases_ms})  # fmt: skip
+                               "path": path or "auto", **rigs[mode].phases_ms,
+                               "split": rigs[mode].split_ms})  # fmt: skip
         return figures
 
     for block in (int(b) * KIB for b in args.block_kib.split(",")):
         measured = measure(block, ("exact", "int8"), None)
         for scenario, row in measured.get("exact", {}).items():
             add(block, scenario, "auto", row)
-        for scenario in ("random", "requests"):
+        for scenario in ("random", "requests", "pressure"):
             exact = measured.get("exact", {}).get(scenario)
             int8 = measured.get("int8", {}).get(scenario)
             if not (exact and int8 and exact["load_tokens_per_s"] and exact["store_tokens_per_s"]):

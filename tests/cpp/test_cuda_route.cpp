@@ -30,6 +30,7 @@ using activekv::offload::dtype_bytes;
 using activekv::offload::DeviceKvLayer;
 using activekv::offload::Direction;
 using activekv::offload::Engine;
+using activekv::offload::EngineInputError;
 using activekv::offload::Event;
 using activekv::offload::EventKind;
 using activekv::offload::FenceQuery;
@@ -79,12 +80,13 @@ KvStrides view_strides(const KvBlockLayout& layout, View view) {
 // One engine with its device KV: host vectors (cpu) or device buffers (cuda).
 class Rig {
  public:
-  Rig(const KvBlockLayout& layout, CompressionMode mode, Route route, View view = View::dense)
+  Rig(const KvBlockLayout& layout, CompressionMode mode, Route route, View view = View::dense,
+      std::size_t region_blocks = 8)
       : layout_(layout),
         route_(route),
         layer_bytes_(2 * kDeviceBlocks * layout.bytes_per_tensor()),
-        engine_(layout, mode, kSlots * stored_block_bytes(layout, mode), 4, 8, kDeviceBlocks,
-                route) {
+        engine_(layout, mode, kSlots * stored_block_bytes(layout, mode), 4, region_blocks,
+                kDeviceBlocks, route) {
     std::vector<DeviceKvLayer> views;
     for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
       host_.emplace_back(layer_bytes_);
@@ -339,6 +341,44 @@ TEST_CASE("on a GPU the CUDA route matches the CPU route bit for bit in every mo
       }
     }
   }
+}
+
+TEST_CASE("on a GPU a huge region_blocks sizes the route's regions by what a step can hold") {
+  if (!gpu_present()) {
+    MESSAGE("not run: no GPU");
+    return;
+  }
+  // 2**60 + 1 transfer entries of 16 bytes wrap to 16 bytes: a region sized by region_blocks
+  // alone would be overrun by the first lease. Any region_blocks below 2**63 serves (SPEC.md §6
+  // rule 10), so the steps must match the CPU route's bit for bit.
+  const std::size_t huge = (std::size_t{1} << 60) + 1;
+  for (const CompressionMode mode : {CompressionMode::exact, CompressionMode::int8}) {
+    const KvBlockLayout layout(kLayers, 4, 2, 32, KvDtype::fp16);
+    Rig cpu(layout, mode, Route::cpu, View::dense, huge);
+    Rig cuda(layout, mode, Route::cuda, View::dense, huge);
+    for (std::uint32_t step = 0; step < 3; ++step) {
+      const auto words = random_kv(2 * kDeviceBlocks * layout.bytes_per_tensor(), 11 + step);
+      cpu.fill(words);
+      cuda.fill(words);
+      std::vector<std::uint64_t> loads;
+      std::vector<std::uint64_t> stores;
+      for (std::uint64_t i = 0; i < 4; ++i) {
+        if (step > 0) loads.push_back(100 * step + i);
+        stores.push_back(100 * (step + 1) + i);
+      }
+      const std::vector<std::int64_t> load_blocks{4, 5, 6, 7};
+      const std::vector<std::int64_t> store_blocks{0, 1, 2, 3};
+      CHECK(cpu.step(loads, load_blocks, stores, store_blocks, false) ==
+            cuda.step(loads, load_blocks, stores, store_blocks, false));
+      CHECK(cpu.read() == cuda.read());
+    }
+  }
+  // Where even that bound's buffers cannot be sized (device blocks and region_blocks both
+  // beyond any memory), the construction is refused naming region_blocks.
+  const KvBlockLayout layout(kLayers, 4, 2, 32, KvDtype::fp16);
+  const std::size_t beyond = std::size_t{1} << 62;
+  CHECK_THROWS_WITH_AS(Engine(layout, CompressionMode::exact, kSlots * stored_block_bytes(layout, CompressionMode::exact), 4, beyond, beyond, Route::cuda),
+                       doctest::Contains("region_blocks"), EngineInputError);
 }
 
 TEST_CASE("on a GPU an injected fence fault quarantines the region on the CUDA route") {

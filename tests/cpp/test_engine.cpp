@@ -265,6 +265,28 @@ TEST_CASE("eviction takes the least recently used block and loads refresh it") {
   CHECK(engine.lookup({4, 5}) == 2);
 }
 
+TEST_CASE("the last step's bookkeeping times: allocation at save_kv_layer(0), eviction within it, commits") {
+  Engine engine = make_engine(2);
+  DeviceKv kv;
+  engine.register_kv_caches(kv.views());
+  CHECK(engine.last_step_times().allocation_ns == 0);  // nothing measured before a step
+  run_step(engine, {}, {{1, 0}, {2, 1}});
+  const auto filled = engine.last_step_times();
+  CHECK(filled.allocation_ns > 0);
+  CHECK(filled.eviction_ns == 0);  // free slots: nothing evicted
+  CHECK(filled.commit_ns > 0);
+  run_step(engine, {}, {{3, 2}, {4, 3}});  // a full pool: both evicted
+  const auto evicting = engine.last_step_times();
+  CHECK(evicting.eviction_ns > 0);
+  CHECK(evicting.eviction_ns <= evicting.allocation_ns);
+  // A step of loads alone allocates, evicts and commits nothing: every figure is its own.
+  run_step(engine, {{3, 4}}, {});
+  const auto loads = engine.last_step_times();
+  CHECK(loads.allocation_ns == 0);
+  CHECK(loads.eviction_ns == 0);
+  CHECK(loads.commit_ns == 0);
+}
+
 TEST_CASE("pinned blocks are never evicted and a store without a slot is refused") {
   Engine engine = make_engine(2);
   DeviceKv kv;

@@ -20,6 +20,16 @@
 //                         only by LRU eviction, so a warm pool is full; each step's stores take
 //                         the slots its evictions free). Device blocks are shuffled per step (a
 //                         fragmented vLLM free-block queue) unless ACTIVEKV_BENCH_DEVICE_RUNS=1;
+//               pressure  serving-shaped under eviction pressure: requests of 8-160 blocks
+//                         sharing a prefix (a hit ratio of 0.2-0.5) of an earlier request drawn by
+//                         recency, the rest of each prompt stored, `blocks` per step in all, so
+//                         steps are heavy with stores, each evicts about as many blocks and the
+//                         pool turns over every few steps;
+//             each scenario's steps of both at once also against their mix-adjusted ceiling
+//             (the longest of loads / H2D, stores / D2H and all bytes / both ways, this run's
+//             ceilings), and `phases_ms`: where a step's time goes (plans, build_step, eviction,
+//             allocation, issue, wait, commit, events; the engine's own clock for the three
+//             inside it, Engine::last_step_times);
 //             with the rule's path (auto) and, per forced path (ACTIVEKV_CUDA_TRANSFER_PATH:
 //             kernels, block-copies, runs, runs-staged, runs-batched; ACTIVEKV_BENCH_PATHS=0
 //             leaves them out, ACTIVEKV_BENCH_PATHS=runs,kernels picks some),
@@ -419,12 +429,40 @@ class ForcedPath {
   bool set_;
 };
 
+// The parts of a step, timed apart (`phases_ms` of the record): where its time goes. plans:
+// plan_load and plan_store; build_step; eviction and allocation: the engine's own clock of
+// allocate_stores at save_kv_layer(0) (Engine::last_step_times; allocation without the eviction);
+// issue: start_load and the save_kv_layer calls less that allocation; wait: the
+// wait_for_layer_load calls and wait_for_save less the commits; commit: wait_for_save's commits;
+// events: take_events.
+constexpr const char* kPhases[] = {"plans", "build_step", "eviction", "allocation", "issue",
+                                   "wait", "commit", "events"};
+constexpr std::size_t kPhaseCount = std::size(kPhases);
+
+// The traffic of an engine scenario (see the file's comment).
+enum class Scenario : std::uint8_t { random, requests, pressure };
+const char* scenario_name(Scenario scenario) {
+  return scenario == Scenario::random ? "random"
+         : scenario == Scenario::requests ? "requests"
+                                          : "pressure";
+}
+
+// The copy ceiling of a step that loads `load_bytes` and stores `store_bytes` (the mix-adjusted
+// ceiling): the longest of its loads over the H2D ceiling, its stores over the D2H one, and all of
+// it over the both-ways one, each measured in this run. Seconds.
+double mix_ceiling_seconds(double load_bytes, double store_bytes, double h2d_gbps, double d2h_gbps,
+                           double both_gbps) {
+  return std::max({load_bytes / (h2d_gbps * 1e9), store_bytes / (d2h_gbps * 1e9),
+                   (load_bytes + store_bytes) / (both_gbps * 1e9)});
+}
+
 // What one measured step moved, and its runs (the engine's count, SPEC.md §2).
 struct StepResult {
   double seconds = 0;
   std::size_t loaded = 0;  // blocks
   std::size_t stored = 0;
   activekv::offload::StepRuns runs;
+  double phases[kPhaseCount] = {};  // seconds per kPhases
 };
 
 // Median GB/s of a scenario's steps: loads alone, stores alone, both at once; and the mean
@@ -437,6 +475,20 @@ struct Rates {
   double store_run = 0;
   double load_tokens = 0;   // tokens/s, loads alone
   double store_tokens = 0;  // tokens/s, stores alone
+  // Steps of both: the median of their mix-adjusted ceilings (GB/s) and of their time against it
+  // (mix_ceiling_seconds / seconds), and the share of their bytes that were loads.
+  double both_mix_ceiling = 0;
+  double both_of_mix_ceiling = 0;
+  double both_load_share = 0;
+  // Median milliseconds per kPhases: loads alone, stores alone, both.
+  double phases_ms[3][kPhaseCount] = {};
+};
+
+// The run's copy ceilings (GB/s), for the mix-adjusted ceiling of each step.
+struct Ceilings {
+  double h2d = 0;
+  double d2h = 0;
+  double both = 0;
 };
 
 struct EngineRig {
@@ -496,21 +548,47 @@ struct EngineRig {
                                                 load_devices.begin() + static_cast<std::ptrdiff_t>(loads.size()));
     const std::vector<std::int64_t> store_blocks(
         store_devices.begin(), store_devices.begin() + static_cast<std::ptrdiff_t>(stores.size()));
-    const auto start = std::chrono::steady_clock::now();
+    using Clock = std::chrono::steady_clock;
+    const auto since = [](Clock::time_point& mark) {
+      const Clock::time_point now = Clock::now();
+      const double seconds = std::chrono::duration<double>(now - mark).count();
+      mark = now;
+      return seconds;
+    };
+    StepResult result;
+    double issue = 0;
+    double wait = 0;
+    const auto start = Clock::now();
+    auto mark = start;
     if (!loads.empty()) engine->plan_load(loads, load_blocks);
     if (!stores.empty()) engine->plan_store(stores, store_blocks);
+    result.phases[0] = since(mark);
     engine->build_step();
+    result.phases[1] = since(mark);
     engine->start_load();
+    issue += since(mark);
     for (std::uint32_t layer = 0; layer < kLayers; ++layer) {
       engine->wait_for_layer_load(layer);
+      wait += since(mark);
       engine->save_kv_layer(layer);
+      issue += since(mark);
     }
     engine->wait_for_save();
+    wait += since(mark);
     // The step's events are taken inside the step, as vLLM's connector does at wait_for_save (and
     // as the Python bench's event_arrays() is timed).
     const std::vector<activekv::offload::Event> events = engine->take_events();
-    StepResult result;
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.phases[7] = since(mark);
+    result.seconds = std::chrono::duration<double>(mark - start).count();
+    const activekv::offload::StepTimes times = engine->last_step_times();
+    const double allocation = static_cast<double>(times.allocation_ns) * 1e-9;
+    const double eviction = static_cast<double>(times.eviction_ns) * 1e-9;
+    const double commit = static_cast<double>(times.commit_ns) * 1e-9;
+    result.phases[2] = eviction;
+    result.phases[3] = allocation - eviction;
+    result.phases[4] = issue - allocation;
+    result.phases[5] = wait - commit;
+    result.phases[6] = commit;
     result.runs = engine->last_step_runs();
     result.loaded = result.runs.load_blocks;
     result.stored = result.runs.store_blocks;
@@ -596,6 +674,50 @@ struct EngineRig {
     return run(loads, stores);
   }
 
+  // Under eviction pressure (serving-shaped): requests of 8-160 blocks, each sharing a prefix
+  // (a hit ratio of 0.2-0.5 of its prompt) of an earlier request drawn by recency (its age in
+  // requests geometric, mean 32), loaded as far as still committed, the rest of its prompt
+  // stored, until the step holds `blocks` in all, loads and stores together: steps heavy with
+  // stores, each evicting about as many blocks (the warm pool is full), so the pool turns over
+  // every few steps. Loads alone (stores alone) keep that side of the same kind of requests.
+  StepResult pressure_step(bool load, bool store) {
+    std::vector<std::uint64_t> loads;
+    std::vector<std::uint64_t> stores;
+    std::uniform_int_distribution<std::size_t> length(8, 160);
+    std::uniform_real_distribution<double> hit(0.2, 0.5);
+    std::geometric_distribution<std::size_t> age(1.0 / 33.0);
+    const auto room = [&] { return blocks - (load ? loads.size() : 0) - (store ? stores.size() : 0); };
+    std::size_t attempts = 0;
+    while (room() > 0 && attempts++ < 64 * blocks) {
+      // A prompt longer than the step's room is cut to it (a chunk of a long prefill), its hit
+      // ratio kept, so that large blocks' steps stay heavy with stores too.
+      const std::size_t prompt = std::min(length(random), room());
+      const auto shared = static_cast<std::size_t>(hit(random) * static_cast<double>(prompt) + 0.5);
+      std::vector<std::uint64_t> hashes;
+      if (settled_requests > 0) {
+        const std::vector<std::uint64_t>& parent =
+            requests[settled_requests - 1 - std::min(age(random), settled_requests - 1)];
+        hashes.assign(parent.begin(),
+                      parent.begin() + static_cast<std::ptrdiff_t>(std::min(shared, parent.size())));
+        hashes.resize(std::min(hashes.size(), engine->lookup(hashes)));
+        if (load) {
+          hashes.resize(std::min(hashes.size(), room()));
+          loads.insert(loads.end(), hashes.begin(), hashes.end());
+        }
+      }
+      if (store) {
+        const std::size_t own = std::min(prompt - std::min(prompt, hashes.size()), room());
+        for (std::size_t i = 0; i < own; ++i) {
+          hashes.push_back(next_hash);
+          stores.push_back(next_hash++);
+        }
+        if (!hashes.empty()) requests.push_back(std::move(hashes));
+      }
+    }
+    engine->take_events();  // the lookups'
+    return run(loads, stores);
+  }
+
   // Request-shaped steps until the pool has turned over twice (the order of eviction mixed by
   // the loads' refreshes of shared prefixes): the fragmented pool the measured steps allocate in.
   // Twice: on the host-only route, the runs per step settle by then (about 5 blocks per load run
@@ -605,32 +727,46 @@ struct EngineRig {
     while (turned < 2 * engine->num_slots()) turned += request_step(true, true).stored;
   }
 
+  StepResult step_of(Scenario kind, bool load, bool store) {
+    switch (kind) {
+      case Scenario::requests:
+        return request_step(load, store);
+      case Scenario::pressure:
+        return pressure_step(load, store);
+      case Scenario::random:
+        break;
+    }
+    return random_step(load, store);
+  }
+
   // A measurement of one scenario, taken a sample at a time (measure_together): begin() starts
   // it (request-shaped steps first turn the pool over), sample() adds one step of loads alone,
   // one of stores alone and one of both, rates() gives their medians.
-  bool requests_shaped = false;
+  Scenario scenario = Scenario::random;
   std::vector<StepResult> loads_alone;
   std::vector<StepResult> stores_alone;
   std::vector<StepResult> both_at_once;
 
-  void begin(bool request_shaped) {
-    requests_shaped = request_shaped;
+  // Request-shaped and pressure steps first turn the pool over twice.
+  void begin(Scenario kind) {
+    scenario = kind;
     loads_alone.clear();
     stores_alone.clear();
     both_at_once.clear();
-    if (request_shaped) warm_requests();
+    if (kind == Scenario::requests) warm_requests();
+    if (kind == Scenario::pressure) {
+      std::size_t turned = 0;
+      while (turned < 2 * engine->num_slots()) turned += pressure_step(true, true).stored;
+    }
   }
 
   void sample() {
-    const auto step = [this](bool load, bool store) {
-      return requests_shaped ? request_step(load, store) : random_step(load, store);
-    };
-    loads_alone.push_back(step(true, false));
-    stores_alone.push_back(step(false, true));
-    both_at_once.push_back(step(true, true));
+    loads_alone.push_back(step_of(scenario, true, false));
+    stores_alone.push_back(step_of(scenario, false, true));
+    both_at_once.push_back(step_of(scenario, true, true));
   }
 
-  Rates rates() const {
+  Rates rates(const Ceilings& ceilings) const {
     const double block_bytes = static_cast<double>(kLayers * stored_layer_bytes(layout, engine->mode()));
     const double block_tokens = static_cast<double>(kLayers * layout.block_size());
     // The median over `steps` of their blocks (loaded, stored or both) times `unit` per second.
@@ -653,13 +789,36 @@ struct EngineRig {
       store_blocks += static_cast<double>(step.runs.store_blocks);
       store_runs += static_cast<double>(step.runs.store_runs);
     }
-    return {median_rate(loads_alone, true, false, block_bytes / 1e9),
-            median_rate(stores_alone, false, true, block_bytes / 1e9),
-            median_rate(both_at_once, true, true, block_bytes / 1e9),
-            load_runs > 0 ? load_blocks / load_runs : 0,
-            store_runs > 0 ? store_blocks / store_runs : 0,
-            median_rate(loads_alone, true, false, block_tokens),
-            median_rate(stores_alone, false, true, block_tokens)};
+    Rates result{median_rate(loads_alone, true, false, block_bytes / 1e9),
+                 median_rate(stores_alone, false, true, block_bytes / 1e9),
+                 median_rate(both_at_once, true, true, block_bytes / 1e9),
+                 load_runs > 0 ? load_blocks / load_runs : 0,
+                 store_runs > 0 ? store_blocks / store_runs : 0,
+                 median_rate(loads_alone, true, false, block_tokens),
+                 median_rate(stores_alone, false, true, block_tokens)};
+    std::vector<double> mix_gbps;
+    std::vector<double> of_mix;
+    for (const StepResult& step : both_at_once) {
+      const double load_bytes = static_cast<double>(step.loaded) * block_bytes;
+      const double store_bytes = static_cast<double>(step.stored) * block_bytes;
+      const double floor = mix_ceiling_seconds(load_bytes, store_bytes, ceilings.h2d, ceilings.d2h,
+                                               ceilings.both);
+      mix_gbps.push_back((load_bytes + store_bytes) / floor / 1e9);
+      of_mix.push_back(floor / step.seconds);
+    }
+    result.both_mix_ceiling = median(mix_gbps);
+    result.both_of_mix_ceiling = median(of_mix);
+    result.both_load_share = load_blocks + store_blocks > 0
+                                 ? load_blocks / (load_blocks + store_blocks) : 0;
+    const std::vector<StepResult>* ways[] = {&loads_alone, &stores_alone, &both_at_once};
+    for (std::size_t way = 0; way < 3; ++way) {
+      for (std::size_t phase = 0; phase < kPhaseCount; ++phase) {
+        std::vector<double> values;
+        for (const StepResult& step : *ways[way]) values.push_back(step.phases[phase] * 1e3);
+        result.phases_ms[way][phase] = median(values);
+      }
+    }
+    return result;
   }
 };
 
@@ -667,19 +826,25 @@ struct EngineRig {
 // next rig's, `repeats` times): a slow spell of the machine falls on all of them alike, so their
 // ratios (int8 against exact) hold.
 std::vector<Rates> measure_together(const std::vector<EngineRig*>& rigs, int repeats,
-                                    bool request_shaped) {
-  for (EngineRig* rig : rigs) rig->begin(request_shaped);
+                                    Scenario scenario, const Ceilings& ceilings) {
+  for (EngineRig* rig : rigs) rig->begin(scenario);
   for (int i = 0; i < repeats; ++i) {
     for (EngineRig* rig : rigs) rig->sample();
   }
   std::vector<Rates> rates;
-  for (const EngineRig* rig : rigs) rates.push_back(rig->rates());
+  for (const EngineRig* rig : rigs) rates.push_back(rig->rates(ceilings));
   return rates;
 }
 
 std::string number(double value) {
   char text[64];
   std::snprintf(text, sizeof text, "%.2f", value);
+  return text;
+}
+
+std::string number3(double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3f", value);
   return text;
 }
 
@@ -874,6 +1039,8 @@ int main(int argc, char** argv) {
     std::string compressed;
     std::string scenarios;
     std::string ratios;
+    std::string phases;
+    const Ceilings ceilings{ceiling.h2d, ceiling.d2h, ceiling_both};
     const auto started = std::chrono::steady_clock::now();
     const auto elapsed = [&] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -888,14 +1055,40 @@ int main(int argc, char** argv) {
                    number(r.both) + ", \"load_of_ceiling\": " + number(r.load / ceiling.h2d) +
                    ", \"store_of_ceiling\": " + number(r.store / ceiling.d2h) +
                    ", \"both_ways_of_ceiling\": " + number(r.both / ceiling_both) +
+                   ", \"both_ways_mix_ceiling_gbps\": " + number(r.both_mix_ceiling) +
+                   ", \"both_ways_of_mix_ceiling\": " + number3(r.both_of_mix_ceiling) +
+                   ", \"both_ways_load_share\": " + number3(r.both_load_share) +
                    ", \"load_blocks_per_run\": " + number(r.load_run) +
                    ", \"store_blocks_per_run\": " + number(r.store_run) + "}";
       std::fprintf(stderr,
-                   "%8zu KiB  %-8s %-12s load %6.2f (%.2f)  store %6.2f (%.2f)  both %6.2f (%.2f) "
-                   "GB/s (of ceiling)  blocks/run %.1f / %.1f  [%s]  t=%.0fs\n",
+                   "%8zu KiB  %-8s %-12s load %6.2f (%.2f)  store %6.2f (%.2f)  both %6.2f (%.2f; "
+                   "%.3f of its mix ceiling %.2f, loads %.0f%%) GB/s (of ceiling)  blocks/run "
+                   "%.1f / %.1f  [%s]  t=%.0fs\n",
                    block / kKiB, scenario, path.c_str(), r.load, r.load / ceiling.h2d, r.store,
-                   r.store / ceiling.d2h, r.both, r.both / ceiling_both, r.load_run, r.store_run,
+                   r.store / ceiling.d2h, r.both, r.both / ceiling_both, r.both_of_mix_ceiling,
+                   r.both_mix_ceiling, 100 * r.both_load_share, r.load_run, r.store_run,
                    picks.c_str(), elapsed());
+    };
+    // Where a step's time went (kPhases, median ms), per way, for one scenario and mode.
+    const auto phase_row = [&](std::size_t block, const char* scenario, const char* mode,
+                               const std::string& path, const Rates& r) {
+      const char* const way_names[] = {"load", "store", "both"};
+      std::string text = "{\"block_bytes\": " + std::to_string(block) + ", \"scenario\": \"" +
+                         scenario + "\", \"mode\": \"" + mode + "\", \"path\": \"" + path + "\"";
+      for (std::size_t way = 0; way < 3; ++way) {
+        text += std::string(", \"") + way_names[way] + "\": {";
+        for (std::size_t phase = 0; phase < kPhaseCount; ++phase) {
+          text += std::string(phase ? ", " : "") + "\"" + kPhases[phase] +
+                  "\": " + number3(r.phases_ms[way][phase]);
+        }
+        text += "}";
+      }
+      phases += std::string(phases.empty() ? "" : ",\n    ") + text + "}";
+      std::fprintf(stderr, "%8zu KiB  %-8s %-5s both: ", block / kKiB, scenario, mode);
+      for (std::size_t phase = 0; phase < kPhaseCount; ++phase) {
+        std::fprintf(stderr, "%s %.3f  ", kPhases[phase], r.phases_ms[2][phase]);
+      }
+      std::fprintf(stderr, "ms\n");
     };
     for (const std::size_t block : kBlockSizes) {
       // block = K + V of one layer: tokens * 2 * (heads * head_dim * 2 bytes).
@@ -907,8 +1100,14 @@ int main(int argc, char** argv) {
         // first: the random loads' refreshes would leave the pool scrambled for them.
         EngineRig exact(tokens, CompressionMode::exact, pool_bytes, blocks, nullptr);
         EngineRig int8(tokens, CompressionMode::int8, pool_bytes, blocks, nullptr);
-        const std::vector<Rates> by_requests = measure_together({&exact, &int8}, engine_repeats, true);
-        const std::vector<Rates> by_random = measure_together({&exact, &int8}, engine_repeats, false);
+        const std::vector<Rates> by_requests =
+            measure_together({&exact, &int8}, engine_repeats, Scenario::requests, ceilings);
+        const std::vector<Rates> by_pressure =
+            measure_together({&exact, &int8}, engine_repeats, Scenario::pressure, ceilings);
+        const std::vector<Rates> by_random =
+            measure_together({&exact, &int8}, engine_repeats, Scenario::random, ceilings);
+        const Rates& exact_pressure = by_pressure[0];
+        const Rates& int8_pressure = by_pressure[1];
         const Rates& exact_requests = by_requests[0];
         const Rates& int8_requests = by_requests[1];
         const Rates& exact_random = by_random[0];
@@ -926,6 +1125,16 @@ int main(int argc, char** argv) {
         scenario_row(block, "requests", "auto",
                      bus(exact.layout, CompressionMode::exact, exact_requests, per_step),
                      exact_requests);
+        scenario_row(block, "pressure", "auto",
+                     bus(exact.layout, CompressionMode::exact, exact_pressure, per_step),
+                     exact_pressure);
+        for (const Scenario kind : {Scenario::requests, Scenario::pressure, Scenario::random}) {
+          const std::vector<Rates>& by = kind == Scenario::requests   ? by_requests
+                                         : kind == Scenario::pressure ? by_pressure
+                                                                      : by_random;
+          phase_row(block, scenario_name(kind), "exact", "auto", by[0]);
+          phase_row(block, scenario_name(kind), "int8", "auto", by[1]);
+        }
         const std::string int8_random_bus = bus(int8.layout, CompressionMode::int8, int8_random, per_step);
         const double load_ratio = int8_random.load_tokens / exact_random.load_tokens;
         const double store_ratio = int8_random.store_tokens / exact_random.store_tokens;
@@ -950,15 +1159,22 @@ int main(int argc, char** argv) {
         ratio_row("random", exact_random, int8_random, int8_random_bus);
         ratio_row("requests", exact_requests, int8_requests,
                   bus(int8.layout, CompressionMode::int8, int8_requests, per_step));
+        ratio_row("pressure", exact_pressure, int8_pressure,
+                  bus(int8.layout, CompressionMode::int8, int8_pressure, per_step));
       }
       if (!forced_rows) continue;
       for (const std::string& name : forced_paths) {
         const char* const path = name.c_str();
         EngineRig forced(tokens, CompressionMode::exact, pool_bytes, blocks, path);
-        const Rates request_rates = measure_together({&forced}, engine_repeats, true)[0];
-        const Rates random_rates = measure_together({&forced}, engine_repeats, false)[0];
+        const Rates request_rates =
+            measure_together({&forced}, engine_repeats, Scenario::requests, ceilings)[0];
+        const Rates pressure_rates =
+            measure_together({&forced}, engine_repeats, Scenario::pressure, ceilings)[0];
+        const Rates random_rates =
+            measure_together({&forced}, engine_repeats, Scenario::random, ceilings)[0];
         scenario_row(block, "random", path, path, random_rates);
         scenario_row(block, "requests", path, path, request_rates);
+        scenario_row(block, "pressure", path, path, pressure_rates);
       }
     }
     cudaStreamDestroy(stream);
@@ -970,11 +1186,13 @@ int main(int argc, char** argv) {
         "  \"ceiling_gbps\": {\"h2d\": %s, \"d2h\": %s},\n  \"both_ways_ceiling_gbps\": %s,\n"
         "  \"rows\": [\n    %s\n  ],\n"
         "  \"overlapped\": [\n    %s\n  ],\n  \"int8_vs_exact\": [\n    %s\n  ],\n"
-        "  \"scenarios\": [\n    %s\n  ],\n  \"int8_vs_exact_by_scenario\": [\n    %s\n  ]\n}\n",
+        "  \"scenarios\": [\n    %s\n  ],\n  \"int8_vs_exact_by_scenario\": [\n    %s\n  ],\n"
+        "  \"phases_ms\": [\n    %s\n  ]\n}\n",
         properties.name, pool_bytes, moved, kLayers, repeats, engine_repeats,
         device_blocks_in_order() ? "in order" : "shuffled", number(ceiling.h2d).c_str(),
         number(ceiling.d2h).c_str(), number(ceiling_both).c_str(), rows.c_str(),
-        overlapped.c_str(), compressed.c_str(), scenarios.c_str(), ratios.c_str());
+        overlapped.c_str(), compressed.c_str(), scenarios.c_str(), ratios.c_str(),
+        phases.c_str());
     return 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "staging bench: %s\n", error.what());
