@@ -68,6 +68,16 @@ class SkippedEntry(BaseModel):
     reason: str
 
 
+class BuiltFrom(BaseModel):
+    """The tree a build read (release/source_state.py), taken when it started: what the
+    statement names, so that a tree changed after the build cannot be signed as its source."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    commit: StrictStr | None
+    uncommitted: tuple[StrictStr, ...] = ()
+    uncommitted_sha256: Sha256 | None = None
+
+
 class BuildRecord(Record):
     FILE: ClassVar[str] = "build"
     MADE_BY: ClassVar[str] = "python -m release build"
@@ -77,6 +87,7 @@ class BuildRecord(Record):
     toolchain: dict[str, Any]
     wheels: tuple[BuiltWheelEntry, ...]
     skipped: tuple[SkippedEntry, ...] = ()
+    source: BuiltFrom | None = None  # None: a record from before sources were recorded
 
 
 class SignRecord(Record):
@@ -90,7 +101,7 @@ class SignRecord(Record):
     subjects: dict[str, str]  # wheel file name -> sha256
     attestations: dict[str, str] = {}  # gate -> the signed attestation the provenance names
     # The commit the statement names, and the uncommitted changes to wheel inputs it records
-    # (dev only: stable refuses them; release/trust/source_state.py).
+    # (dev only: stable refuses them; release/source_state.py).
     source_commit: str | None = None
     uncommitted: tuple[str, ...] = ()
     uncommitted_sha256: str | None = None

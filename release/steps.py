@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from release import records
 from release.context import Context
-from release.errors import GateError
+from release.errors import BuildError, GateError
 from release.evidence import Evidence
 from release.gates.contract import GateInputs, GateOptions
 from release.gates.gpu_runner import detect_gpu
@@ -60,8 +60,10 @@ def build(
     """Builds the wheels and writes the build record; each wheel is hashed here, once. `fresh`:
     new build trees under <out>/fresh-build, no ccache, no wheel cache."""
     from release.build.wheels import build_wheels
+    from release.source_state import source_state
 
     started = datetime.now(timezone.utc)
+    source = source_state(context.source_dir)  # what the provenance will name
     fresh_root = context.out_dir / "fresh-build" if fresh else None
     if fresh_root is not None:
         shutil.rmtree(fresh_root, ignore_errors=True)
@@ -74,11 +76,16 @@ def build(
         toolchain_kind=toolchain_kind,
         fresh_build_root=fresh_root,
     )
+    after = source_state(context.source_dir)
+    if after != source:
+        raise BuildError(f"{context.source_dir}: expected the tree to stay as it was while the "
+                         f"wheels were built ({source.describe()}); got {after.describe()}; "
+                         "build again")  # fmt: skip
     wheels = WheelSet(tuple(
         Wheel(w.path, sha256_file(w.path), w.python, w.serves, w.size) for w in report.wheels
     ))  # fmt: skip
     records.write(context.out_dir, BuildRecord(
-        started=started, finished=datetime.now(timezone.utc),
+        started=started, finished=datetime.now(timezone.utc), source=source.record(),
         source_date_epoch=report.source_date_epoch, toolchain=report.toolchain,
         wheels=tuple(
             BuiltWheelEntry(file=w.name, python=w.python, serves=w.serves,

@@ -3,8 +3,9 @@
 A publisher builds the real wheel from a git repository of these sources, signs it and publishes
 it to the embedded index with TUF; a consumer, knowing only the index, the trusted root, the
 provenance key and where the source lives, rebuilds it cold from the commit the statement names.
-The negative control publishes a wheel built from a tree with one byte of README.md changed (the
-statement still names the clean commit): the rebuild must refuse it, naming the member.
+A wheel built from a tree with one byte of README.md changed says so, and has no commit to be
+rebuilt from; the negative control is a publisher that lies about that tree (it puts the byte back
+and edits its build record before signing): the rebuild must refuse its wheel, naming the member.
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ def source_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return source
 
 
-def _publish_from(source: Path, work: Path) -> tuple[Path, Path, Path]:
+def _publish_from(
+    source: Path, work: Path, after_build: Callable[[Path], None] = lambda out: None
+) -> tuple[Path, Path, Path]:
     """Build, attest, sign and publish the wheel for this Python from `source` as a publisher
-    would; (out, state, wheel)."""
+    would (`after_build(out)` runs between the build and the signing); (out, state, wheel)."""
     out, state = work / "out", work / "state"
     for step in (("build", "--python", PYTHON), ("sign",), ("publish",)):
         done = _release(source, *step, "--out", out, "--state-dir", state, env=PUBLISHER_ENV)
@@ -74,7 +77,17 @@ def _publish_from(source: Path, work: Path) -> tuple[Path, Path, Path]:
         if step[0] == "build":
             (wheel,) = sorted((out / "wheels").glob("*.whl"))
             attest_passing_gates(out, [wheel], state)
+            after_build(out)
     return out, state, wheel
+
+
+def _one_byte_changed(readme: Path) -> bytes:
+    """Changes one byte of README.md (the wheels' long description); its bytes before."""
+    text = readme.read_bytes()
+    at = text.index(b"ActiveKV")  # "ActiveKV" becomes "activeKV"
+    readme.write_bytes(text[:at] + b"a" + text[at + 1 :])
+    assert sum(a != b for a, b in zip(text, readme.read_bytes(), strict=True)) == 1
+    return text
 
 
 def _rebuild(out: Path, state: Path, source: Path, consumer: Path):
@@ -119,16 +132,40 @@ def test_a_published_wheel_is_bit_identical_to_its_cold_rebuild(source_repo, tmp
 
 
 @pytest.mark.integration  # builds the real wheel, publishes, rebuilds it
-def test_a_wheel_built_from_a_changed_tree_is_refused_naming_the_member(source_repo, tmp_path):
+def test_a_wheel_built_from_a_changed_tree_says_so_and_has_no_commit_to_rebuild(
+    source_repo, tmp_path
+):
+    changed = tmp_path / "changed"
+    _git("clone", "--quiet", source_repo, changed)
+    _one_byte_changed(changed / "README.md")
+    out, state, _ = _publish_from(changed, tmp_path / "publisher")
+
+    done = _rebuild(out, state, source_repo, tmp_path / "consumer")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    message = " ".join(done.stderr.split())
+    assert "were built from commit" in message and "with uncommitted changes" in message
+    assert "no commit holds those sources, so there is nothing to rebuild from" in message
+
+
+@pytest.mark.integration  # builds the real wheel, publishes, rebuilds it
+def test_a_wheel_whose_statement_lies_about_its_tree_is_refused_naming_the_member(
+    source_repo, tmp_path
+):
+    """A publisher that builds from a changed tree, then puts the tree back and edits the build
+    record to say it was clean: signing believes the record, only the rebuild can tell."""
     changed = tmp_path / "changed"
     _git("clone", "--quiet", source_repo, changed)
     readme = changed / "README.md"
-    text = readme.read_bytes()
-    at = text.index(b"ActiveKV")  # one byte: "ActiveKV" becomes "activeKV"
-    readme.write_bytes(text[:at] + b"a" + text[at + 1 :])
-    assert sum(a != b for a, b in zip(text, readme.read_bytes(), strict=True)) == 1
-    out, state, wheel = _publish_from(changed, tmp_path / "publisher")
+    committed = _one_byte_changed(readme)
 
+    def lie(out: Path) -> None:
+        readme.write_bytes(committed)
+        record = json.loads((out / "build.json").read_text())
+        record["source"] = {"commit": _git("-C", changed, "rev-parse", "HEAD"),
+                            "uncommitted": [], "uncommitted_sha256": None}  # fmt: skip
+        (out / "build.json").write_text(json.dumps(record))
+
+    out, state, wheel = _publish_from(changed, tmp_path / "publisher", after_build=lie)
     done = _rebuild(out, state, source_repo, tmp_path / "consumer")
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     message = " ".join(done.stderr.split())

@@ -1,4 +1,4 @@
-"""Honest provenance (release/trust/source_state.py): a statement names a commit only for the
+"""Honest provenance (release/source_state.py): a statement names a commit only for the
 bytes that commit holds. Uncommitted changes to wheel inputs are recorded (dev) with their digest,
 and refused on stable before anything is signed; changes elsewhere (tests) are not wheel inputs."""
 
@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 from fixtures_wheels import build_wheel
 
+from release import records
 from release.cli import main
 from release.context import Context
 from release.errors import SigningError
 from release.manifest import load_manifest
-from release.records import SignRecord
+from release.records import BuildRecord, SignRecord
 from release.report.document import built_from
+from release.source_state import checked_built_from, refuse_dirty, source_state
 from release.trust.sign import build_statement
-from release.trust.source_state import refuse_dirty, source_state
 from release.trust.steps import step_sign
 from release.util.paths import DEFAULT_MANIFEST
 
@@ -31,7 +32,7 @@ def _git(repo: Path, *args: str) -> None:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "checkout"
-    for name in ("engine/offload/engine.cpp", "tests/test_x.py", "README.md"):
+    for name in ("engine/offload/engine.cpp", "tests/test_x.py", "README.md", "release/steps.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"{name}\n")
     _git(root, "init", "-q")
@@ -55,7 +56,16 @@ def test_changes_outside_the_wheel_inputs_leave_the_tree_clean(repo):
 
 @pytest.mark.parametrize(
     "change",
-    ["modify", "untracked", "delete", "staged"],
+    [
+        "modify",
+        "untracked",
+        "delete",
+        "staged",
+        "assume-unchanged",
+        "skip-worktree",
+        "ignored",
+        "excluded",
+    ],
 )
 def test_every_kind_of_uncommitted_change_to_a_wheel_input_is_seen(repo, change):
     source = repo / "engine" / "offload" / "engine.cpp"
@@ -65,15 +75,57 @@ def test_every_kind_of_uncommitted_change_to_a_wheel_input_is_seen(repo, change)
         (repo / "engine" / "offload" / "extra.h").write_text("new\n")
     elif change == "delete":
         source.unlink()
-    else:
+    elif change == "staged":
         source.write_text("staged\n")
         _git(repo, "add", "engine/offload/engine.cpp")
+    elif change in ("assume-unchanged", "skip-worktree"):  # flags that hide it from git status
+        _git(repo, "update-index", f"--{change}", "engine/offload/engine.cpp")
+        source.write_text("hidden\n")
+    elif change == "ignored":  # an ignore rule does not keep a file out of the build
+        (repo / ".gitignore").write_text("*.h\n")
+        _git(repo, "add", ".gitignore")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ignore")
+        (repo / "engine" / "offload" / "ignored.h").write_text("#define X 1\n")
+    else:
+        (repo / ".git" / "info").mkdir(exist_ok=True)
+        (repo / ".git" / "info" / "exclude").write_text("engine/\n")
+        (repo / "engine" / "offload" / "excluded.h").write_text("#define X 1\n")
     state = source_state(repo)
     assert state.dirty and state.change_sha256 and len(state.change_sha256) == 64
     assert any(path.startswith("engine/offload/") for path in state.changed)
     refused = r"inputs are committed to release on 'stable'.*uncommitted path\(s\): engine/offload/"
     with pytest.raises(SigningError, match=refused):
         refuse_dirty(state, "stable", repo)
+
+
+def test_the_build_code_is_a_wheel_input_and_byte_code_is_not(repo):
+    (repo / "release" / "__pycache__").mkdir(parents=True)
+    (repo / "release" / "__pycache__" / "steps.cpython-311.pyc").write_bytes(b"\0")
+    assert not source_state(repo).dirty
+    (repo / "release" / "steps.py").write_text("changed = True\n")
+    assert source_state(repo).changed == ("release/steps.py",)
+
+
+def test_a_tree_changed_after_its_build_is_not_signed_as_its_source(repo, tmp_path):
+    record = tmp_path / "out" / "build.json"
+    source = repo / "engine" / "offload" / "engine.cpp"
+    source.write_text("built from this\n")
+    built = source_state(repo).record()  # as `build` recorded it
+    assert checked_built_from(built, repo, record) == source_state(repo)
+    source.write_text("engine/offload/engine.cpp\n")  # reverted: clean now, not what was built
+    with pytest.raises(
+        SigningError,
+        match=r"build\.json: source: expected the checkout to be the "
+        r"tree the wheels were built from \(commit [0-9a-f]{40} with 1 uncommitted"
+        r".*got commit [0-9a-f]{40}, no uncommitted change: it changed since",
+    ):
+        checked_built_from(built, repo, record)
+    with pytest.raises(
+        SigningError,
+        match=r"build\.json: source: expected the tree the wheels "
+        r"were built from; got none",
+    ):
+        checked_built_from(None, repo, record)
 
 
 def test_the_digest_is_of_the_change_itself(repo):
@@ -127,7 +179,10 @@ def test_stable_refuses_to_sign_a_dirty_tree_before_anything_is_written(repo, tm
                  "--pin"]) == 0  # fmt: skip
     (repo / "engine" / "offload" / "engine.cpp").write_text("changed\n")
     out = tmp_path / "out"
+    now = datetime.now(timezone.utc)
+    records.write(out, BuildRecord(started=now, finished=now, source_date_epoch=1, toolchain={},
+                                   wheels=(), source=source_state(repo).record()))  # fmt: skip
     context = Context(load_manifest(manifest), repo, out, tmp_path / "state", key_dir=keys)
     with pytest.raises(SigningError, match=r"uncommitted path\(s\): engine/offload/engine\.cpp"):
         step_sign(context, "stable")
-    assert not out.exists()
+    assert [p.name for p in out.iterdir()] == ["build.json"]

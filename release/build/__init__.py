@@ -3,5 +3,6 @@ its cache, the ELF checks after linking, the record of wheels built elsewhere, t
 build check and the C++ tests.
 
 May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.evidence``,
-``release.records`` and ``release.wheelset``. Never imports gates, trust or report.
+``release.records``, ``release.source_state`` and ``release.wheelset``. Never imports gates,
+trust or report.
 """

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from release.build.wheels import source_date_epoch
 from release.records import BuildRecord, BuiltWheelEntry
+from release.source_state import source_state
 from release.util.pins import pinned_version
 from release.wheelset import WheelSet
 
@@ -24,6 +25,8 @@ def record_build(wheels: WheelSet, source_dir: Path) -> BuildRecord:
         started=now,
         finished=now,
         source_date_epoch=source_date_epoch(source_dir),
+        # The checkout the job recording them runs in, at the commit the wheels were built from.
+        source=source_state(source_dir).record(),
         toolchain={"kind": "cibuildwheel", "cibuildwheel": cibuildwheel},
         wheels=tuple(
             BuiltWheelEntry(

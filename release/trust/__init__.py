@@ -5,6 +5,6 @@ replacing a file, and the consumer's verification; and ``steps``, the command li
 publish, verify and serve steps.
 
 May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.records``,
-``release.wheelset``, and for ``steps`` ``release.context`` and ``release.evidence``. Never
-imports build, gates or report.
+``release.wheelset``, ``release.source_state``, and for ``steps`` ``release.context`` and
+``release.evidence``. Never imports build, gates or report.
 """

@@ -272,7 +272,7 @@ def build_statement(
 
     ``source_uri`` defaults to ``git+file://<repository holding the manifest>``;
     ``source_annotations`` say how the tree differed from ``source_commit`` (uncommitted
-    changes: release/trust/source_state.py). ``digests``
+    changes: release/source_state.py). ``digests``
     (wheel file name to sha256) are the build's; without them each wheel is hashed here.
     ``gates`` are the gates the channel requires, ``attestations`` the signed gate attestations
     the release rests on (``release.trust.attestation.provenance_entry``), as byproducts.

@@ -25,6 +25,7 @@ from release.errors import PublishError, SigningError, VerifyError, WriteError
 from release.gates import registry
 from release.manifest import SIGNING_KEY_ATTESTER, ChannelSpec, Manifest
 from release.records import BuildRecord
+from release.source_state import checked_built_from, refuse_dirty, source_state
 from release.trust.attestation import (
     Attestation,
     GateKeys,
@@ -50,7 +51,6 @@ from release.trust.sign import (
     write_envelope,
     write_public_key,
 )
-from release.trust.source_state import refuse_dirty, source_state
 from release.trust.statement_store import envelope_path_for
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
@@ -129,11 +129,12 @@ def _sign(
     context: Context, channel: str, spec: ChannelSpec, signer: Any, public_key: Key
 ) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
     """Signs the provenance of the wheels, naming the attestations it rests on."""
-    source = source_state(context.source_dir)
+    build_record = records.read(context.out_dir, BuildRecord)
+    source = checked_built_from(build_record.source, context.source_dir,
+                        records.record_path(context.out_dir, BuildRecord))  # fmt: skip
     if operator_signed(context.manifest, spec):
         refuse_dirty(source, channel, context.source_dir)
     wheels, attestations = _attested(context, channel, spec, public_key)
-    build_record = records.read(context.out_dir, BuildRecord)
     statement = build_statement(
         wheels.paths,
         version=project_version(),
