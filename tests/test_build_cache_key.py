@@ -105,6 +105,22 @@ def test_a_root_licence_file_changes_the_source_digest(tmp_path: Path, name: str
     assert _source_digest(tmp_path) not in (before, added)
 
 
+def test_the_long_description_is_a_wheel_input_and_the_readme_is_not(tmp_path: Path) -> None:
+    readme = pyproject()["project"]["readme"]
+    assert readme["file"] in SOURCE_ROOTS and "README.md" not in SOURCE_ROOTS
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "a.cpp").write_text("int a;\n")
+    (tmp_path / readme["file"]).write_text("what it is\n")
+    (tmp_path / "README.md").write_text("lab notes\n")
+    before = _source_digest(tmp_path)
+    (tmp_path / "README.md").write_text("more lab notes\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("x\n")
+    assert _source_digest(tmp_path) == before
+    (tmp_path / readme["file"]).write_text("what it is, and how to install it\n")
+    assert _source_digest(tmp_path) != before
+
+
 # --- item 2: CUDA files and the full nvcc version ---
 
 

@@ -3,9 +3,10 @@
 A publisher builds the real wheel from a git repository of these sources, signs it and publishes
 it to the embedded index with TUF; a consumer, knowing only the index, the trusted root, the
 provenance key and where the source lives, rebuilds it cold from the commit the statement names.
-A wheel built from a tree with one byte of README.md changed says so, and has no commit to be
-rebuilt from; the negative control is a publisher that lies about that tree (it puts the byte back
-and edits its build record before signing): the rebuild must refuse its wheel, naming the member.
+A wheel built from a tree with one byte of DESCRIPTION.md (the long description) changed says so,
+and has no commit to be rebuilt from; the negative control is a publisher that lies about that
+tree (it puts the byte back and edits its build record before signing): the rebuild must refuse
+its wheel, naming the member.
 """
 
 from __future__ import annotations
@@ -81,12 +82,12 @@ def _publish_from(
     return out, state, wheel
 
 
-def _one_byte_changed(readme: Path) -> bytes:
-    """Changes one byte of README.md (the wheels' long description); its bytes before."""
-    text = readme.read_bytes()
-    at = text.index(b"ActiveKV")  # "ActiveKV" becomes "activeKV"
-    readme.write_bytes(text[:at] + b"a" + text[at + 1 :])
-    assert sum(a != b for a, b in zip(text, readme.read_bytes(), strict=True)) == 1
+def _one_byte_changed(description: Path) -> bytes:
+    """Changes one byte of DESCRIPTION.md (the wheels' long description); its bytes before."""
+    text = description.read_bytes()
+    at = text.index(b"KV-cache")  # "KV-cache" becomes "kV-cache"
+    description.write_bytes(text[:at] + b"k" + text[at + 1 :])
+    assert sum(a != b for a, b in zip(text, description.read_bytes(), strict=True)) == 1
     return text
 
 
@@ -137,7 +138,7 @@ def test_a_wheel_built_from_a_changed_tree_says_so_and_has_no_commit_to_rebuild(
 ):
     changed = tmp_path / "changed"
     _git("clone", "--quiet", source_repo, changed)
-    _one_byte_changed(changed / "README.md")
+    _one_byte_changed(changed / "DESCRIPTION.md")
     out, state, _ = _publish_from(changed, tmp_path / "publisher")
 
     done = _rebuild(out, state, source_repo, tmp_path / "consumer")
@@ -155,11 +156,11 @@ def test_a_wheel_whose_statement_lies_about_its_tree_is_refused_naming_the_membe
     record to say it was clean: signing believes the record, only the rebuild can tell."""
     changed = tmp_path / "changed"
     _git("clone", "--quiet", source_repo, changed)
-    readme = changed / "README.md"
-    committed = _one_byte_changed(readme)
+    description = changed / "DESCRIPTION.md"
+    committed = _one_byte_changed(description)
 
     def lie(out: Path) -> None:
-        readme.write_bytes(committed)
+        description.write_bytes(committed)
         record = json.loads((out / "build.json").read_text())
         record["source"] = {"commit": _git("-C", changed, "rev-parse", "HEAD"),
                             "uncommitted": [], "uncommitted_sha256": None}  # fmt: skip

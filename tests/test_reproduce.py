@@ -68,12 +68,37 @@ def test_snapshot_copies_tracked_and_untracked_but_not_ignored(tmp_path):
     assert not (copy / ".activekv").exists() and not (copy / "out").exists()
 
 
-def test_two_clean_builds_are_bit_identical(tmp_path):
+# What a wheel is made of: the sources (release/util/paths.py SOURCE_ROOTS: the native code, the
+# shim, pyproject, the long description DESCRIPTION.md, the licence files) and the toolchain.
+# Everything else a checkout holds must leave its bytes alone.
+NOT_WHEEL_INPUTS = ("README.md", "docs/architecture.md", "tests/conftest.py", "reference/engine.py",
+                    ".github/workflows/release.yml")  # fmt: skip
+
+
+def test_two_clean_builds_are_bit_identical(tmp_path, monkeypatch):
+    """The second copy also differs in every file that is not a wheel input: still the same
+    wheel (an edit to the README or docs/ voids no GPU attestation)."""
+    from release.build import reproduce
+
+    def snapshot_with_other_files_changed(source: Path, destination: Path) -> Path:
+        copy = snapshot(source, destination)
+        if "elsewhere" in destination.parts:  # the second copy
+            for name in NOT_WHEEL_INPUTS:
+                with (copy / name).open("a") as changed:
+                    changed.write("\n# changed in the second copy only\n")
+        return copy
+
+    monkeypatch.setattr(reproduce, "snapshot", snapshot_with_other_files_changed)
     evidence = run_reproduce_gate(
         MANIFEST, source_dir=REPO, out_dir=tmp_path, cache_dir=CACHE, only=[PYTHON]
     )
     assert evidence.verdict == "pass", evidence.reason
     assert len(evidence.artefacts) == 1
+    (wheel,) = (tmp_path / "reproduce" / "out-a" / "wheels").glob("activekv-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        long_description = archive.read(metadata).decode().split("\n\n", 1)[1]
+    assert long_description.strip() == (REPO / "DESCRIPTION.md").read_text().strip()
 
 
 def test_a_planted_path_leak_is_caught(tmp_path):

@@ -32,7 +32,13 @@ def _git(repo: Path, *args: str) -> None:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "checkout"
-    for name in ("engine/offload/engine.cpp", "tests/test_x.py", "README.md", "release/steps.py"):
+    for name in (
+        "engine/offload/engine.cpp",
+        "tests/test_x.py",
+        "DESCRIPTION.md",
+        "README.md",
+        "release/steps.py",
+    ):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"{name}\n")
     _git(root, "init", "-q")
@@ -51,6 +57,9 @@ def test_a_clean_checkout_names_its_commit_and_nothing_else(repo):
 def test_changes_outside_the_wheel_inputs_leave_the_tree_clean(repo):
     (repo / "tests" / "test_x.py").write_text("changed\n")
     (repo / "tests" / "new.py").write_text("new\n")
+    (repo / "README.md").write_text("lab notes\n")  # not the long description (DESCRIPTION.md)
+    (repo / "docs").mkdir()
+    (repo / "docs" / "engine.md").write_text("new\n")
     assert not source_state(repo).dirty
 
 
@@ -137,9 +146,9 @@ def test_the_digest_is_of_the_change_itself(repo):
     assert source_state(repo).change_sha256 != first
     source.write_text("engine/offload/engine.cpp\n")  # back to the commit's bytes
     assert not source_state(repo).dirty
-    (repo / "README.md").write_text("x\n")
+    (repo / "DESCRIPTION.md").write_text("x\n")
     readme = source_state(repo).change_sha256
-    (repo / "README.md").write_text("engine/offload/engine.cpp\n")
+    (repo / "DESCRIPTION.md").write_text("DESCRIPTION.md\n")
     (repo / "engine" / "new.txt").write_text("x\n")  # untracked: its contents count
     untracked = source_state(repo).change_sha256
     (repo / "engine" / "new.txt").write_text("y\n")

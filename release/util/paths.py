@@ -15,7 +15,7 @@ LICENSE_FILES = ("LICENSE", "NOTICE", "LICENSES/*.txt")
 SOURCE_ROOTS = (
     "CMakeLists.txt",
     "pyproject.toml",
-    "README.md",
+    "DESCRIPTION.md",  # the long description (pyproject readme)
     "engine",
     "bindings",
     "shims",
