@@ -1,10 +1,11 @@
 """The records the steps leave under ``<out>/``: one typed definition each, read and written only
 through this module by every step, the report and the summary.
 
-``build.json`` (the wheels and how they were made), ``sign.json``, ``publish.json`` and
-``verify.json``; gate evidence has its own module (``release.evidence``). A record that does not
-match its definition is refused with the file, the key and what was expected. Benchmark records
-(``bench.json``, ``gpu-staging.json``) are measurements shown as they are: plain JSON objects.
+``build.json`` (the wheels and the sdist, and how they were made), ``sign.json``,
+``publish.json`` and ``verify.json``; gate evidence has its own module (``release.evidence``). A
+record that does not match its definition is refused with the file, the key and what was
+expected. Benchmark records (``bench.json``, ``gpu-staging.json``) are measurements shown as they
+are: plain JSON objects.
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ class Record(BaseModel):
 Sha256 = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
 # A wheel's own file name, never a path: the wheels folder joined with it stays in that folder.
 WheelFileName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.+!-]+\.whl$")]
+# The sdist's own file name (PEP 625: <name>-<version>.tar.gz), never a path.
+SdistFileName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.+!-]+\.tar\.gz$")]
 PythonVersion = Annotated[StrictStr, Field(pattern=r"^3\.[0-9]+$")]
+# Where a build leaves its sdist, under <out>/ (beside wheels/).
+SDIST_FOLDER = "sdist"
 
 
 class BuiltWheelEntry(BaseModel):
@@ -66,6 +71,16 @@ class SkippedEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     python: PythonVersion
     reason: str
+
+
+class SdistEntry(BaseModel):
+    """The build's source distribution, `<out>/sdist/<file>` (SDIST_FOLDER)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: SdistFileName
+    seconds: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
+    size: Annotated[StrictInt, Field(ge=0)]
+    sha256: Sha256
 
 
 class BuiltFrom(BaseModel):
@@ -88,6 +103,8 @@ class BuildRecord(Record):
     wheels: tuple[BuiltWheelEntry, ...]
     skipped: tuple[SkippedEntry, ...] = ()
     source: BuiltFrom | None = None  # None: a record from before sources were recorded
+    # None: wheels recorded without one (record-build), or a record from before the sdist.
+    sdist: SdistEntry | None = None
 
 
 class SignRecord(Record):
@@ -98,7 +115,7 @@ class SignRecord(Record):
     envelope_sha256: str
     keyid: str
     public_key: str
-    subjects: dict[str, str]  # wheel file name -> sha256
+    subjects: dict[str, str]  # file name -> sha256: every wheel, and the sdist when built
     attestations: dict[str, str] = {}  # gate -> the signed attestation the provenance names
     # The commit the statement names, and the uncommitted changes to wheel inputs it records
     # (dev only: stable refuses them; release/source_state.py).

@@ -22,12 +22,12 @@ from release.gates.contract import GateInputs, GateOptions
 from release.gates.gpu_runner import detect_gpu
 from release.gates.registry import run_gate
 from release.manifest import ChannelSpec
-from release.records import BuildRecord, BuiltWheelEntry, SkippedEntry
+from release.records import BuildRecord, BuiltWheelEntry, SdistEntry, SkippedEntry
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 from release.util.progress import VERDICT_STYLE, console
 from release.util.set_aside import SetAside
-from release.wheelset import Wheel, WheelSet
+from release.wheelset import Sdist, Wheel, WheelSet
 
 
 def judge(context: Context, name: str, inputs: GateInputs) -> Evidence:
@@ -57,25 +57,35 @@ def print_verdict(evidence: Evidence) -> int:
 def build(
     context: Context, only: list[str], toolchain_kind: str | None = None, *, fresh: bool = False
 ) -> WheelSet:
-    """Builds the wheels and writes the build record; each wheel is hashed here, once. `fresh`:
-    new build trees under <out>/fresh-build, no ccache, no wheel cache."""
-    from release.build.wheels import build_wheels
+    """Builds the sdist and the wheels and writes the build record; each file is hashed here,
+    once. The sdist is built first (a second, without a compiler) with the wheels'
+    SOURCE_DATE_EPOCH, and replaces `<out>/sdist/` only once the wheels stand too. `fresh`: new
+    build trees under <out>/fresh-build, no ccache, no wheel cache (the sdist has none)."""
+    from release.build.sdist import StagedSdist
+    from release.build.wheels import build_wheels, source_date_epoch
     from release.source_state import source_state
 
     started = datetime.now(timezone.utc)
     source = source_state(context.source_dir)  # what the provenance will name
+    epoch = source_date_epoch(context.source_dir)
     fresh_root = context.out_dir / "fresh-build" if fresh else None
     if fresh_root is not None:
         shutil.rmtree(fresh_root, ignore_errors=True)
-    report = build_wheels(
-        context.manifest,
-        source_dir=context.source_dir,
-        out_dir=context.out_dir,
-        cache_dir=context.cache_dir,
-        only=only,
-        toolchain_kind=toolchain_kind,
-        fresh_build_root=fresh_root,
-    )
+    with StagedSdist(context.source_dir, context.out_dir, epoch) as staged:
+        report = build_wheels(
+            context.manifest,
+            source_dir=context.source_dir,
+            out_dir=context.out_dir,
+            cache_dir=context.cache_dir,
+            only=only,
+            toolchain_kind=toolchain_kind,
+            fresh_build_root=fresh_root,
+            epoch=epoch,
+        )
+    built_sdist = staged.built
+    sdist = Sdist(built_sdist.path, sha256_file(built_sdist.path), built_sdist.size, epoch)
+    console.print(f"  {sdist.name}: built in {built_sdist.seconds:.0f} s, "
+                  f"{sdist.size / 1e6:.2f} MB")  # fmt: skip
     after = source_state(context.source_dir)
     if after != source:
         raise BuildError(f"{context.source_dir}: expected the tree to stay as it was while the "
@@ -83,7 +93,7 @@ def build(
                          "build again")  # fmt: skip
     wheels = WheelSet(tuple(
         Wheel(w.path, sha256_file(w.path), w.python, w.serves, w.size) for w in report.wheels
-    ))  # fmt: skip
+    ), sdist)  # fmt: skip
     records.write(context.out_dir, BuildRecord(
         started=started, finished=datetime.now(timezone.utc), source=source.record(),
         source_date_epoch=report.source_date_epoch, toolchain=report.toolchain,
@@ -94,6 +104,8 @@ def build(
             for built, w in zip(report.wheels, wheels, strict=True)
         ),
         skipped=tuple(SkippedEntry(python=s.python, reason=s.reason) for s in report.skipped),
+        sdist=SdistEntry(file=sdist.name, seconds=round(built_sdist.seconds, 1), size=sdist.size,
+                         sha256=sdist.sha256),
     ))  # fmt: skip
     return wheels
 

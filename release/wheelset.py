@@ -1,22 +1,29 @@
-"""The wheels of one release as a typed value, built once and passed through every step.
+"""The wheels of one release as a typed value, built once and passed through every step, with
+the sdist the same build made beside them.
 
 A ``Wheel`` knows its file, its sha256, the Python version it was built for and the declared
 versions it installs on. Digests are computed where a wheel comes into being (the build, or
 ``WheelSet.from_files`` for wheels built elsewhere or named on the command line); the wheels of a
 build record are hashed again when they are read, and must match it.
+
+The sdist rides along (``WheelSet.sdist``) but is no wheel: iterating a set, and its ``digests``
+(what a gate's evidence names), are the wheels alone, so a gate that judges wheels never sees it.
+The payload gate judges it too and names it in its figures (``SDIST_FIGURE``); the statement names
+it as a subject and the index serves it (``release_digests``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from release.errors import BuildError, GateError
+from release.records import SDIST_FOLDER
 from release.util.digests import sha256_file
 
 if TYPE_CHECKING:
@@ -71,9 +78,61 @@ class Wheel:
         return any(tag.abi == "abi3" for tag in parse_wheel_filename(self.name)[3])
 
 
+# The key of the payload gate's figures that names the sdist it judged: {"file", "sha256", …}.
+SDIST_FIGURE = "sdist"
+
+
+@dataclass(frozen=True)
+class Sdist:
+    """The source distribution of a build: its file and sha256, and the SOURCE_DATE_EPOCH its
+    members carry (the build record's; None where it is not known)."""
+
+    path: Path
+    sha256: str
+    size: int
+    epoch: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """File name to sha256, as the statement and the index name it."""
+        return {self.name: self.sha256}
+
+    @classmethod
+    def of_build(cls, record: BuildRecord, sdist_dir: Path, *, check: bool = True) -> Sdist | None:
+        """The sdist the build record names, as it lies in `sdist_dir`, hashed again; None when
+        the record names none. `check`: GateError when its bytes are not the record's (what is
+        judged is the file, never only what the record says); else the bytes as they are now
+        (sign and publish compare them with what the payload gate judged)."""
+        if record.sdist is None:
+            return None
+        path = sdist_dir / record.sdist.file  # a bare file name (records.SdistFileName)
+        got = sha256_file(path) if path.is_file() else None
+        if got is None or (check and got != record.sdist.sha256):
+            raise GateError(
+                f"{path}: expected the sdist of the build record (sha256 {record.sdist.sha256}); "
+                + (f"got sha256 {got}" if got else "got no such file")
+                + "; run `python -m release build` again"
+            )
+        return cls(path.resolve(), got, path.stat().st_size, record.source_date_epoch)
+
+
+def judged_sdist(figures: Mapping[str, Any]) -> dict[str, str]:
+    """The sdist a gate's figures say it judged (file name to sha256; empty when none)."""
+    found = figures.get(SDIST_FIGURE)
+    if not isinstance(found, dict):
+        return {}
+    name, digest = found.get("file"), found.get("sha256")
+    return {name: digest} if isinstance(name, str) and isinstance(digest, str) else {}
+
+
 @dataclass(frozen=True)
 class WheelSet:
     wheels: tuple[Wheel, ...]
+    sdist: Sdist | None = None  # the build's, judged by the payload gate; never iterated
 
     def __iter__(self) -> Iterator[Wheel]:
         return iter(self.wheels)
@@ -87,8 +146,14 @@ class WheelSet:
 
     @property
     def digests(self) -> dict[str, str]:
-        """Wheel file name to sha256: what evidence and statements name."""
+        """Wheel file name to sha256: what gate evidence names (the wheels alone)."""
         return {wheel.name: wheel.sha256 for wheel in self.wheels}
+
+    @property
+    def release_digests(self) -> dict[str, str]:
+        """Every file of the release, the wheels and the sdist, to its sha256: what the signed
+        statement names and the index serves."""
+        return {**self.digests, **(self.sdist.digests if self.sdist else {})}
 
     def serving(self, python: str) -> Wheel | None:
         """The wheel that installs on Python `python` (its own wheel before the abi3 one)."""
@@ -126,9 +191,12 @@ class WheelSet:
         return cls(tuple(wheels))
 
     @classmethod
-    def from_build(cls, record: BuildRecord, wheels_dir: Path) -> WheelSet:
+    def from_build(
+        cls, record: BuildRecord, wheels_dir: Path, sdist_dir: Path | None = None
+    ) -> WheelSet:
         """The wheels a build record names, as they lie in `wheels_dir`, hashed again: what a
-        gate judges and names in its evidence is the file, never only what the record says."""
+        gate judges and names in its evidence is the file, never only what the record says; and
+        its sdist, likewise, from `sdist_dir` (by default `sdist/` beside `wheels_dir`)."""
         wheels = []
         for entry in record.wheels:
             path = wheels_dir / entry.file  # a bare file name (records.WheelFileName)
@@ -141,4 +209,5 @@ class WheelSet:
                 )
             wheels.append(Wheel(path.resolve(), entry.sha256, entry.python, entry.serves,
                                 entry.size))  # fmt: skip
-        return cls(tuple(wheels))
+        sdist = Sdist.of_build(record, sdist_dir or wheels_dir.parent / SDIST_FOLDER)
+        return cls(tuple(wheels), sdist)

@@ -10,13 +10,17 @@ included) always fail. The SBOM the manifest requires (`payload.sbom`) must be t
 truth about the wheel's modules (release/gates/sbom.py). The project's licence and the notice of
 every library a module links statically must be there, named by METADATA
 (release/gates/licenses.py).
+
+The build's sdist, when the wheels come with one, is judged in the same run: it must hold
+exactly the files it should (release/gates/payload_sdist.py). The evidence names it, with its
+sha256, in its figures (``sdist``): its artefacts stay the wheels, which every other gate judges
+too; signing and publishing take an sdist only where this gate's passing attestation names it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,11 +35,14 @@ from release.evidence import Evidence, write_evidence
 from release.gates.citations import verify_shim
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.licenses import dist_info, licence_problems
+from release.gates.payload_names import member_name_problem, path_spellings
+from release.gates.payload_sdist import sdist_failures, sdist_figure
 from release.gates.sbom import sbom_problems
 from release.manifest import Manifest, Shim
 from release.util.digests import sha256_file
 from release.util.framework_cache import framework_wheel
-from release.wheelset import WheelSet
+from release.util.pins import project_version
+from release.wheelset import SDIST_FIGURE, WheelSet
 
 _EXTENSION = re.compile(r"\.(cpython-\d+[a-z]*-[\w-]+|abi3)\.so$")
 
@@ -136,7 +143,7 @@ def list_wheel(
     listing: list[PayloadFile] = []
     with zipfile.ZipFile(wheel) as archive:
         names = [info.filename for info in archive.infolist()]
-        counts, spellings = Counter(names), _spellings(names)
+        counts, spellings = Counter(names), path_spellings(names)
         licences = licence_problems(archive, wheel.name, sbom)
         for info in archive.infolist():
             kind = "directory" if info.is_dir() else classify(info.filename)
@@ -197,72 +204,6 @@ def _content_problem(
     return "shim", _shim_problem(shim, archive.read(info), frameworks)
 
 
-# Path parts an installer drops or resolves, so the member lands elsewhere than its name says.
-_ODD_PARTS = {"": "an empty", ".": "a '.'", "..": "a '..'"}
-
-
-# Characters a name may not hold: control and format characters (zero-width joiners and bidi
-# overrides, which some filesystems ignore when they compare names and which make a name read
-# as another), line and paragraph separators, private-use, surrogate and unassigned ones.
-_UNPRINTABLE = {"Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"}
-
-
-def _filesystem_key(path: str) -> str:
-    """What a case-insensitive or Unicode-normalising filesystem makes of a path."""
-    return unicodedata.normalize("NFC", path).casefold()
-
-
-def _folders_and_self(name: str) -> list[str]:
-    """Every folder above `name` ("a/", "a/b/"), then `name` itself, shortest first."""
-    parts = name.split("/")
-    folders = ["/".join(parts[:end]) + "/" for end in range(1, len(parts))]
-    return folders if name.endswith("/") else [*folders, name]
-
-
-def _spellings(names: list[str]) -> dict[str, set[str]]:
-    """Every path the members' names make (folders ending in '/'), by what a case-insensitive
-    or normalising filesystem makes of it without that '/'."""
-    spellings: dict[str, set[str]] = {}
-    for name in names:
-        for path in _folders_and_self(name):
-            spellings.setdefault(_filesystem_key(path.removesuffix("/")), set()).add(path)
-    return spellings
-
-
-def member_name_problem(
-    name: str, count: int = 1, spellings: dict[str, set[str]] | None = None
-) -> str:
-    """Why an installer could put the member `name` somewhere other than where the gate judged
-    it (`count`: how many members of the archive carry that name; `spellings`: every path of the
-    archive by what a case-insensitive or normalising filesystem makes of it); empty when
-    nothing."""
-    if count > 1:
-        return f"the wheel holds {count} members of this name; expected one (installers keep one)"
-    for path in _folders_and_self(name):
-        same = (spellings or {}).get(_filesystem_key(path.removesuffix("/")), set())
-        if len({spelled.endswith("/") for spelled in same}) > 1:
-            return f"{path.removesuffix('/')!r} is a file and a folder in the wheel; expected one"
-        if len(ways := {spelled.removesuffix("/") for spelled in same}) > 1:
-            return (
-                f"{path.removesuffix('/')!r} is spelled {len(ways)} ways in the wheel "
-                f"({sorted(ways)}), which differ only in case or Unicode normalisation; expected "
-                "one spelling (a case-insensitive or normalising filesystem keeps one)"
-            )
-    if odd := [char for char in name if unicodedata.category(char) in _UNPRINTABLE]:
-        return (
-            f"the name holds an invisible or control character (U+{ord(odd[0]):04X}); expected "
-            "printable characters only"
-        )
-    if "\\" in name:
-        return "the name holds a backslash; expected '/' between the parts of a path"
-    if name.startswith("/"):
-        return "the name is absolute; expected a path relative to the wheel's root"
-    parts = name.removesuffix("/").split("/")  # a folder's entry ends in one '/'
-    if odd := [_ODD_PARTS[part] for part in parts if part in _ODD_PARTS]:
-        return f"the name has {odd[0]} part; expected a path of plain parts (no empty, . or ..)"
-    return ""
-
-
 def _sbom_problem(archive: zipfile.ZipFile, member: str, sbom: str, wheel_name: str) -> str:
     """The manifest's SBOM judged against the wheel; any other SBOM is refused unread."""
     if member == sbom:
@@ -287,8 +228,11 @@ def run_payload_gate(
     *,
     framework_cache: Path | None = None,
     pip_args: Sequence[str] = (),
+    source_dir: Path | None = None,
 ) -> Evidence:
-    """Lists every wheel, writes the payload evidence, and returns it (verdict pass or fail).
+    """Lists every wheel, and the sdist of `wheels` if they carry one (against the checkout
+    `source_dir` it was built from), writes the payload evidence, and returns it (verdict pass
+    or fail).
 
     Shim citations are checked against framework wheels kept under `framework_cache`, fetched
     with `pip download --no-deps` (plus `pip_args`) when missing."""
@@ -296,16 +240,21 @@ def run_payload_gate(
     if framework_cache is not None:
         frameworks = partial(framework_wheel, cache_dir=framework_cache, pip_args=pip_args)
     listing = [entry for wheel in wheels for entry in list_wheel(wheel.path, manifest, frameworks)]
-    failures = [entry for entry in listing if entry.problem]
+    failures = [f"{e.wheel}: {e.path}: {e.problem}" for e in listing if e.problem]
+    figures: dict[str, object] = {"files": [entry.__dict__ for entry in listing]}
+    if wheels.sdist is not None:
+        if source_dir is None:
+            raise GateError(f"{wheels.sdist.path}: expected the checkout the sdist was built "
+                            "from (source_dir), to list the files it must hold")  # fmt: skip
+        figures[SDIST_FIGURE] = sdist_figure(wheels.sdist, source_dir, manifest.release.name,
+                                             project_version())  # fmt: skip
+        failures += sdist_failures(figures)
     evidence = Evidence(
         gate="payload",
         verdict="fail" if failures else "pass",
         artefacts=wheels.digests,
-        figures={
-            "files": [entry.__dict__ for entry in listing],
-            "failures": [f"{e.wheel}: {e.path}: {e.problem}" for e in failures],
-        },
-        reason="; ".join(f"{e.wheel}: {e.path}: {e.problem}" for e in failures),
+        figures={**figures, "failures": failures},
+        reason="; ".join(failures),
     )
     write_evidence(out_dir, evidence)
     return evidence
@@ -319,8 +268,9 @@ class PayloadGate:
 
     def run(self, inputs: GateInputs) -> Evidence:
         return run_payload_gate(
-            inputs.manifest, inputs.wheels, inputs.out_dir, framework_cache=inputs.cache_dir
-        )
+            inputs.manifest, inputs.wheels, inputs.out_dir, framework_cache=inputs.cache_dir,
+            source_dir=inputs.source_dir,
+        )  # fmt: skip
 
 
 GATE = PayloadGate()
