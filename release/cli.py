@@ -47,53 +47,101 @@ def _count(high: int) -> Callable[[str], int]:
     return parse
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the project's version, read from pyproject.toml only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        try:
+            version = project_version()
+        except ReleaseError as error:
+            parser.exit(2, f"error: {error}\n")
+        parser.exit(0, f"{parser.prog} {version}\n")
+
+
+def _option_parser(*flag: str, **options: object) -> argparse.ArgumentParser:
+    """A parent parser of one global option (a subcommand takes those of the ones it reads)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(*flag, **options)  # type: ignore[arg-type]
+    return parent
+
+
+DEFAULT_OUT = REPO_ROOT / "out"
+_MANIFEST = _option_parser(
+    "--manifest", type=Path, default=DEFAULT_MANIFEST,
+    help="the release manifest (default: manifests/activekv.toml)",
+)  # fmt: skip
+_OUT = _option_parser(
+    "--out", type=Path, default=DEFAULT_OUT,
+    help="output directory: wheels, evidence, statement, report (default: out)",
+)  # fmt: skip
+_STATE_DIR = _option_parser(
+    "--state-dir", type=Path, default=None,
+    help="keys, index data and caches (default: the manifest's publish.state_dir)",
+)  # fmt: skip
+_CHANNEL = _option_parser(
+    "--channel", default=None,
+    help="release channel (default: the manifest's default_channel); gate runs sign their "
+    "attestations with its signing key",
+)  # fmt: skip
+_KEY_DIR = _option_parser(
+    "--key-dir", type=Path, default=None, metavar="DIR",
+    help="the stable channel's keys, as `keygen --channel stable DIR` made them (instead of the "
+    "manifest's key references)",
+)  # fmt: skip
+_ATTEST_KEY = _option_parser(
+    "--attest-key", type=Path, default=None, metavar="PEM",
+    help="a runner's private key (`keygen --runner`) to sign gate attestations with, instead of "
+    "the channel's signing key",
+)  # fmt: skip
+# What each kind of step reads of the Context (release/context.py), so the options it takes.
+# The gates and build (its policy gate) sign attestations (release.steps.judge: the channel's
+# key, --key-dir or --attest-key) and keep caches under the state directory.
+_ALL = [_MANIFEST, _OUT, _STATE_DIR, _CHANNEL, _KEY_DIR, _ATTEST_KEY]
+_TRUST = [_MANIFEST, _OUT, _STATE_DIR, _CHANNEL, _KEY_DIR]  # sign, publish, verify
+_PARENTS: dict[str, list[argparse.ArgumentParser]] = {
+    "check-manifest": [_MANIFEST], "ci": [_MANIFEST],
+    "cpp-tests": [_MANIFEST, _STATE_DIR],  # its build trees and ccache: <state>/cache
+    "build": _ALL, "record-build": [_MANIFEST, _OUT], "bench": [_MANIFEST, _OUT],
+    "gpu-staging": [_MANIFEST, _OUT, _STATE_DIR],  # builds its benchmark under <state>/cache
+    **{gate: _ALL for gate in [*GATE_COMMANDS, "gpu-gates"]},
+    "report": [_MANIFEST, _OUT, _CHANNEL],
+    "sign": _TRUST, "publish": _TRUST, "verify": _TRUST, "run": _ALL,
+    "serve": [_MANIFEST, _STATE_DIR],
+    # The manifest's [publish.limits] bound its reads; the rebuild's cache is <state>/cache.
+    "rebuild": [_MANIFEST, _OUT, _STATE_DIR],
+    "keygen": [_MANIFEST, _CHANNEL],  # --pin writes beside the manifest
+}  # fmt: skip
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535; got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m release", description=__doc__)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--manifest",
-        type=Path,
-        default=DEFAULT_MANIFEST,
-        help="the release manifest (default: manifests/activekv.toml)",
-    )
-    common.add_argument(
-        "--out",
-        type=Path,
-        default=REPO_ROOT / "out",
-        help="output directory: wheels, evidence, statement, report (default: out)",
-    )
-    common.add_argument(
-        "--state-dir",
-        type=Path,
-        default=None,
-        help="keys, index data and caches (default: the manifest's publish.state_dir)",
-    )
-    common.add_argument(
-        "--channel",
-        default=None,
-        help="release channel (default: the manifest's default_channel); gate runs sign their "
-        "attestations with its signing key",
-    )
-    common.add_argument(
-        "--key-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="the stable channel's keys, as `keygen --channel stable DIR` made them (instead of "
-        "the manifest's key references)",
-    )
-    common.add_argument(
-        "--attest-key",
-        type=Path,
-        default=None,
-        metavar="PEM",
-        help="a runner's private key (`keygen --runner`) to sign gate attestations with, "
-        "instead of the channel's signing key",
-    )
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="STEP")
 
-    sub.add_parser("check-manifest", parents=[common], help="validate the manifest")
-    build = sub.add_parser("build", parents=[common], help="build the wheels")
+    sub.add_parser(
+        "check-manifest", parents=_PARENTS["check-manifest"], help="validate the manifest"
+    )
+    build = sub.add_parser("build", parents=_PARENTS["build"], help="build the wheels")
     build.add_argument(
         "--python",
         action="append",
@@ -113,11 +161,13 @@ def _parser() -> argparse.ArgumentParser:
         help="compile everything again in new build trees under <out>/fresh-build, with neither "
         "ccache nor the wheel cache (as the reproducible gate and `rebuild` do)",
     )
-    cpp = sub.add_parser("cpp-tests", parents=[common], help="build and run the C++ tests (ctest)")
+    cpp = sub.add_parser(
+        "cpp-tests", parents=_PARENTS["cpp-tests"], help="build and run the C++ tests (ctest)"
+    )
     cpp.add_argument("--sanitizer", default=None, help="asan-ubsan or tsan")
     parity = sub.add_parser(
         "parity",
-        parents=[common],
+        parents=_PARENTS["parity"],
         help="replay the manifest's parity cells: reference against engine",
     )
     _wheels_option(parity)
@@ -137,14 +187,16 @@ def _parser() -> argparse.ArgumentParser:
         help="run only this cell (repeatable)",
     )
     bench = sub.add_parser(
-        "bench", parents=[common], help="engine against reference: bookkeeping per layer-step"
+        "bench",
+        parents=_PARENTS["bench"],
+        help="engine against reference: bookkeeping per layer-step",
     )
     _wheel_option(bench)
     bench.add_argument("--blocks", type=_count(1 << 20), default=256,
                        help="blocks per step (default 256)")  # fmt: skip
     reproduce = sub.add_parser(
         "reproduce",
-        parents=[common],
+        parents=_PARENTS["reproduce"],
         help="build twice from two source copies; wheels must be identical",
     )
     reproduce.add_argument(
@@ -155,7 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         help="only this declared version (repeatable)",
     )
     ci = sub.add_parser(
-        "ci", parents=[common], help="write the GitHub Actions workflow from the manifest's [ci]"
+        "ci",
+        parents=_PARENTS["ci"],
+        help="write the GitHub Actions workflow from the manifest's [ci]",
     )
     ci.add_argument(
         "--check",
@@ -164,12 +218,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser(
         "report",
-        parents=[common],
+        parents=_PARENTS["report"],
         help="write <out>/report.md and report.html from the records under <out>",
     )
     gpu_gates = sub.add_parser(
         "gpu-gates",
-        parents=[common],
+        parents=_PARENTS["gpu-gates"],
         help="the GPU gates (warm-up under CUPTI, GPU parity) on every wheel, each in an "
         'interpreter of its version ("not run: no GPU runner" without a GPU)',
     )
@@ -177,17 +231,17 @@ def _parser() -> argparse.ArgumentParser:
     _interpreters_option(gpu_gates)
     sub.add_parser(
         "record-build",
-        parents=[common],
+        parents=_PARENTS["record-build"],
         help="write <out>/build.json for wheels built elsewhere (cibuildwheel in CI)",
     )
     gpu_staging = sub.add_parser(
         "gpu-staging",
-        parents=[common],
+        parents=_PARENTS["gpu-staging"],
         help="CUDA route staging benchmark with its baselines, on this machine's GPU",
     )
     _wheel_option(gpu_staging, "the wheel built from these sources, named in the record")
     for gate in ("payload", "policy"):
-        step = sub.add_parser(gate, parents=[common], help=f"run the {gate} gate")
+        step = sub.add_parser(gate, parents=_PARENTS[gate], help=f"run the {gate} gate")
         step.add_argument(
             "wheels",
             nargs="*",
@@ -198,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
         ("audit", "the payload gate: classify every file, verify every shim citation"),
         ("casters", "import each native module; no raw C++ type in any signature"),
     ):
-        step = sub.add_parser(gate, parents=[common], help=text)
+        step = sub.add_parser(gate, parents=_PARENTS[gate], help=text)
         step.add_argument(
             "wheels",
             nargs="*",
@@ -207,7 +261,7 @@ def _parser() -> argparse.ArgumentParser:
         )
     served = sub.add_parser(
         "served-path",
-        parents=[common],
+        parents=_PARENTS["served-path"],
         help="drive the vLLM connector through vLLM's hooks; count first-party Python frames",
     )
     served.add_argument(
@@ -233,9 +287,11 @@ def _parser() -> argparse.ArgumentParser:
         ("serve", "serve the embedded index in the foreground"),
         ("rebuild", "rebuild a published wheel from its recorded commit; must be bit-identical"),
     ):
-        sub.add_parser(name, parents=[common], help=text)
+        sub.add_parser(name, parents=_PARENTS[name], help=text)
     keygen = sub.add_parser(
-        "keygen", parents=[common], help="make an operator's stable keys, or a runner's key"
+        "keygen",
+        parents=_PARENTS["keygen"],
+        help="make an operator's stable keys, or a runner's key",
     )
     keygen.add_argument(
         "--runner", default=None, help="a runner's attestation key of this name (else --channel)"
@@ -246,6 +302,11 @@ def _parser() -> argparse.ArgumentParser:
         "([release.channels.<name>.pinned]); commit that change",
     )  # fmt: skip
     keygen.add_argument("directory", type=Path, metavar="DIR", help="where to write the keys")
+    sub.choices["serve"].add_argument(
+        "--port", type=_port, default=0,
+        help="serve on this port of 127.0.0.1, the same URL each time (default 0: any free port, "
+        "another each time)",
+    )  # fmt: skip
     _add_consumer_verify_arguments(sub.choices["verify"])
     _add_rebuild_arguments(sub.choices["rebuild"])
     for name in ("publish", "run"):
@@ -452,7 +513,7 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
         if command == "verify" and args.requirement is not None:
             raise VerifyError(f"verify {args.requirement}: a requirement needs --index URL")
         if command == "serve":
-            return trust.step_serve(context)
+            return trust.step_serve(context, port=args.port)
         by_channel = {"sign": trust.step_sign, "publish": trust.step_publish,
                       "verify": trust.step_verify}  # fmt: skip
         return by_channel[command](context, args.channel)
@@ -504,6 +565,27 @@ def _checked_state_dir(state_dir: Path, out_dir: Path, named: str) -> Path:
     return state
 
 
+def _context(args: argparse.Namespace) -> Context:
+    """The Context of the options the command takes; an option it does not take has its default
+    (a step that reads no state directory gets the manifest's, checked to stay in the checkout,
+    which is part of the manifest being valid, but not against the outputs: it is not used)."""
+    manifest = _with_publish_target(load_manifest(args.manifest), args)
+    out_dir = getattr(args, "out", DEFAULT_OUT).resolve()
+    given = vars(args)
+    if "state_dir" not in given:
+        state_dir = _manifest_state_dir(manifest)
+    elif args.state_dir is not None:
+        state_dir = _checked_state_dir(args.state_dir, out_dir, "--state-dir")
+    else:
+        state_dir = _checked_state_dir(_manifest_state_dir(manifest), out_dir,
+                                       f"{manifest.path}: publish.state_dir")  # fmt: skip
+    key_dir, attest_key = given.get("key_dir"), given.get("attest_key")
+    return Context(
+        manifest, REPO_ROOT, out_dir, state_dir, channel_name=given.get("channel"),
+        key_dir=key_dir and key_dir.resolve(), attest_key=attest_key and attest_key.resolve(),
+    )  # fmt: skip
+
+
 def _failed(message: str) -> int:
     # Printed as it is: a bracketed word ("[gates.*]") is text, not markup.
     error_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
@@ -513,19 +595,7 @@ def _failed(message: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        manifest = _with_publish_target(load_manifest(args.manifest), args)
-        out_dir = args.out.resolve()
-        if args.state_dir is not None:
-            state_dir = _checked_state_dir(args.state_dir, out_dir, "--state-dir")
-        else:
-            state_dir = _checked_state_dir(_manifest_state_dir(manifest), out_dir,
-                                           f"{manifest.path}: publish.state_dir")  # fmt: skip
-        context = Context(
-            manifest, REPO_ROOT, out_dir, state_dir,
-            channel_name=args.channel, key_dir=args.key_dir and args.key_dir.resolve(),
-            attest_key=args.attest_key and args.attest_key.resolve(),
-        )  # fmt: skip
-        return _dispatch(args, context)
+        return _dispatch(args, _context(args))
     except ReleaseError as error:
         return _failed(str(error))
     except OSError as error:  # a file or folder the step could not make, read or replace

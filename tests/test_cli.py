@@ -101,7 +101,7 @@ def test_a_state_dir_that_leads_out_of_the_checkout_is_refused(tmp_path, capsys,
     outside.mkdir()
     (checkout / ".activekv").symlink_to(outside)
     monkeypatch.setattr(cli, "REPO_ROOT", checkout)
-    assert main(["check-manifest", "--out", str(tmp_path / "out")]) == 2
+    assert main(["check-manifest"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "publish.state_dir: expected a folder inside the checkout" in err
     assert str(outside) in err and not any(outside.iterdir())
@@ -180,7 +180,7 @@ def test_a_bad_argument_is_named_and_nothing_is_made(tmp_path, capsys, monkeypat
 def test_an_output_folder_that_is_a_file_is_named_not_raised(tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.write_text("a file where the report's folder would be")
-    assert main(["report", "--out", str(taken), "--state-dir", str(tmp_path / "s")]) == 2
+    assert main(["report", "--out", str(taken)]) == 2
     assert f"error: {taken}: " in capsys.readouterr().err
     assert taken.read_text() == "a file where the report's folder would be"
 

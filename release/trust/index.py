@@ -28,6 +28,7 @@ from email.message import Message
 from pathlib import Path
 from types import TracebackType
 
+from packaging.utils import canonicalize_name
 from pypi_simple import ProjectPage, RepositoryPage, UnsupportedRepoVersionError
 
 from release.errors import PackageIndexError
@@ -49,9 +50,14 @@ class EmbeddedIndex:
     ``index/credentials.json`` (mode 0600, a generated password); later uses reuse them.
     """
 
-    def __init__(self, state_dir: Path, username: str, *, startup_timeout: float = 30.0) -> None:
+    def __init__(
+        self, state_dir: Path, username: str, *, startup_timeout: float = 30.0, port: int = 0
+    ) -> None:
+        if not 0 <= port <= _MAX_PORT:
+            raise PackageIndexError(f"port: expected 0 (any free port) to {_MAX_PORT}; got {port}")
         self._dir = state_dir / "index"
         self._username = username
+        self._port = port  # 0: a free port, another each time it is served
         self._password: str | None = None
         self._server = ServerProcess("pypiserver", self.log_path, startup_timeout=startup_timeout)
 
@@ -172,9 +178,18 @@ class EmbeddedIndex:
         """The TUF repository: ``metadata/`` and ``targets/provenance/`` below it."""
         return f"{self.url}/tuf/"
 
+    @property
+    def fixed_port(self) -> bool:
+        """Whether it serves on the port it was given, so at the same URL each time."""
+        return self._port != 0
+
     def __enter__(self) -> EmbeddedIndex:
         self._password = self._ensure_state()
-        self._server.start(self._command, lambda port: f"http://{HOST}:{port}/simple/")
+        if self._port == 0:
+            self._server.start(self._command, _ready_url)
+        else:  # this port or none: another would not be the URL a consumer was given
+            self._server.start_on(self._port, self._command(self._port), _ready_url(self._port),
+                                  advice="give --port another, or 0 for any free one")  # fmt: skip
         return self
 
     def __exit__(
@@ -214,6 +229,13 @@ class EmbeddedIndex:
         ]
 
 
+_MAX_PORT = 65535
+
+
+def _ready_url(port: int) -> str:
+    return f"http://{HOST}:{port}/simple/"
+
+
 # ------------------------------------------------------------------------------- listing
 
 # What pip asks an index page for (pip/_internal/index/collector.py): PEP 691 JSON first.
@@ -241,8 +263,8 @@ class IndexFile:
 
 
 def normalize_project(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    """PEP 503 normalised project name (packaging's, as pip's)."""
+    return canonicalize_name(name)
 
 
 def project_page_url(simple_url: str, project: str) -> str:
@@ -352,6 +374,10 @@ def _download_sha256(url: str, limits: NetworkLimits) -> str:
     return digest.hexdigest()
 
 
-def install_hint(simple_url: str, project: str) -> str:
-    """How a consumer installs `project` from the index, with pip's own configuration off."""
-    return f"install with: PIP_CONFIG_FILE=/dev/null pip install --index-url {simple_url} {project}"
+def install_hint(simple_url: str, project: str, *, port_changes: bool = False) -> str:
+    """How a consumer installs `project` from the index, with pip's own configuration off;
+    ``port_changes``: the URL's port is another each time the index is served (says so)."""
+    hint = f"install with: PIP_CONFIG_FILE=/dev/null pip install --index-url {simple_url} {project}"
+    if port_changes:
+        hint += " (this port is another each time the index is served; `serve --port N` keeps one)"
+    return hint

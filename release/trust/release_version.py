@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import Specifier
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from release.errors import PublishError
-from release.trust.index import normalize_project
 
 # What pip takes as a distribution (pip/_internal/utils/filetypes.py), so as a file of a version.
 _PIP_EXTENSIONS = (".zip", ".whl", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz", ".tar.xz",
@@ -46,7 +45,7 @@ def file_version(filename: str, project: str, egg: str | None = None) -> Version
             name, version, _, _ = parse_wheel_filename(filename)
         except (InvalidWheelFilename, InvalidVersion):
             return None
-        return version if name == normalize_project(project) else None
+        return version if name == canonicalize_name(project) else None
     return _name_version(stem if egg is None else egg, project)
 
 
@@ -60,9 +59,11 @@ def _split_extension(filename: str) -> tuple[str, str]:
 
 def _name_version(text: str, project: str) -> Version | None:
     """The version after the first ``-`` that ends a spelling of ``project`` (pip's
-    _extract_version_from_fragment), less a ``-pyX.Y`` suffix pip reads as a target Python."""
+    _extract_version_from_fragment), less a ``-pyX.Y`` suffix pip reads as a target Python.
+    Not packaging's parse_sdist_filename: it splits at the last ``-`` (pip takes
+    ``activekv-0.1.0-1.tar.gz`` for 0.1.0.post1) and knows only .tar.gz and .zip."""
     for cut, char in enumerate(text):
-        if char == "-" and normalize_project(text[:cut]) == normalize_project(project):
+        if char == "-" and canonicalize_name(text[:cut]) == canonicalize_name(project):
             try:
                 return Version(_PY_SUFFIX.sub("", text[cut + 1 :]))
             except InvalidVersion:
@@ -112,7 +113,7 @@ def project_and_version(wheels: Sequence[Path]) -> tuple[str, str]:
                 f"{wheel.name}: expected a public version (PEP 440) to publish; got {version}, "
                 f"whose local label +{version.local} pip also takes for =={version.public}"
             )
-        releases.add((normalize_project(name), str(version)))
+        releases.add((canonicalize_name(name), str(version)))
     if len(releases) != 1:
         listed = ", ".join(f"{n} {v}" for n, v in sorted(releases))
         raise PublishError(f"one publish is one project version; the wheels are of {listed}")

@@ -1,8 +1,8 @@
-"""A local index server's process: started on a free port of 127.0.0.1, its output appended to a
-log, ready once a URL answers, stopped (terminate, then kill) when done.
+"""A local index server's process: started on a free port of 127.0.0.1 (or on one it is given),
+its output appended to a log, ready once a URL answers, stopped (terminate, then kill) when done.
 
 A port found free may be taken before the server binds it; a server that exits saying so is
-started again on another port, a few times.
+started again on another port, a few times. A port it is given is that port or an error.
 """
 
 from __future__ import annotations
@@ -54,6 +54,16 @@ class ServerProcess:
             f"{self._name} found its port taken {_PORT_ATTEMPTS} times; tail of "
             f"{self._log_path}:\n{self._log_tail(0)}"
         )
+
+    def start_on(self, port: int, command: list[str], ready_url: str, *, advice: str = "") -> None:
+        """Run ``command`` (which listens on ``port``) until ``ready_url`` answers 200; one line
+        naming the port and why when it cannot listen there (``advice`` ends it)."""
+        reason = bind_error(port)
+        if reason is None and self._start_on(port, command, ready_url):
+            return
+        reason = reason or "taken by another process as the server started"
+        raise PackageIndexError(f"{self._name} cannot listen on {HOST}:{port} ({reason})"
+                                + (f"; {advice}" if advice else ""))  # fmt: skip
 
     def _start_on(self, port: int, command: list[str], ready_url: str) -> bool:
         """Whether it serves on ``port``; False when the port was taken meanwhile."""
@@ -136,6 +146,19 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def bind_error(port: int) -> str | None:
+    """Why a server could not listen on ``port`` of 127.0.0.1 now (the OS's words), else None.
+    With SO_REUSEADDR, as the servers' wsgiref sets it: a port an earlier server left in
+    TIME_WAIT is free, one another process listens on is not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            return exc.strerror or type(exc).__name__
+    return None
 
 
 _ANSWER_LIMITS = NetworkLimits(deadline_s=1.0)

@@ -61,7 +61,7 @@ from release.util.interpreters import find_interpreter
 from release.util.pins import project_version
 from release.util.progress import console
 from release.util.urls import masked_url
-from release.wheelset import WheelSet
+from release.wheelset import Sdist, WheelSet, judged_sdist
 
 MODULES = ("activekv._engine", "activekv._fabric")
 
@@ -118,11 +118,35 @@ def channel_attestations(
 def _attested(
     context: Context, channel: str, spec: ChannelSpec, public_key: Key
 ) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
-    """The built wheels as they lie now, hashed again (publish hands these bytes on), and the
-    signed attestations that every gate the channel requires passed on exactly their digests;
-    else PublishError."""
-    wheels = WheelSet.from_files(context.manifest, context.wheel_files())
-    return wheels, channel_attestations(context, channel, spec, wheels.digests, public_key)
+    """The built wheels and the build's sdist as they lie now, hashed again (publish hands these
+    bytes on), and the signed attestations that every gate the channel requires passed on
+    exactly the wheels' digests, one of them (the payload gate's) naming the sdist's; else
+    PublishError."""
+    built = WheelSet.from_files(context.manifest, context.wheel_files())
+    record = records.read_optional(context.out_dir, BuildRecord)
+    sdist_dir = context.out_dir / records.SDIST_FOLDER
+    sdist = None if record is None else Sdist.of_build(record, sdist_dir, check=False)
+    wheels = WheelSet(built.wheels, sdist)
+    attestations = channel_attestations(context, channel, spec, wheels.digests, public_key)
+    if sdist is not None:
+        _check_sdist_judged(sdist, channel, spec, attestations)
+    return wheels, attestations
+
+
+def _check_sdist_judged(
+    sdist: Sdist, channel: str, spec: ChannelSpec, attestations: list[tuple[Attestation, str]]
+) -> None:
+    """PublishError unless an attestation the channel takes judged exactly this sdist (its
+    figures name it with its sha256: the payload gate's, which passed, so on all of it)."""
+    if any(judged_sdist(a.evidence.figures) == sdist.digests for a, _ in attestations):
+        return
+    named = [f"{a.evidence.gate} judged {name} sha256 {digest}" for a, _ in attestations
+             for name, digest in judged_sdist(a.evidence.figures).items()]  # fmt: skip
+    got = "; ".join(named) if named else f"none of {', '.join(spec.requires)} judged an sdist"
+    raise PublishError(f"channel {channel!r} refuses to publish; nothing was uploaded: the sdist "
+                       f"{sdist.path} (sha256 {sdist.sha256}): expected a passing attestation "
+                       "of a gate the channel requires that judged it (the payload gate judges "
+                       f"the build's sdist; run it again); got {got}")  # fmt: skip
 
 
 def _sign(
@@ -137,6 +161,7 @@ def _sign(
     wheels, attestations = _attested(context, channel, spec, public_key)
     statement = build_statement(
         wheels.paths,
+        sdist=wheels.sdist.path if wheels.sdist else None,
         version=project_version(),
         channel=channel,
         manifest_path=context.manifest.path,
@@ -147,7 +172,7 @@ def _sign(
         toolchain=build_record.toolchain,
         started=build_record.started,
         finished=build_record.finished,
-        digests=wheels.digests,
+        digests=wheels.release_digests,
         gates=spec.requires,
         attestations=[provenance_entry(a, runner) for a, runner in attestations],
     )
@@ -159,15 +184,17 @@ def _sign(
         write_public_key(public_key, public_path)
         records.write(context.out_dir, records.SignRecord(
             channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
-            keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.digests,
+            keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.release_digests,
             attestations={a.evidence.gate: str(a.path) for a, _ in attestations},
             source_commit=source.commit, uncommitted=source.changed,
             uncommitted_sha256=source.change_sha256,
         ))  # fmt: skip
     except WriteError as error:
         raise SigningError(f"sign: {error}; the release is not signed") from None
-    console.print(f"signed {len(wheels)} wheel(s) and the {len(attestations)} gate attestations "
-                  f"they rest on: {envelope} (key {public_key.keyid[:16]})")  # fmt: skip
+    sdist = f", the sdist {wheels.sdist.name}" if wheels.sdist else ""
+    console.print(f"signed {len(wheels)} wheel(s){sdist} and the {len(attestations)} gate "
+                  f"attestations they rest on: {envelope} "
+                  f"(key {public_key.keyid[:16]})")  # fmt: skip
     if source.dirty:
         console.print(f"  built from commit {source.commit} with {len(source.changed)} "
                       f"uncommitted change(s) to wheel inputs (sha256 {source.change_sha256}); "
@@ -310,8 +337,8 @@ def _publish_with(
     attached = {published_name(a.evidence.gate): a.path for a, _ in attestations}
     report = publish(
         wheels.paths, index, envelope=context.envelope_path, metadata_dir=index.provenance_dir,
-        tuf=tuf, digests=wheels.digests, attachments=attached,
-        limits=context.manifest.publish.limits,
+        tuf=tuf, digests=wheels.release_digests, attachments=attached,
+        limits=context.manifest.publish.limits, sdist=wheels.sdist.path if wheels.sdist else None,
     )  # fmt: skip
     console.print(escape(report.message))
     records.write(context.out_dir, records.PublishRecord(
@@ -417,15 +444,18 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # leaves the index's context: its server is stopped
 
 
-def step_serve(context: Context) -> int:
-    index = _index(context)
-    if not isinstance(index, EmbeddedIndex):
+def step_serve(context: Context, port: int = 0) -> int:
+    """The embedded index in the foreground, on ``port`` of 127.0.0.1 (0: any free one)."""
+    settings = context.manifest.publish
+    if not settings.embedded:
         raise PublishError(f"{context.manifest.path}: publish.index: serve runs the embedded "
-                           f"index; {index.simple_url} is served by its operator")  # fmt: skip
+                           f"index; {settings.index} is served by its operator")  # fmt: skip
+    index = EmbeddedIndex(context.state_dir, settings.username, port=port)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # as Ctrl-C: a service manager's stop
     with index:
         console.print(f"serving {index.packages_dir} at {index.simple_url} (Ctrl-C stops)")
-        console.print(install_hint(index.simple_url, context.manifest.release.name))
+        console.print(install_hint(index.simple_url, context.manifest.release.name,
+                                   port_changes=not index.fixed_port))  # fmt: skip
         try:
             while True:
                 time.sleep(3600)
