@@ -213,7 +213,7 @@ def bare(tmp_path: Path, manifest: Manifest) -> tuple[str, str, Path]:
 
 def test_artefacts_have_sizes_and_full_digests(full: tuple[str, str, Path]) -> None:
     md, html_text, _ = full
-    rows = table_with(html_text, "wheel")[1:]
+    rows = table_with(html_text, "file")[1:]
     assert [row[0][1] for row in rows] == list(WHEELS.values())
     for row in rows:
         assert row[4][1] == ARTEFACTS[row[0][1]]

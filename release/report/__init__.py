@@ -4,7 +4,8 @@ it requires. Reads records, and the committed gate attestations of the channels'
 runs a step.
 
 May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.evidence``,
-``release.records``, ``release.trust.index`` (the consumer's install line),
+``release.records``, ``release.wheelset`` (the sdist the payload gate's figures name),
+``release.trust.index`` (the consumer's install line),
 ``release.trust.attestation`` (its unverified readers only: publishing verifies) and
 ``release.gates.warmup`` (its figure lines); third-party: ``markdown_it`` (code spans, as a
 Markdown viewer finds them), ``rich``, ``matplotlib``.

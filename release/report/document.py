@@ -44,6 +44,7 @@ from release.report.words import words
 from release.util.atomic import atomic_write
 from release.util.paths import REPO_ROOT
 from release.util.pins import project_version
+from release.wheelset import judged_sdist
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -126,6 +127,10 @@ def figure_texts(figures: dict[str, Any]) -> tuple[str, ...]:
 # --- sections ---
 
 
+# What the sdist serves: any interpreter, built from source by the installer.
+SDIST_SERVES = "any (pip builds it from source)"
+
+
 def _size(size: int) -> str:
     return f"{size / 1e6:.2f} MB ({size:,} bytes)"
 
@@ -183,7 +188,11 @@ def _artefacts(records: Records) -> Section:
                 Cell(wheel.sha256, "code"),
             )
         )
-    section.blocks.append(Table(("wheel", "serves Python", "size", "build", "sha256"), tuple(rows)))
+    if build.sdist:
+        sdist = build.sdist
+        rows.append((Cell(sdist.file, "code"), Cell(SDIST_SERVES), Cell(_size(sdist.size)),
+                     Cell(f"built in {sdist.seconds} s"), Cell(sdist.sha256, "code")))  # fmt: skip
+    section.blocks.append(Table(("file", "serves Python", "size", "build", "sha256"), tuple(rows)))
     if build.toolchain:
         section.blocks += [Text("Toolchain:"), _toolchain(build.toolchain)]
     epoch = build.source_date_epoch
@@ -214,13 +223,20 @@ def digest_lines(artefacts: dict[str, str], built: dict[str, str]) -> tuple[str,
     return tuple(lines) or ("none",)
 
 
-def _judged(evidence: Evidence, built: dict[str, str]) -> Cell:
+def _judged(evidence: Evidence, built: dict[str, str], sdist: dict[str, str]) -> Cell:
+    judged = judged_sdist(evidence.figures)
+    also: tuple[str, ...] = ()
+    if judged:  # the payload gate's: the sdist, beside the wheels
+        ((name, digest),) = judged.items()
+        mark = "= built" if judged == sdist else "≠ built sdist" if sdist else "not built here"
+        also = (f"and the sdist {name}: {digest[:16]}… {mark}",)
     if built and evidence.artefacts == built:
-        return Cell(f"all {len(built)} built wheels (sha256 of each matches)")
-    return Cell("", "code", digest_lines(evidence.artefacts, built))
+        said = f"all {len(built)} built wheels (sha256 of each matches)"
+        return Cell(said) if not also else Cell("", "", (said, *also))
+    return Cell("", "code", (*digest_lines(evidence.artefacts, built), *also))
 
 
-def _gate_row(gate: GateRow, built: dict[str, str]) -> tuple[Cell, ...]:
+def _gate_row(gate: GateRow, built: dict[str, str], sdist: dict[str, str]) -> tuple[Cell, ...]:
     tone = "fail" if gate.verdict == STALE else gate.verdict
     head = (Cell(gate.name, "name"), Cell(gate.runner),
             Cell(f"{VERDICT_MARK[gate.verdict]} {gate.verdict}", f"{tone} nowrap"))  # fmt: skip
@@ -229,7 +245,8 @@ def _gate_row(gate: GateRow, built: dict[str, str]) -> tuple[Cell, ...]:
         # It judged nothing and ran nowhere: only that it did not run, and why.
         return (*head, Cell(gate.reason or "its evidence gives no reason"), Cell("—"), Cell("—"))
     said = (*figure_texts(evidence.figures), *([gate.reason] if gate.reason else ()))
-    return (*head, Cell("", "", said or ("—",)), _judged(evidence, built), Cell(_runner(evidence)))
+    judged = _judged(evidence, built, sdist)
+    return (*head, Cell("", "", said or ("—",)), judged, Cell(_runner(evidence)))
 
 
 GATE_HEADERS = ("gate", "runner", "verdict", "figures", "judged", "ran on")
@@ -238,10 +255,10 @@ GATE_HEADERS = ("gate", "runner", "verdict", "figures", "judged", "ran on")
 def _gates(verdict: ChannelVerdict, records: Records) -> Section:
     channel = verdict.channel
     section = Section(f"Gates (channel {channel})", "gates")
-    built = records.built_digests()
+    built, sdist = records.built_digests(), records.built_sdist()
     section.blocks += [
         Text(f"Required by {channel}: its verdict rests on these.", verdict.tone),
-        Table(GATE_HEADERS, tuple(_gate_row(gate, built) for gate in verdict.required)),
+        Table(GATE_HEADERS, tuple(_gate_row(gate, built, sdist) for gate in verdict.required)),
     ]
     if verdict.not_required:
         section.blocks += [
@@ -249,7 +266,9 @@ def _gates(verdict: ChannelVerdict, records: Records) -> Section:
                 f"Not required by {channel}: shown for what they found; they do not decide "
                 f"whether {channel} releases."
             ),
-            Table(GATE_HEADERS, tuple(_gate_row(gate, built) for gate in verdict.not_required)),
+            Table(
+                GATE_HEADERS, tuple(_gate_row(gate, built, sdist) for gate in verdict.not_required)
+            ),
         ]
     return section
 

@@ -24,6 +24,7 @@ from release.records import (
     VerifyRecord,
 )
 from release.trust.attestation import SUFFIX, attested_evidence, attested_gate, other_wheels
+from release.wheelset import judged_sdist
 
 OTHER_STATEMENT = "another kind of statement: it attests no gate"
 
@@ -62,6 +63,11 @@ class Records:
     def built_digests(self) -> dict[str, str]:
         """Wheel file name to sha256, as the build recorded them."""
         return {w.file: w.sha256 for w in self.build.wheels} if self.build else {}
+
+    def built_sdist(self) -> dict[str, str]:
+        """The build's sdist, file name to sha256 (empty where it made none)."""
+        sdist = self.build.sdist if self.build else None
+        return {sdist.file: sdist.sha256} if sdist else {}
 
 
 def _optional(out_dir: Path, kind: type[R], unreadable: list[str]) -> R | None:
@@ -162,10 +168,18 @@ class GateRow:
 STALE = "other-wheels"
 
 
-def _verdict(evidence: Evidence, built: dict[str, str]) -> tuple[str, str]:
+def _verdict(
+    evidence: Evidence, built: dict[str, str], sdist: dict[str, str] | None = None
+) -> tuple[str, str]:
     other = other_wheels(evidence.artefacts, built) if built else None
     if other is not None:
         return STALE, f"its {evidence.verdict} {other}"
+    judged = judged_sdist(evidence.figures)
+    if judged and sdist and judged != sdist:
+        ((name, digest),), ((built_name, built_digest),) = judged.items(), sdist.items()
+        return STALE, (f"its {evidence.verdict} judged another sdist: {name} (sha256 "
+                       f"{digest[:12]}), not the build's {built_name} "
+                       f"({built_digest[:12]})")  # fmt: skip
     return evidence.verdict, evidence.reason
 
 
@@ -189,14 +203,14 @@ def gate_rows(manifest: Manifest, channel: str, records: Records) -> list[GateRo
     that did not pass here shows the committed attestation that passed on these wheels, if any
     (a GPU runner's)."""
     required = set(manifest.channel(channel).requires)
-    built = records.built_digests()
+    built, sdist = records.built_digests(), records.built_sdist()
     rows = []
     for name in sorted(set(manifest.gates) | set(records.evidence)):
         declared = manifest.gates.get(name)
         recorded = records.evidence.get(name)
         verdict, reason = "not-run", "no evidence in this run"
         if recorded is not None:
-            verdict, reason = _verdict(recorded, built)
+            verdict, reason = _verdict(recorded, built, sdist)
         attested = None
         if verdict != "pass" and name in required:
             attested = taken_attestation(records, channel, name)

@@ -15,7 +15,7 @@ from rich.table import Table
 from release.gates.warmup import figure_lines
 from release.manifest import Manifest
 from release.records import BuildRecord
-from release.report.document import built_from, describe, folder_name
+from release.report.document import SDIST_SERVES, built_from, describe, folder_name
 from release.report.loader import (
     GateRow,
     Records,
@@ -28,16 +28,21 @@ from release.report.words import words
 from release.trust.index import install_hint
 from release.util.paths import REPO_ROOT
 from release.util.progress import VERDICT_STYLE, console
+from release.wheelset import SDIST_FIGURE
 
 
 def _artefacts(build: BuildRecord) -> Table:
     table = Table(title="Artefacts", title_justify="left")
-    for column in ("wheel", "serves Python", "size", "build", "sha256"):
+    for column in ("file", "serves Python", "size", "build", "sha256"):
         table.add_column(column, overflow="fold")
     for wheel in build.wheels:
         how = "cached" if wheel.cached else f"{wheel.seconds} s"
         table.add_row(wheel.file, ", ".join(wheel.serves), f"{wheel.size / 1e6:.2f} MB", how,
                       wheel.sha256)  # fmt: skip
+    if build.sdist:
+        sdist = build.sdist
+        table.add_row(sdist.file, SDIST_SERVES, f"{sdist.size / 1e6:.2f} MB", f"{sdist.seconds} s",
+                      sdist.sha256)  # fmt: skip
     return table
 
 
@@ -59,7 +64,11 @@ def _detail(gate: GateRow) -> str:
         return f"on {runner}: " + "; ".join(figure_lines(record))
     if gate.name == "payload" and gate.verdict == "pass":
         kinds = Counter(entry["kind"] for entry in figures["files"])
-        return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+        said = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+        sdist = figures.get(SDIST_FIGURE)
+        if isinstance(sdist, dict):
+            said += f"; the sdist: {sdist.get('members')} files, exactly those git lists"
+        return said
     if figures:  # a gate this summary has no words of its own for
         shown = "; ".join(f"{words(k)}: {describe(v)}" for k, v in figures.items())
         return shown + (f"; {reason}" if reason else "")

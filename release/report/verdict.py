@@ -1,7 +1,7 @@
 """The channel's verdict, in one sentence: whether every gate the channel requires
-(``[release.channels.<name>].requires``) passed on the wheels being released, and if not which
-did not and why; then the other gates, as not part of that verdict. The summary and the report
-both lead with it."""
+(``[release.channels.<name>].requires``) passed on the wheels being released, and one of them
+(the payload gate) on the build's sdist, and if not which did not and why; then the other gates,
+as not part of that verdict. The summary and the report both lead with it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from release.manifest import Manifest
 from release.report.loader import STALE, GateRow, Records, gate_rows
+from release.wheelset import judged_sdist
 
 NOT_RUN_PREFIX = "not run: "  # how a gate's evidence says why it did not run
 
@@ -54,8 +55,21 @@ def outcomes(rows: tuple[GateRow, ...]) -> list[str]:
     return phrases
 
 
-def _wheels(count: int) -> str:
-    return f"all {count} wheels" if count > 1 else "the one wheel"
+def _wheels(count: int, sdist: dict[str, str]) -> str:
+    wheels = f"all {count} wheels" if count > 1 else "the one wheel"
+    return f"{wheels} and the sdist" if sdist else wheels
+
+
+def _sdist_unjudged(required: tuple[GateRow, ...], sdist: dict[str, str]) -> str:
+    """Why no required gate's pass covers the build's sdist; "" where one does (or none was
+    built)."""
+    judged = [judged_sdist(row.evidence.figures) for row in required
+              if row.verdict == "pass" and row.evidence is not None]  # fmt: skip
+    if not sdist or sdist in judged:
+        return ""
+    return (
+        f"no gate it requires passed on the sdist {next(iter(sdist))} (the payload gate judges it)"
+    )
 
 
 def channel_verdict(manifest: Manifest, channel: str, records: Records) -> ChannelVerdict:
@@ -66,16 +80,19 @@ def channel_verdict(manifest: Manifest, channel: str, records: Records) -> Chann
         for gate in requires
     )
     not_required = tuple(row for row in rows.values() if not row.required)
-    built = len(records.built_digests())
-    releasable = bool(built) and all(row.verdict == "pass" for row in required)
+    built, sdist = len(records.built_digests()), records.built_sdist()
+    passed = all(row.verdict == "pass" for row in required)
+    unjudged = _sdist_unjudged(required, sdist)
+    releasable = bool(built) and passed and not unjudged
     if releasable:
         every = f"every gate {channel} requires ({', '.join(requires)})"
-        headline = f"{channel}: releasable — {every} passed on {_wheels(built)}"
+        headline = f"{channel}: releasable — {every} passed on {_wheels(built, sdist)}"
     elif not built:
         headline = (f"{channel}: refused — no wheel was built (no build record), so no gate "
                     "judged the wheels to release")  # fmt: skip
     else:
-        headline = f"{channel}: refused — " + "; ".join(outcomes(required))
+        said = outcomes(required) if not passed else [*outcomes(required), unjudged]
+        headline = f"{channel}: refused — " + "; ".join(said)
     others = ""
     if not_required:
         others = (f"Not required by {channel}, so not part of its verdict: "

@@ -1,15 +1,17 @@
-"""Publish step: upload wheels to a package index with twine, never replacing a published file,
-and store the signed statement (DSSE envelope) of the version next to the index.
+"""Publish step: upload wheels, and the sdist built beside them, to a package index with twine,
+never replacing a published file, and store the signed statement (DSSE envelope) of the version
+next to the index.
 
 Rules:
 * One publish is one project version, known by its public version as pip compares versions:
   ``0.1`` and ``0.1.0`` are one version (their statements and index files are one release's),
   and a local version label (``0.1.0+hotfix``, which pip takes for ``==0.1.0``) is refused.
-* Each wheel, the statement and each attestation is copied into a private folder first; what is
-  hashed, checked and uploaded or stored is that copy, so a file changed after the check is not
-  what reaches the index.
-* The statement must name exactly the wheels given (names and digests), and exactly the
-  attestations given.
+* Each wheel, the sdist, the statement and each attestation is copied into a private folder
+  first; what is hashed, checked and uploaded or stored is that copy, so a file changed after the
+  check is not what reaches the index.
+* The sdist is of the wheels' project and version (PEP 625 file name), or the publish is refused.
+* The statement must name exactly the files given (wheels and sdist: names and digests), and
+  exactly the attestations given.
 * A file the index already has with different bytes refuses the whole publish, and so does a
   file of the same version the publish does not give; nothing is uploaded.
 * A file the index already has with identical bytes is not uploaded again.
@@ -38,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from release.errors import PublishError, ReleaseError
 from release.manifest import NetworkLimits
@@ -132,35 +136,53 @@ def publish(
     digests: Mapping[str, str] | None = None,
     attachments: Mapping[str, Path] | None = None,
     limits: NetworkLimits = NetworkLimits(),  # noqa: B008 (frozen: the manifest's defaults)
+    sdist: Path | None = None,
 ) -> PublishReport:
-    """Upload the ``wheels`` not yet on ``index``, store ``envelope`` for their version and make
-    both TUF targets of ``tuf``. ``digests`` are the wheels' sha256 as the caller hashed them (the
-    bytes its gates judged): the copies published must still have them. ``attachments`` (name ->
-    file: the gate attestations the statement names) are stored beside the statement, as
-    targets too. ``limits`` bound every read from the index (``[publish.limits]``)."""
+    """Upload the ``wheels`` and the ``sdist`` not yet on ``index``, store ``envelope`` for their
+    version and make all of them TUF targets of ``tuf``. ``digests`` are the files' sha256 as
+    the caller hashed them (the bytes its gates judged): the copies published must still have
+    them. ``attachments`` (name -> file: the gate attestations the statement names) are stored
+    beside the statement, as targets too. ``limits`` bound every read from the index
+    (``[publish.limits]``)."""
     project, version = project_and_version(wheels)
+    files = list(wheels)
+    if sdist is not None:
+        _check_sdist_name(sdist, project, version)
+        files.append(sdist)
     with tempfile.TemporaryDirectory(prefix="activekv-publish-") as private:
-        copies = PrivateCopies.make(Path(private), wheels, envelope, attachments or {})
+        copies = PrivateCopies.make(Path(private), files, envelope, attachments or {})
         if digests is not None:
-            _check_unchanged(wheels, copies.digests, digests)
+            _check_unchanged(files, copies.digests, digests)
         _check_envelope(envelope, copies, version)
         return _publish_copies(copies, index, project, version, metadata_dir, tuf, limits)
 
 
+def _check_sdist_name(sdist: Path, project: str, version: str) -> None:
+    """PublishError unless ``sdist`` is a PEP 625 sdist of ``project`` ``version`` (the wheels')."""
+    try:
+        name, found = parse_sdist_filename(sdist.name)
+    except InvalidSdistFilename as error:
+        raise PublishError(f"sdist {sdist}: expected <name>-<version>.tar.gz (PEP 625); "
+                           f"{error}. Nothing was uploaded") from None  # fmt: skip
+    if (name, str(found)) != (project, version):
+        raise PublishError(f"sdist {sdist}: expected one of the wheels' release, {project} "
+                           f"{version}; got {name} {found}. Nothing was uploaded")  # fmt: skip
+
+
 def _check_unchanged(
-    wheels: Sequence[Path], copied: Mapping[str, str], hashed: Mapping[str, str]
+    files: Sequence[Path], copied: Mapping[str, str], hashed: Mapping[str, str]
 ) -> None:
-    """PublishError naming each wheel whose bytes, as copied to publish, are not the ones the
+    """PublishError naming each file whose bytes, as copied to publish, are not the ones the
     caller hashed (and its gates judged): it changed in between."""
     changed = [
-        f"{wheel} (hashed before: sha256 {hashed.get(wheel.name)}; copied to publish: sha256 "
-        f"{copied[wheel.name]})"
-        for wheel in wheels
-        if hashed.get(wheel.name) != copied[wheel.name]
+        f"{file} (hashed before: sha256 {hashed.get(file.name)}; copied to publish: sha256 "
+        f"{copied[file.name]})"
+        for file in files
+        if hashed.get(file.name) != copied[file.name]
     ]
     if changed:
         raise PublishError(
-            f"wheels: expected the bytes hashed before publishing; got other bytes, so they "
+            f"files: expected the bytes hashed before publishing; got other bytes, so they "
             f"changed since: {'; '.join(changed)}. Nothing was uploaded"
         )
 

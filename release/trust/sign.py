@@ -267,29 +267,34 @@ def build_statement(
     digests: Mapping[str, str] | None = None,
     gates: Sequence[str] = (),
     attestations: Sequence[Mapping[str, Any]] = (),
+    sdist: Path | None = None,
 ) -> dict[str, Any]:
-    """An in-toto v1 Statement with a SLSA v1 provenance predicate naming every wheel.
+    """An in-toto v1 Statement with a SLSA v1 provenance predicate naming every wheel, and the
+    sdist built beside them (``sdist``) when there is one: each file is a subject.
 
     ``source_uri`` defaults to ``git+file://<repository holding the manifest>``;
     ``source_annotations`` say how the tree differed from ``source_commit`` (uncommitted
     changes: release/source_state.py). ``digests``
-    (wheel file name to sha256) are the build's; without them each wheel is hashed here.
+    (file name to sha256) are the build's; without them each file is hashed here.
     ``gates`` are the gates the channel requires, ``attestations`` the signed gate attestations
     the release rests on (``release.trust.attestation.provenance_entry``), as byproducts.
     """
     if not wheels:
         raise SigningError("nothing to sign: no wheels given")
     subjects: dict[str, str] = {}
-    for wheel in wheels:
-        if wheel.name in subjects:
-            raise SigningError(f"wheel file name {wheel.name} is given twice ({wheel})")
-        if digests is not None and wheel.name in digests:
-            subjects[wheel.name] = digests[wheel.name]
+    files = [("wheel", wheel) for wheel in wheels]
+    if sdist is not None:
+        files.append(("sdist", sdist))
+    for what, path in files:
+        if path.name in subjects:
+            raise SigningError(f"file name {path.name} is given twice ({path})")
+        if digests is not None and path.name in digests:
+            subjects[path.name] = digests[path.name]
             continue
         try:
-            subjects[wheel.name] = sha256_file(wheel)
+            subjects[path.name] = sha256_file(path)
         except OSError as exc:
-            raise SigningError(f"wheel {wheel} cannot be read: {exc.strerror}") from None
+            raise SigningError(f"{what} {path} cannot be read: {exc.strerror}") from None
     resolved: list[dict[str, Any]] = []
     if source_commit:
         source: dict[str, Any] = {

@@ -14,8 +14,10 @@ activekv==VERSION``): it needs only the index URL, the trusted TUF root and the 
 provenance signer. It refreshes the index's TUF metadata (rollback, freeze, expiry and wrong keys
 are refused), downloads the version's signed statement as a TUF target and checks its signature,
 checks the gate attestations the statement names (each a TUF target, signed by the runner key the
-statement names, passed on exactly the statement's wheels), then checks every file of the version
-and each wheel pip downloads against its TUF target and the statement before installing. Its
+statement names, passed on exactly the statement's wheels, and the payload gate's naming the
+statement's sdist, when it names one), then checks every file of the version (the sdist
+included) and each wheel pip downloads against its TUF target and the statement before
+installing. Its
 arguments are checked first: a URL with credentials, a query or a fragment in it (as the
 manifest refuses for an index) and a ``--python`` that is not an interpreter are refused, naming
 the flag.
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
 from release.errors import ReleaseError, SigningError, VerifyError
@@ -46,6 +49,7 @@ from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import PROVENANCE_PREFIX
 from release.util.digests import sha256_file
 from release.util.private_site import clean_pip_env
+from release.wheelset import judged_sdist
 
 _PIP_TIMEOUT_S = 600.0
 _OUTPUT_TAIL_CHARS = 4000
@@ -256,7 +260,9 @@ def verify_attestations(
     statement: Mapping[str, Any], trusted: TrustedIndex, project: str, version: str, workdir: Path
 ) -> list[Attestation]:
     """The gate attestations the verified statement rests on, each fetched as a TUF target and
-    checked (release/trust/attestation.py: check_release); VerifyError says which fails."""
+    checked (release/trust/attestation.py: check_release) against the statement's wheels, which
+    is what gates judge; then each other subject (the sdist) must be named, with its digest, by
+    one of them that passed (the payload gate's figures). VerifyError says which fails."""
     version = published_version(trusted, project, version)
     folder = workdir / "provenance" / release_folder(normalize_project(project), version)
 
@@ -265,9 +271,33 @@ def verify_attestations(
         return trusted.download(target, folder / target.rsplit("/", 1)[-1], unknown=unknown)
 
     try:
-        return check_release(statement, fetch, normalize_project(project), version)
+        wheels, others = _split_subjects(statement)
+        checked = check_release({**statement, "subject": wheels}, fetch,
+                                normalize_project(project), version)  # fmt: skip
     except SigningError as exc:
         raise VerifyError(f"the gate attestations of {project} {version}: {exc}") from None
+    for name, digest in sorted(others.items()):
+        if not any(judged_sdist(a.evidence.figures) == {name: digest} for a in checked):
+            raise VerifyError(
+                f"the gate attestations of {project} {version}: the signed statement names "
+                f"{name} (sha256 {digest}), which no attestation it rests on judged (the payload "
+                "gate's names the sdist it judged); expected one"
+            )
+    return checked
+
+
+def _split_subjects(statement: Mapping[str, Any]) -> tuple[list[Any], dict[str, str]]:
+    """The statement's wheel subjects as it lists them, and every other subject (name to
+    sha256): an sdist, or SigningError naming what else it is."""
+    others = {name: digest for name, digest in subject_digests(statement).items()
+              if not name.endswith(".whl")}  # fmt: skip
+    for name in others:
+        try:
+            parse_sdist_filename(name)
+        except InvalidSdistFilename:
+            raise SigningError(f"the signed statement names {name}: expected only wheels and "
+                               "an sdist (<name>-<version>.tar.gz)") from None  # fmt: skip
+    return [s for s in statement["subject"] if s["name"] not in others], others
 
 
 def check_interpreter(interpreter: Path) -> None:
