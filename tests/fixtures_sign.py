@@ -20,6 +20,7 @@ from release.trust.attestation import attest
 from release.trust.sign import build_statement, load_signer, sign_statement, write_envelope
 from release.util.digests import sha256_file
 from release.util.paths import REPO_ROOT
+from release.wheelset import SDIST_FIGURE
 
 
 def signed_envelope(wheels: list[Path], state_dir: Path, out: Path, version: str = "0.1.0") -> Path:
@@ -47,13 +48,25 @@ def gated_out(
     return wheels, digests
 
 
-def attest_passing_gates(out: Path, wheels: Sequence[Path], state_dir: Path) -> dict[str, str]:
+def attest_passing_gates(
+    out: Path, wheels: Sequence[Path], state_dir: Path, sdist: Path | None = None
+) -> dict[str, str]:
     """Passing evidence of every gate the dev channel requires over ``wheels``, attested with the
-    dev key of ``state_dir`` (for tests of what comes after the gates); the wheels' digests."""
+    dev key of ``state_dir`` (for tests of what comes after the gates); the wheels' digests. The
+    payload gate's names the sdist too: ``sdist``, else the one the build record of ``out``
+    names, if any (as the real gate judges the build's sdist)."""
     digests = {wheel.name: sha256_file(wheel) for wheel in wheels}
+    if sdist is None:
+        record = records.read_optional(out, records.BuildRecord)
+        if record is not None and record.sdist is not None:
+            sdist = out / records.SDIST_FOLDER / record.sdist.file
+    judged = {} if sdist is None else {
+        SDIST_FIGURE: {"file": sdist.name, "sha256": sha256_file(sdist), "problems": []}
+    }  # fmt: skip
     signer, _ = load_signer("generate", channel="dev", state_dir=state_dir)
     for gate in load_manifest(DEFAULT_MANIFEST).channel("dev").requires:
-        evidence = Evidence(gate=gate, verdict="pass", artefacts=digests)
+        figures = judged if gate == "payload" else {}
+        evidence = Evidence(gate=gate, verdict="pass", artefacts=digests, figures=figures)
         write_evidence(out, evidence)
         attest(evidence, signer, out)
     return digests
