@@ -642,12 +642,22 @@ RunnerLabel = Annotated[
 ]
 
 
-def _gpu_labels(value: tuple[str, ...]) -> tuple[str, ...]:
+def _without_self_hosted(value: tuple[str, ...]) -> tuple[str, ...]:
     _check(
         "self-hosted" not in value,
         'labels without "self-hosted" (the workflow adds it before them)',
     )
     return value
+
+
+# A self-hosted runner's labels, as the workflow's runs-on gives them after "self-hosted".
+SelfHostedLabels = Annotated[
+    tuple[RunnerLabel, ...],
+    AfterValidator(_non_empty),
+    AfterValidator(_unique("runner labels")),
+    AfterValidator(_without_self_hosted),
+]
+WebUrl = Annotated[StrictStr, AfterValidator(_web_url)]
 
 
 def _workflow_path(value: str) -> str:
@@ -661,19 +671,34 @@ def _workflow_path(value: str) -> str:
     return value
 
 
+class CiRelease(_Model):
+    """``[ci.release]``: the self-hosted runner the release job runs on (it writes the TUF folder
+    the operator's web server serves: docs/ci.md), where it publishes, and where its keys come
+    from. ``index``, ``upload_url`` and ``tuf_url`` replace ``[publish]``'s for the job."""
+
+    runner_labels: SelfHostedLabels
+    # "secrets": an operator-signed channel's keys come from the repository's secrets (written to
+    # a private folder, given as --key-dir); "manifest": its [sign.*] and [publish.tuf_keys].
+    keys: Literal["secrets", "manifest"] = "secrets"
+    index: WebUrl | None = None
+    upload_url: WebUrl | None = None
+    tuf_url: WebUrl | None = None
+
+
 class CiSettings(_Model):
     """``[ci]``: the GitHub Actions workflow that ``python -m release ci`` generates."""
 
     workflow: Annotated[StrictStr, AfterValidator(_workflow_path)]
     build_runner: RunnerLabel
-    gpu_runner_labels: Annotated[
-        tuple[RunnerLabel, ...],
-        AfterValidator(_non_empty),
-        AfterValidator(_unique("runner labels")),
-        AfterValidator(_gpu_labels),
-    ]
+    gpu_runner_labels: SelfHostedLabels
     gpu_python: PythonVersion
-    tag_channel: Name
+    # The channels a manual run may release, and the one a pushed v* tag releases (none: a tag
+    # releases nothing).
+    channels: Annotated[
+        tuple[Name, ...], AfterValidator(_non_empty), AfterValidator(_unique("channels"))
+    ]
+    tag_channel: Name | None = None
+    release: CiRelease | None = None
 
 
 class Manifest(_Model):
@@ -975,7 +1000,7 @@ def _gate_references(m: Manifest) -> list[_Issue]:
 
 
 def _ci_references(m: Manifest, ci: CiSettings) -> list[_Issue]:
-    """[ci] names a declared Python version and a declared channel."""
+    """[ci] names a declared Python version and declared channels, its tag channel among them."""
     issues: list[_Issue] = []
     if ci.gpu_python not in m.build.python:
         issues.append(
@@ -986,11 +1011,21 @@ def _ci_references(m: Manifest, ci: CiSettings) -> list[_Issue]:
             )
         )
     # A missing required channel is reported once, at release.channels.
-    if ci.tag_channel not in m.release.channels and ci.tag_channel not in REQUIRED_CHANNELS:
+    known = set(m.release.channels) | set(REQUIRED_CHANNELS)
+    for index, channel in enumerate(ci.channels):
+        if channel not in known:
+            issues.append(
+                _Issue(
+                    ("ci", "channels", index),
+                    "a declared channel " + _choices(sorted(m.release.channels), "or"),
+                    _show(channel),
+                )
+            )
+    if ci.tag_channel is not None and ci.tag_channel not in ci.channels:
         issues.append(
             _Issue(
                 ("ci", "tag_channel"),
-                "a declared channel " + _choices(sorted(m.release.channels), "or"),
+                "one of ci.channels, " + _choices(ci.channels, "or"),
                 _show(ci.tag_channel),
             )
         )

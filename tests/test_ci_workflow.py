@@ -9,6 +9,7 @@ import copy
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from release import ci_workflow, cli
+from release.ci import workflow
 from release.errors import ManifestError, ReleaseError
 from release.manifest import Manifest, load_manifest
 from release.util.pins import dependency_group, pyproject
@@ -37,15 +39,54 @@ def committed(manifest: Manifest) -> dict[str, Any]:
     return ci_workflow.parse(path.read_text(), str(path))
 
 
-def variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> Manifest:
-    """The real manifest with one text replaced, loaded from a copy."""
-    text = REAL.read_text()
-    assert text.count(old) == 1, old
+def variant_text(*changes: tuple[str, str], text: str | None = None) -> str:
+    """The real manifest's text (or `text`) with each (old, new) replaced; each old occurs once."""
+    text = REAL.read_text() if text is None else text
+    for old, new in changes:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
+def write_variant(tmp_path: Path, text: str) -> Path:
+    """A copy of the manifest folder (its public key files too) holding `text`."""
     path = tmp_path / "manifests" / "activekv.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text.replace(old, new))
+    if not path.parent.exists():
+        shutil.copytree(REAL.parent, path.parent)
+    path.write_text(text)
+    return path
+
+
+def variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str, *more: tuple[str, str]
+) -> Manifest:
+    """The real manifest with texts replaced, loaded from a copy."""
+    path = write_variant(tmp_path, variant_text((old, new), *more))
     monkeypatch.chdir(tmp_path)
     return load_manifest(path)
+
+
+KEYID = "ab" * 32
+# stable released by the workflow: a tag releases it, its keys pinned (keyids: nothing to load).
+STABLE = (
+    ('channels = ["dev"]\n', 'channels = ["dev", "stable"]\ntag_channel = "stable"\n'),
+    ('attestations = ["tests/gpu/evidence"]\n',
+     'attestations = ["tests/gpu/evidence"]\npinned = { '
+     + ", ".join(f'{use} = ["{KEYID}"]'
+                 for use in ("signing", "root", "targets", "snapshot", "timestamp"))
+     + " }\n"),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stable_ready(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
+    """The manifest once stable is pinned and in the workflow (its GPU job, its key step)."""
+    return load_manifest(write_variant(tmp_path_factory.mktemp("stable"), variant_text(*STABLE)))
+
+
+@pytest.fixture(scope="module")
+def stable_workflow(stable_ready: Manifest) -> dict[str, Any]:
+    return ci_workflow.generate(stable_ready)
 
 
 # --- the committed file ---
@@ -94,7 +135,7 @@ def test_check_jsonschema_accepts_the_committed_file(
     assert result.returncode == 0, result.stdout + result.stderr
     # Negative control: the same file without a job's runs-on is refused by the tool too.
     broken = tmp_path / "broken.yml"
-    ci_workflow._yaml().dump(_broken(committed, "no runs-on"), broken)
+    ci_workflow.yaml().dump(_broken(committed, "no runs-on"), broken)
     result = check_jsonschema_cli(broken)
     assert result.returncode == 1 and "jobs" in result.stdout + result.stderr
 
@@ -109,14 +150,15 @@ def test_check_command_agrees() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "job"),
     [
-        ('gpu_runner_labels = ["linux", "x64", "gpu", "h200"]',
-         'gpu_runner_labels = ["linux", "x64", "gpu", "b200"]', "gpu-gates"),
+        ('runner_labels = ["linux", "x64", "release"]',
+         'runner_labels = ["linux", "x64", "release", "big"]', "release"),
         ('python = ["3.10", "3.11", "3.12", "3.13"]', 'python = ["3.11", "3.12", "3.13"]',
          "wheels"),
         ('python = ["3.10", "3.11", "3.12", "3.13"]', 'python = ["3.10", "3.11", "3.12"]',
          "release"),
         ('build_runner = "ubuntu-24.04"', 'build_runner = "ubuntu-22.04"', "wheels"),
-        ('tag_channel = "stable"', 'tag_channel = "dev"', "release"),
+        ('tuf_url = "http://127.0.0.1:8141/"', 'tuf_url = "http://127.0.0.1:8142/"', "release"),
+        ('keys = "secrets"', 'keys = "manifest"', None),  # dev signs with generated keys
     ],
 )  # fmt: skip
 def test_a_changed_manifest_shows_drift(
@@ -127,16 +169,31 @@ def test_a_changed_manifest_shows_drift(
     committed_text = (ROOT / manifest.ci.workflow).read_text()
     changed = variant(tmp_path, monkeypatch, old, new)
     problems = ci_workflow.drift(changed, committed_text, "release.yml")
-    assert f"release.yml: jobs.{job} differs from the manifest's" in problems
+    if job is None:
+        assert problems == []
+    else:
+        assert f"release.yml: jobs.{job} differs from the manifest's" in problems
+
+
+def test_stable_joining_the_workflow_shows_drift(
+    manifest: Manifest, stable_ready: Manifest
+) -> None:
+    assert manifest.ci is not None
+    committed_text = (ROOT / manifest.ci.workflow).read_text()
+    assert ci_workflow.drift(stable_ready, committed_text, "release.yml") == [
+        "release.yml: jobs.gpu-gates differs from the manifest's",
+        "release.yml: jobs.release differs from the manifest's",
+        "release.yml: on differs from the manifest's",
+    ]
 
 
 def test_a_hand_edit_shows_drift(manifest: Manifest) -> None:
     assert manifest.ci is not None
     text = (ROOT / manifest.ci.workflow).read_text()
-    edited = text.replace("- h200", "- h100")
+    edited = text.replace("- release\n    environment:", "- h100\n    environment:")
     assert edited != text
     assert ci_workflow.drift(manifest, edited, "release.yml") == [
-        "release.yml: jobs.gpu-gates differs from the manifest's"
+        "release.yml: jobs.release differs from the manifest's"
     ]
     assert ci_workflow.drift(manifest, "- a list", "release.yml") == [
         "release.yml: expected a mapping; got list"
@@ -158,9 +215,9 @@ def _broken(workflow: dict[str, Any], change: str) -> dict[str, Any]:
     if change == "no runs-on":
         del jobs["release"]["runs-on"]
     elif change == "needs a number":
-        jobs["gpu-gates"]["needs"] = 5
+        jobs["release"]["needs"] = 5
     elif change == "unknown trigger filter":
-        broken["on"]["push"]["tagz"] = ["v*"]
+        broken["on"]["pull_request"]["branchez"] = ["main"]
     elif change == "a step with run and uses":
         jobs["wheels"]["steps"][1]["uses"] = "actions/checkout@v7"
     elif change == "no jobs":
@@ -172,8 +229,11 @@ def _broken(workflow: dict[str, Any], change: str) -> dict[str, Any]:
     ("change", "where"),
     [
         ("no runs-on", "jobs.release: 'runs-on' is a required property"),
-        ("needs a number", "jobs.gpu-gates.needs: 5 is not of type 'array'"),
-        ("unknown trigger filter", "on.push: Additional properties are not allowed ('tagz'"),
+        ("needs a number", "jobs.release.needs: 5 is not of type 'array'"),
+        (
+            "unknown trigger filter",
+            "on.pull_request: Additional properties are not allowed ('branchez'",
+        ),
         ("a step with run and uses", "jobs.wheels.steps.1:"),
         ("no jobs", "<top level>: 'jobs' is a required property"),
     ],
@@ -189,7 +249,7 @@ def test_an_invalid_workflow_is_never_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, manifest: Manifest
 ) -> None:
     valid = ci_workflow.generate(manifest)
-    monkeypatch.setattr(ci_workflow, "generate", lambda m: _broken(valid, "no runs-on"))
+    monkeypatch.setattr(workflow, "generate", lambda m: _broken(valid, "no runs-on"))
     with pytest.raises(ReleaseError, match=r"jobs\.release: 'runs-on' is a required property"):
         ci_workflow.write_workflow(manifest, tmp_path)
     assert not (tmp_path / ".github").exists() or not any((tmp_path / ".github").rglob("*"))
@@ -286,16 +346,23 @@ def test_zizmor_finds_nothing_in_the_generated_workflow(manifest: Manifest) -> N
     assert _zizmor(ROOT / manifest.ci.workflow) == []
 
 
-def test_zizmor_finds_nothing_in_what_the_generator_writes_now(
-    manifest: Manifest, tmp_path: Path
-) -> None:
-    """The same on a fresh render (so a generator change is audited before it is committed)."""
+def _rendered(manifest: Manifest, tmp_path: Path) -> Path:
     assert manifest.ci is not None
     path = tmp_path / manifest.ci.workflow
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(ci_workflow.render(manifest))
-    assert _zizmor(path) == []
-    assert ci_workflow.SELF_HOSTED_ACCEPTED.startswith("zizmor: ignore[self-hosted-runner] ")
+    return path
+
+
+def test_zizmor_finds_nothing_in_what_the_generator_writes_now(
+    manifest: Manifest, stable_ready: Manifest, tmp_path: Path
+) -> None:
+    """The same on a fresh render (so a generator change is audited before it is committed),
+    and on the workflow once stable joins it (its GPU job, its key step's secrets)."""
+    assert _zizmor(_rendered(manifest, tmp_path / "dev")) == []
+    assert _zizmor(_rendered(stable_ready, tmp_path / "stable")) == []
+    for accepted in (ci_workflow.SELF_HOSTED_ACCEPTED, ci_workflow.RELEASE_RUNNER_ACCEPTED):
+        assert accepted.startswith("zizmor: ignore[self-hosted-runner] ")
 
 
 @pytest.mark.parametrize(
@@ -303,19 +370,19 @@ def test_zizmor_finds_nothing_in_what_the_generator_writes_now(
     [
         (ci_workflow.CHECKOUT.sha, "v7.0.1", "unpinned-uses"),
         ("  # " + ci_workflow.SELF_HOSTED_ACCEPTED, "", "self-hosted-runner"),
+        ("  # " + ci_workflow.RELEASE_RUNNER_ACCEPTED, "", "self-hosted-runner"),
         ("concurrency:\n  group: ${{ github.workflow }}-${{ github.ref }}\n"
          "  cancel-in-progress: ${{ github.event_name == 'pull_request' }}\n", "",
          "concurrency-limits"),
+        ("    environment: release\n", "", "secrets-outside-env"),
     ],
 )  # fmt: skip
 def test_zizmor_flags_a_planted_weakness(
-    manifest: Manifest, tmp_path: Path, old: str, new: str, audit: str
+    stable_ready: Manifest, tmp_path: Path, old: str, new: str, audit: str
 ) -> None:
-    assert manifest.ci is not None
-    text = (ROOT / manifest.ci.workflow).read_text()
-    assert old in text
-    planted = tmp_path / ".github" / "workflows" / "release.yml"
-    planted.parent.mkdir(parents=True)
+    planted = _rendered(stable_ready, tmp_path)
+    text = planted.read_text()
+    assert old in text, old
     planted.write_text(text.replace(old, new))
     assert audit in {finding["ident"] for finding in _zizmor(planted)}
 
@@ -330,38 +397,79 @@ def test_source_date_epoch_comes_from_the_same_paths_as_the_hermetic_build(
     assert line.split(" -- ", 1)[1].split(")")[0].split() == list(SOURCE_ROOTS)
 
 
-def test_the_gpu_job_runs_on_the_self_hosted_labels_with_the_built_wheels(
+# --- the GPU job ---
+
+
+def test_no_channel_of_the_workflow_needs_the_gpu_job_so_there_is_none(
     committed: dict[str, Any], manifest: Manifest
 ) -> None:
-    assert manifest.ci is not None
-    job = committed["jobs"]["gpu-gates"]
-    assert job["runs-on"] == ["self-hosted", *manifest.ci.gpu_runner_labels]
+    """dev requires no GPU gate: its release never waits on a GPU runner."""
+    assert manifest.ci is not None and manifest.ci.channels == ("dev",)
+    assert "gpu-gates" not in committed["jobs"]
+    assert committed["jobs"]["release"]["needs"] == ["wheels"]
+    names = [step.get("name") for step in _steps(committed["jobs"]["release"])]
+    assert "the GPU records" not in names
+
+
+def test_the_gpu_job_runs_on_the_self_hosted_labels_with_the_built_wheels(
+    stable_workflow: dict[str, Any], stable_ready: Manifest
+) -> None:
+    assert stable_ready.ci is not None
+    job = stable_workflow["jobs"]["gpu-gates"]
+    assert job["runs-on"] == ["self-hosted", *stable_ready.ci.gpu_runner_labels]
     assert job["needs"] == "wheels"
-    assert job["if"] == ci_workflow.GPU_EVENTS
     downloads = [s for s in _steps(job) if "download-artifact" in s.get("uses", "")]
     assert downloads[0]["with"] == {"pattern": "wheel-*", "merge-multiple": True,
                                     "path": "out/wheels"}  # fmt: skip
-    assert "python -m release gpu-gates" in "\n".join(_run_lines(job))
+    lines = "\n".join(_run_lines(job))
+    assert "python -m release gpu-gates" in lines
+    assert '--attest-key "${ACTIVEKV_RUNNER_KEY:?set on the runner' in lines
     upload = next(s for s in _steps(job) if "upload-artifact" in s.get("uses", ""))
     assert upload["if"] == ci_workflow.ALWAYS
     assert upload["with"]["name"] == ci_workflow.GPU_RECORDS
     assert not any("build" in line.split() for line in _run_lines(job))  # never rebuilds
+    release = stable_workflow["jobs"]["release"]
+    assert release["needs"] == ["wheels", "gpu-gates"]
+    records = next(s for s in _steps(release) if s.get("name") == "the GPU records")
+    assert records["with"]["name"] == ci_workflow.GPU_RECORDS
+    assert records["continue-on-error"] is True
 
 
-def test_the_gpu_job_never_runs_for_a_pull_request(manifest: Manifest) -> None:
+def _admitted(condition: str) -> set[str]:
+    return set(re.findall(r"github\.event_name == '([a-z_]+)'", condition))
+
+
+def test_the_gpu_job_never_runs_for_a_pull_request(stable_workflow: dict[str, Any]) -> None:
     """Negative control: it ran for a same-repository pull request, on the runner whose key the
     channels trust. Its condition admits a tag push and a manual run, and no other event."""
-    condition = ci_workflow.generate(manifest)["jobs"]["gpu-gates"]["if"]
-    admitted = set(re.findall(r"github\.event_name == '([a-z_]+)'", condition))
-    assert admitted == {"push", "workflow_dispatch"}
-    assert "pull_request" not in condition and "!=" not in condition and "&&" not in condition
+    condition = stable_workflow["jobs"]["gpu-gates"]["if"]
+    assert _admitted(condition) == {"push", "workflow_dispatch"}
+    assert "pull_request" not in condition and "!=" not in condition
+
+
+def test_the_gpu_job_runs_only_for_a_channel_that_requires_gpu_gates(
+    stable_ready: Manifest,
+) -> None:
+    """A manual dev run leaves the GPU runner alone; a tag push runs it only when the tag's
+    channel requires a GPU gate."""
+    condition = ci_workflow.gpu_condition(stable_ready, stable_ready.ci)  # type: ignore[arg-type]
+    assert "contains(fromJSON('[\"stable\"]'), inputs.channel)" in condition
+    assert stable_ready.ci is not None
+    as_dev = stable_ready.ci.model_copy(update={"tag_channel": "dev"})
+    assert _admitted(ci_workflow.gpu_condition(stable_ready, as_dev)) == {"workflow_dispatch"}
+    only_stable = stable_ready.ci.model_copy(update={"channels": ("stable",)})
+    assert ci_workflow.gpu_condition(stable_ready, only_stable) == (
+        "${{ github.event_name == 'push' || github.event_name == 'workflow_dispatch' }}"
+    )
+
+
+# --- the release job ---
 
 
 def test_the_release_job_runs_on_evidence_only(
     committed: dict[str, Any], manifest: Manifest
 ) -> None:
     job = committed["jobs"]["release"]
-    assert job["needs"] == ["wheels", "gpu-gates"]
     assert "github.event_name != 'pull_request'" in job["if"]
     assert "needs.wheels.result == 'success'" in job["if"]
     steps = {s["name"]: s for s in _steps(job) if "name" in s}
@@ -374,9 +482,46 @@ def test_the_release_job_runs_on_evidence_only(
         assert steps[f"{gate} gate on these wheels"]["continue-on-error"] is True
     for step in ("sign", "publish (refuses unless the channel's gates passed on these digests)"):
         assert "continue-on-error" not in steps[step]
-    records = steps["the GPU records"]
-    assert records["with"]["name"] == ci_workflow.GPU_RECORDS
-    assert records["continue-on-error"] is True
+
+
+def test_the_release_job_runs_on_the_self_hosted_release_runner(
+    committed: dict[str, Any], manifest: Manifest
+) -> None:
+    """It writes the TUF folder the runner's web server serves and keeps its state there: both
+    folders are the runner's, and the job stops at once, naming each, where one is not set."""
+    assert manifest.ci is not None and manifest.ci.release is not None
+    job = committed["jobs"]["release"]
+    assert job["runs-on"] == ["self-hosted", *manifest.ci.release.runner_labels]
+    assert job["environment"] == "release"
+    lines = _run_lines(job)
+    folders = next(s for s in _steps(job) if s.get("name") == "the release runner's folders")
+    assert folders["run"].startswith(': "${ACTIVEKV_STATE_DIR:?set on the release runner')
+    assert ': "${ACTIVEKV_TUF_DIR:?set on the release runner' in folders["run"]
+    for line in lines:
+        signs = ("sign", "publish", "casters", "parity", "payload", "policy", "served-path")
+        if line.startswith("python -m release ") and shlex.split(line)[3] in signs:
+            assert '--state-dir "$ACTIVEKV_STATE_DIR"' in line, line
+    (publish,) = [line for line in lines if line.startswith("python -m release publish")]
+    assert publish.endswith(
+        "--index http://127.0.0.1:3141/activekv/release/+simple/ "
+        '--tuf-url http://127.0.0.1:8141/ --tuf-dir "$ACTIVEKV_TUF_DIR"'
+    )
+
+
+def test_the_release_job_verifies_as_a_consumer_from_the_index_it_published_to(
+    committed: dict[str, Any], manifest: Manifest
+) -> None:
+    (verify,) = [line for line in _run_lines(committed["jobs"]["release"])
+                 if line.startswith("python -m release verify")]  # fmt: skip
+    words = shlex.split(verify)
+    assert words[words.index("--index") + 1] == "http://127.0.0.1:3141/activekv/release/+simple/"
+    assert words[words.index("--tuf-url") + 1] == "http://127.0.0.1:8141/"
+    assert words[words.index("--root") + 1] == "$ACTIVEKV_TUF_DIR/metadata/1.root.json"
+    assert words[-1] == "activekv==$version"
+    step = next(s for s in _steps(committed["jobs"]["release"])
+                if s.get("name") == "verify from the index, as a consumer")  # fmt: skip
+    for version in manifest.build.python:  # every declared version installs
+        assert f"python{version}" in step["run"]
 
 
 def test_the_release_job_gives_the_served_path_gate_a_python_with_vllm(
@@ -391,36 +536,87 @@ def test_the_release_job_gives_the_served_path_gate_a_python_with_vllm(
     assert gate["env"] == {"ACTIVEKV_VLLM_PYTHON": "python3.12"}
 
 
-def test_a_remote_index_gives_the_publish_step_its_credentials_from_secrets(
-    manifest: Manifest,
+def test_the_publish_step_alone_gets_the_index_credentials_from_secrets(
+    committed: dict[str, Any],
 ) -> None:
-    def publish_step(generated: dict[str, Any]) -> dict[str, Any]:
-        (step,) = [s for s in _steps(generated["jobs"]["release"])
-                   if s.get("name", "").startswith("publish")]  # fmt: skip
-        return step
-
-    assert "env" not in publish_step(ci_workflow.generate(manifest))  # embedded: none needed
-    remote = manifest.with_publish(
-        index="https://pypi.example.com/simple/", tuf_dir="/srv/tuf",
-        tuf_url="https://pypi.example.com/tuf/",
-    )  # fmt: skip
-    assert publish_step(ci_workflow.generate(remote))["env"] == {
-        name: f"${{{{ secrets.{name} }}}}"
-        for name in ("ACTIVEKV_INDEX_TOKEN", "ACTIVEKV_INDEX_USERNAME", "ACTIVEKV_INDEX_PASSWORD")
-    }
+    credentials = ("ACTIVEKV_INDEX_TOKEN", "ACTIVEKV_INDEX_USERNAME", "ACTIVEKV_INDEX_PASSWORD")
+    for step in _steps(committed["jobs"]["release"]):
+        named = [name for name in credentials if f"secrets.{name}" in json.dumps(step)]
+        if str(step.get("name", "")).startswith("publish"):
+            assert step["env"] == {name: f"${{{{ secrets.{name} }}}}" for name in credentials}
+        else:
+            assert named == [], step.get("name")
 
 
-def test_every_command_the_workflow_calls_exists(committed: dict[str, Any]) -> None:
-    parser = cli._parser()
-    known = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
-    called = {
-        shlex.split(line)[3]
-        for job in committed["jobs"].values()
+def test_dev_needs_no_key_step(committed: dict[str, Any]) -> None:
+    text = json.dumps(committed["jobs"]["release"])
+    assert "ACTIVEKV_KEY_DIR" not in text and "RUNNER_TEMP" not in text
+
+
+def test_an_operator_signed_channel_takes_its_keys_from_secrets(
+    stable_workflow: dict[str, Any],
+) -> None:
+    """keys = "secrets": a step writes the stable keys into the job's private folder, for a
+    stable run only; every step that signs takes it as --key-dir; the folder goes at the end."""
+    steps = _steps(stable_workflow["jobs"]["release"])
+    (key_step,) = [s for s in steps if s.get("name", "").startswith("the stable channel's keys")]
+    assert key_step["if"] == "${{ env.CHANNEL == 'stable' }}"
+    assert key_step["env"] == {name: f"${{{{ secrets.{name} }}}}"
+                               for name in ci_workflow.secret_names("stable")}  # fmt: skip
+    files = {"stable-signing-key", "tuf-root", "tuf-targets", "tuf-snapshot", "tuf-timestamp"}
+    assert set(ci_workflow.secret_names("stable").values()) == files
+    signing = [line for line in _run_lines(stable_workflow["jobs"]["release"])
+               if re.match(r"python -m release (sign|publish|casters|parity|payload|policy|"
+                           r"served-path) ", line)]  # fmt: skip
+    assert len(signing) == 7
+    for line in signing:
+        assert '${ACTIVEKV_KEY_DIR:+--key-dir "$ACTIVEKV_KEY_DIR"}' in line
+    assert steps[-1]["name"] == "remove the keys"
+    assert steps[-1]["if"] == "${{ always() }}"
+    assert steps.index(key_step) < min(steps.index(s) for s in steps
+                                       if "record-build" in str(s.get("run")))  # fmt: skip
+
+
+def _release_lines(workflow: dict[str, Any]) -> list[str]:
+    return [
+        line.strip()
+        for job in workflow["jobs"].values()
         for line in _run_lines(job)
-        if line.startswith("python -m release ")
-    }
-    assert called - known == set()
-    assert {"gpu-gates", "sign", "publish", "verify", "report"} <= called
+        if line.strip().startswith("python -m release ")
+    ]
+
+
+def _arguments(line: str, environment: dict[str, str]) -> list[str]:
+    """The arguments bash gives `python -m release` for `line`, in `environment`."""
+    script = (
+        "interpreters=(--python /usr/bin/python3); set -- "
+        + line.split(" ", 3)[3]
+        + ('\nprintf "%s\\0" "$@"')
+    )
+    result = subprocess.run(["bash", "-c", script], env=environment, capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    return result.stdout.split("\0")[:-1]
+
+
+@pytest.mark.parametrize("key_dir", ["", "/keys"])
+def test_every_command_line_the_workflow_runs_parses(
+    committed: dict[str, Any], stable_workflow: dict[str, Any], key_dir: str
+) -> None:
+    """Each `python -m release` line, as bash expands it with and without the key step's folder,
+    is one the command line takes (a renamed or dropped option fails here, not in CI)."""
+    environment = {"PATH": "/usr/bin:/bin", "CHANNEL": "stable", "ACTIVEKV_STATE_DIR": "/state",
+                   "ACTIVEKV_TUF_DIR": "/tuf", "ACTIVEKV_KEY_DIR": key_dir,
+                   "ACTIVEKV_RUNNER_KEY": "/runner.pem", "version": "0.1.0"}  # fmt: skip
+    parser = cli._parser()
+    for generated, keyed in ((committed, False), (stable_workflow, bool(key_dir))):
+        lines = _release_lines(generated)
+        assert {shlex.split(line)[3] for line in lines} >= {"sign", "publish", "verify"}
+        for line in lines:
+            arguments = _arguments(line, environment)
+            parsed = parser.parse_args(arguments)
+            assert parsed.command == arguments[0]
+            assert ("--key-dir" in arguments) == (keyed and "--state-dir" in arguments), line
+    assert "gpu-gates" in {shlex.split(line)[3] for line in _release_lines(stable_workflow)}
 
 
 # --- the manifest's [ci] table ---
@@ -439,16 +635,27 @@ def test_every_command_the_workflow_calls_exists(committed: dict[str, Any]) -> N
          "without duplicates"),
         ('gpu_runner_labels = ["linux", "x64", "gpu", "h200"]', 'gpu_runner_labels = ["a b"]',
          "ci.gpu_runner_labels[0]: expected a runner label"),
+        ('runner_labels = ["linux", "x64", "release"]', 'runner_labels = ["self-hosted"]',
+         'ci.release.runner_labels: expected labels without "self-hosted"'),
         ('gpu_python = "3.12"', 'gpu_python = "3.9"',
          'ci.gpu_python: expected one of build.python, "3.10", "3.11", "3.12" or "3.13"; '
          'got "3.9"'),
-        ('tag_channel = "stable"', 'tag_channel = "nightly"',
-         'ci.tag_channel: expected a declared channel "dev" or "stable"; got "nightly"'),
+        ('channels = ["dev"]', 'channels = ["dev", "nightly"]',
+         'ci.channels[1]: expected a declared channel "dev" or "stable"; got "nightly"'),
+        ('channels = ["dev"]', 'channels = []', "ci.channels: expected a non-empty array"),
+        ('channels = ["dev"]', 'channels = ["dev"]\ntag_channel = "stable"',
+         'ci.tag_channel: expected one of ci.channels, "dev"; got "stable"'),
         ('workflow = ".github/workflows/release.yml"', 'workflow = "release.yml"',
          'ci.workflow: expected a path ".github/workflows/<name>.yml"'),
+        ('keys = "secrets"', 'keys = "vault"',
+         'ci.release.keys: expected one of "secrets" or "manifest"; got "vault"'),
+        ('tuf_url = "http://127.0.0.1:8141/"', 'tuf_url = "http://tuf.example.com/"',
+         "ci.release.tuf_url: expected an https:// URL without credentials"),
+        ('index = "http://127.0.0.1:3141/activekv/release/+simple/"', 'index = "embedded"',
+         "ci.release.index: expected an https:// URL without credentials"),
         ('build_runner = "ubuntu-24.04"', 'build_runner = "ubuntu-24.04"\nrunner = "x"',
          "ci.runner: expected one of the keys workflow, build_runner, gpu_runner_labels, "
-         "gpu_python, tag_channel; got an unknown key"),
+         "gpu_python, channels, tag_channel, release; got an unknown key"),
     ],
 )  # fmt: skip
 def test_a_bad_ci_table_names_the_key(

@@ -1,0 +1,8 @@
+"""`python -m release ci`: the GitHub Actions workflow of a release, generated from the manifest.
+
+* ``workflow``: the file as a whole (triggers, render, schema, drift, write);
+* ``jobs``: its three jobs (wheels, GPU gates, release);
+* ``actions``: the pinned actions and the step builders;
+* ``refusals``: what the manifest must hold for every path of the workflow to finish, each
+  refusal one line naming the key (docs/ci.md).
+"""
