@@ -192,14 +192,17 @@ def step_run(context: Context, channel_name: str | None) -> int:
 
 def check_run_inputs(context: Context, channel: str, spec: ChannelSpec) -> None:
     """ReleaseError naming the first input `run` would find missing or unusable only after its
-    build and gates: the toolchain's programs, an interpreter of every declared Python (verify
-    installs on each), the channel's signing key and the key that signs the gates'
-    attestations, each TUF role's key, and a remote index's credentials. Nothing under `<out>`
+    build and gates: the toolchain's programs, the sdist's frontend and pinned backend, an
+    interpreter of every declared Python (verify installs on each), the channel's signing key
+    and the key that signs the gates' attestations, each TUF role's key, and a remote index's
+    credentials. Nothing under `<out>`
     is touched (generated dev keys may be made under the state directory, as on any use)."""
+    from release.build.sdist import check_frontend
     from release.trust.keys import attesting_signer
     from release.trust.steps import check_publish_inputs, declared_interpreters
 
     _check_toolchain(context)
+    check_frontend()
     declared_interpreters(context.manifest)
     attesting_signer(context)
     check_publish_inputs(context, channel, spec)
