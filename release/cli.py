@@ -64,7 +64,8 @@ class _VersionAction(argparse.Action):
             version = project_version()
         except ReleaseError as error:
             parser.exit(2, f"error: {error}\n")
-        parser.exit(0, f"{parser.prog} {version}\n")
+        print(f"{parser.prog} {version}")  # on stdout, as argparse's own version action
+        parser.exit(0)
 
 
 def _option_parser(*flag: str, **options: object) -> argparse.ArgumentParser:
