@@ -23,6 +23,7 @@ the one that is missing.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from release.errors import ManifestError, SigningError
@@ -119,11 +120,7 @@ def _keys(manifest: Manifest, ci: CiSettings, channel: str) -> list[str]:
     spec = manifest.channel(channel)
     if not operator_signed(manifest, spec):
         return []  # generated keys, kept in the release runner's state folder
-    lines = []
-    try:
-        channel_pins(manifest, channel, spec)
-    except SigningError as error:  # pins.py's own line: the key, and how to pin one
-        lines.append(str(error))
+    lines = _pins(manifest, channel)
     mode = ci.release.keys if ci.release is not None else "manifest"
     if mode == "secrets":
         return lines  # the key step fails naming a secret that is not set
@@ -145,6 +142,32 @@ def _keys(manifest: Manifest, ci: CiSettings, channel: str) -> list[str]:
                 where = f"publish.tuf_keys.{role}.key"
                 lines.append(_line(manifest, where, _NO_FILE_KEY, _show(key)))
     return lines
+
+
+def _pins(manifest: Manifest, channel: str) -> list[str]:
+    """The channel's pinned table, each pinned file a public key beside the manifest."""
+    pinned = manifest.channel(channel).pinned
+    if pinned is None:
+        try:
+            channel_pins(manifest, channel, manifest.channel(channel))
+        except SigningError as error:  # pins.py's own line: the key, and how to pin one
+            return [str(error)]
+        return []
+    lines = []
+    for use, entries in pinned.model_dump().items():
+        for index, entry in enumerate(entries):
+            if not re.fullmatch(r"[0-9a-f]{64}", entry):  # a keyid is taken as it is
+                lines += _public_key(manifest, f"release.channels.{channel}.pinned.{use}[{index}]",
+                                     entry)  # fmt: skip
+    return lines
+
+
+def _public_key(manifest: Manifest, key: str, entry: str) -> list[str]:
+    try:
+        load_public_key(manifest.path.parent / entry)
+    except SigningError as error:
+        return [_line(manifest, key, "a public key file beside the manifest", str(error))]
+    return []
 
 
 _NO_FILE_KEY = (
@@ -170,11 +193,4 @@ def _gpu_signer(manifest: Manifest, channel: str) -> list[str]:
             "runner; the channel's signing key never reaches it)"
         )
         return [_line(manifest, key, expected, _show(list(listed)))]
-    lines = []
-    for index, entry in runners:
-        try:
-            load_public_key(manifest.path.parent / entry)
-        except SigningError as error:
-            expected = "a public key file beside the manifest"
-            lines.append(_line(manifest, f"{key}[{index}]", expected, str(error)))
-    return lines
+    return [line for i, entry in runners for line in _public_key(manifest, f"{key}[{i}]", entry)]
