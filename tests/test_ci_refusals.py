@@ -5,6 +5,7 @@ line naming the key to change. The manifest's own [ci], and the same with stable
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -177,10 +178,17 @@ def test_every_problem_is_named_at_once(tmp_path: Path) -> None:
 # --- the command line ---
 
 
-def test_ci_and_ci_check_refuse_and_write_nothing(tmp_path: Path) -> None:
+def test_ci_and_ci_check_refuse_and_write_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_variant(tmp_path, variant_text(STABLE[0]))
-    committed = ROOT / ".github" / "workflows" / "release.yml"
+    # The checkout `ci` writes into is a copy: a refusal that regressed must not rewrite ours.
+    committed = tmp_path / ".github" / "workflows" / "release.yml"
+    committed.parent.mkdir(parents=True)
+    shutil.copy2(ROOT / ".github" / "workflows" / "release.yml", committed)
+    monkeypatch.setattr(cli, "REPO_ROOT", tmp_path)
     before = committed.read_bytes()
     assert cli.main(["ci", "--manifest", str(path)]) == 2
     assert cli.main(["ci", "--check", "--manifest", str(path)]) == 2
     assert committed.read_bytes() == before
+    assert sorted(p.name for p in committed.parent.iterdir()) == ["release.yml"]

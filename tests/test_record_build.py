@@ -28,7 +28,7 @@ def test_records_each_wheel_with_what_it_serves_and_its_digest(tmp_path: Path) -
     out = tmp_path / "out"
     _wheels(out, f"activekv-0.1.0-cp310-cp310-{PLATFORM}.whl",
             f"activekv-0.1.0-cp312-abi3-{PLATFORM}.whl")  # fmt: skip
-    assert main(["record-build", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    assert main(["record-build", "--out", str(out)]) == 0
     record = json.loads((out / "build.json").read_text())
     assert record["toolchain"]["kind"] == "cibuildwheel"
     assert isinstance(record["source_date_epoch"], int)
@@ -45,7 +45,7 @@ def test_a_wheel_for_an_undeclared_python_is_refused_and_nothing_is_written(
 ) -> None:
     out = tmp_path / "out"
     _wheels(out, f"activekv-0.1.0-cp39-cp39-{PLATFORM}.whl")
-    assert main(["record-build", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 2
+    assert main(["record-build", "--out", str(out)]) == 2
     error = capsys.readouterr().err
     assert "activekv-0.1.0-cp39-cp39" in error and "build.python" in error
     assert not (out / "build.json").exists()
@@ -54,7 +54,7 @@ def test_a_wheel_for_an_undeclared_python_is_refused_and_nothing_is_written(
 def _recorded(tmp_path: Path) -> tuple[Path, dict]:
     out = tmp_path / "out"
     _wheels(out, f"activekv-0.1.0-cp312-abi3-{PLATFORM}.whl")
-    assert main(["record-build", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    assert main(["record-build", "--out", str(out)]) == 0
     return out, json.loads((out / "build.json").read_text())
 
 

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,15 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _release(*args: str, out: Path, state: Path) -> subprocess.CompletedProcess[str]:
+def _release(
+    *args: str, out: Path | None, state: Path | None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m release` with `--out` and `--state-dir` where given (a step refuses an option
+    it does not read)."""
     env = {**os.environ, "ACTIVEKV_CACHE_DIR": str(REPO / ".activekv" / "cache")}
+    where = [*(("--out", str(out)) if out else ()), *(("--state-dir", str(state)) if state else ())]
     return subprocess.run(
-        [sys.executable, "-m", "release", *args, "--out", str(out), "--state-dir", str(state)],
+        [sys.executable, "-m", "release", *args, *where],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=3000,
     )  # fmt: skip
 
@@ -80,13 +86,32 @@ def test_auditwheel_policy_is_no_newer_than_declared(release_run):
         assert policy["artefacts"][wheel.name] == sha256_file(wheel)
 
 
+def test_the_sdist_is_built_judged_and_signed_with_the_wheels(release_run):
+    _, out, _ = release_run
+    build = json.loads((out / "build.json").read_text())
+    (sdist,) = (out / "sdist").glob("*.tar.gz")
+    assert build["sdist"]["file"] == sdist.name == "activekv-0.1.0.tar.gz"
+    assert build["sdist"]["sha256"] == sha256_file(sdist)
+    with tarfile.open(sdist) as archive:  # stamped with the wheels' SOURCE_DATE_EPOCH
+        assert {m.mtime for m in archive.getmembers()} == {build["source_date_epoch"]}
+    payload = json.loads((out / "evidence" / "payload.json").read_text())
+    assert payload["verdict"] == "pass"
+    assert payload["figures"]["sdist"]["sha256"] == sha256_file(sdist)
+    assert sdist.name not in payload["artefacts"]  # the gates' artefacts are the wheels
+    sign = json.loads((out / "sign.json").read_text())
+    assert sign["subjects"][sdist.name] == sha256_file(sdist)
+
+
 def test_published_wheels_install_from_the_index_and_import(release_run):
     _, out, _ = release_run
     publish = json.loads((out / "publish.json").read_text())
     assert {f["outcome"] for f in publish["files"]} == {"uploaded"}
     verify = json.loads((out / "verify.json").read_text())
     wheels = {w.name: sha256_file(w) for w in (out / "wheels").glob("*.whl")}
-    assert verify["served"] == wheels  # every file the index serves, checked against the statement
+    (sdist,) = (out / "sdist").glob("*.tar.gz")
+    released = {**wheels, sdist.name: sha256_file(sdist)}  # the sdist is published with them
+    assert {f["file"]: f["sha256"] for f in publish["files"]} == released
+    assert verify["served"] == released  # every file the index serves, checked against it
     assert {check["wheel"] for check in verify["checks"]} == set(wheels)
     for check in verify["checks"]:
         assert check["digest_ok"] and check["sha256"] == wheels[check["wheel"]]
@@ -143,7 +168,7 @@ def test_stable_refuses_dev_attestations_and_gpu_attestations_of_other_wheels(
     keys, manifest = tmp_path / "keys", tmp_path / "manifests" / "activekv.toml"
     shutil.copytree(REPO / "manifests", manifest.parent)  # keygen --pin edits the copy
     made = _release("keygen", "--manifest", str(manifest), "--channel", "stable", str(keys),
-                    "--pin", out=out, state=state)  # fmt: skip
+                    "--pin", out=None, state=None)  # fmt: skip
     assert made.returncode == 0, made.stderr
     # One wheel changed after the GPU runner judged this commit's wheels (tests/gpu/evidence).
     changed_out = tmp_path / "out"

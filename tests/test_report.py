@@ -556,7 +556,7 @@ def test_describe_summarises_any_figures() -> None:
 def test_cli_report_writes_both_files(tmp_path: Path, manifest: Manifest) -> None:
     out = write_records(tmp_path / "out", manifest, staging=False, served_path=True,
                         published=True)  # fmt: skip
-    assert cli.main(["report", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    assert cli.main(["report", "--out", str(out)]) == 0
     assert "channel dev" in (out / REPORT_MD).read_text()
     assert (out / REPORT_HTML).read_text().startswith("<!DOCTYPE html>")
 
@@ -569,7 +569,7 @@ def test_the_report_shows_the_channel_the_records_were_made_for(
     sign = json.loads((out / "sign.json").read_text())
     (out / "sign.json").write_text(json.dumps({**sign, "channel": "stable"}))
     (out / "publish.json").unlink()
-    assert cli.main(["report", "--out", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    assert cli.main(["report", "--out", str(out)]) == 0
     html_text = (out / REPORT_HTML).read_text()
     assert "Gates (channel stable)" in html_text
     assert "warmup" in gate_tables(html_text)[0]  # stable requires the GPU warm-up gate

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -31,6 +32,7 @@ EARLIER_RUN = {
     "report.md": b"# the earlier run\n",
     "report.html": b"<p>the earlier run</p>\n",
     "wheels/activekv-0.1.0-cp312-abi3-manylinux_2_28_x86_64.whl": b"PK\x05\x06" + b"\0" * 18,
+    "sdist/activekv-0.1.0.tar.gz": b"the earlier run's sdist\n",
     "provenance/activekv-0.1.0.intoto.json": b"{}\n",
     "notes.txt": b"the operator's own file\n",
 }
@@ -157,12 +159,15 @@ def test_a_missing_declared_interpreter_refuses_the_run_before_anything_changes(
 
 
 def test_a_build_that_fails_puts_the_earlier_run_back(tmp_path: Path) -> None:
-    """Past the checks, the build fails at once (an ACTIVEKV_CUDA_COMPILER it does not know):
-    the earlier run's evidence, records and report are back as they were."""
+    """Past the checks, the build fails once its sdist is made (an ACTIVEKV_CUDA_COMPILER the
+    wheel build does not know): the earlier run's evidence, records, report, wheels and sdist
+    are back as they were; the failed build's logs stay beside them, to be read."""
     out = _earlier_out(tmp_path / "out")
     before = tree_digest(out)
     failed = _run(_manifest(tmp_path), out, tmp_path / "state", {"ACTIVEKV_CUDA_COMPILER": "?"})
     assert "ACTIVEKV_CUDA_COMPILER: expected 'auto' or 'wheels'" in _refused(failed)
+    assert (out / "logs" / "build-sdist.log").is_file()
+    shutil.rmtree(out / "logs")
     assert tree_digest(out) == before
 
 

@@ -75,8 +75,7 @@ def test_a_missing_program_is_named(tmp_path: Path) -> None:
 def _serve(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     """`python -m release serve` in its own process; it and the simple URL it serves."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "release", "serve", "--state-dir", str(tmp_path / "state"),
-         "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "release", "serve", "--state-dir", str(tmp_path / "state")],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert process.stdout is not None

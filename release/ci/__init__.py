@@ -5,4 +5,8 @@
 * ``actions``: the pinned actions and the step builders;
 * ``refusals``: what the manifest must hold for every path of the workflow to finish, each
   refusal one line naming the key (docs/ci.md).
+
+May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.wheelset``, the
+names the workflow must agree with from ``release.build``, ``release.gates``, ``release.trust`` and
+``release.report``. Never imports ``release.steps`` or the CLI: it describes steps, it runs none.
 """
