@@ -25,9 +25,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _release(
-    *args: str, out: Path | None, state: Path | None
-) -> subprocess.CompletedProcess[str]:
+def _release(*args: str, out: Path | None, state: Path | None) -> subprocess.CompletedProcess[str]:
     """`python -m release` with `--out` and `--state-dir` where given (a step refuses an option
     it does not read)."""
     env = {**os.environ, "ACTIVEKV_CACHE_DIR": str(REPO / ".activekv" / "cache")}
