@@ -26,7 +26,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -34,8 +33,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from release import catalogue
 from release.errors import ManifestError
-from release.gates import registry as gate_registry
+from release.util.limits import NetworkLimits
 from release.util.paths import PYPROJECT
 from release.util.pins import pyproject
 from release.util.urls import mask_urls, url_secrets
@@ -589,19 +589,6 @@ class TufKeys(_Model):
     timestamp: SignSpec
 
 
-class NetworkLimits(_Model):
-    """``[publish.limits]``: bounds on every read from an index, a TUF server or an upload
-    endpoint (release/util/http.py); past either, one line names the URL and the limit."""
-
-    # An index page (PEP 503 HTML or PEP 691 JSON), a TUF metadata file or a server's reply.
-    # PyPI's largest project pages are a few MB.
-    page_bytes: Annotated[StrictInt, Field(gt=0, le=1 << 34)] = 64 << 20
-    # One downloaded file: a wheel, an sdist, a provenance envelope.
-    file_bytes: Annotated[StrictInt, Field(gt=0, le=1 << 40)] = 4 << 30
-    # One request, from the connection to its last byte (a reply that drips never ends it).
-    deadline_s: Annotated[StrictFloat, Field(gt=0, le=86_400)] = 300.0
-
-
 class PublishSettings(_Model):
     """``[publish]``."""
 
@@ -858,7 +845,7 @@ def _cross_references(m: Manifest) -> list[_Issue]:
                 )
         unattested: dict[str, list[str]] = {}  # runner class -> required gates it runs
         for gate in channel.requires:
-            runner = gate_registry.runner_of(gate) if gate in gate_registry.names() else None
+            runner = catalogue.runner_of(gate) if gate in catalogue.names() else None
             if runner is not None and runner not in channel.attesters:
                 unattested.setdefault(runner, []).append(gate)
         for runner, gates in unattested.items():
@@ -970,7 +957,7 @@ def _gate_references(m: Manifest) -> list[_Issue]:
     """[gates.<name>] names a gate of the registry, on the runner that gate needs, with only the
     parameters that gate reads."""
     issues: list[_Issue] = []
-    known = gate_registry.names()
+    known = catalogue.names()
     for name, gate in m.gates.items():
         takes = _GATE_PARAMETERS.get(name, ())
         for key in (k for ks in _GATE_PARAMETERS.values() for k in ks):
@@ -987,8 +974,8 @@ def _gate_references(m: Manifest) -> list[_Issue]:
                     "an unknown gate",
                 )
             )
-        elif gate.runner != gate_registry.runner_of(name):
-            needed = gate_registry.runner_of(name)
+        elif gate.runner != catalogue.runner_of(name):
+            needed = catalogue.runner_of(name)
             issues.append(
                 _Issue(
                     ("gates", name, "runner"),

@@ -19,8 +19,8 @@ from release.context import Context
 from release.errors import BuildError, GateError
 from release.evidence import Evidence
 from release.gates.contract import GateInputs, GateOptions
-from release.gates.gpu_runner import detect_gpu
 from release.gates.registry import run_gate
+from release.gpu import detect_gpu
 from release.manifest import ChannelSpec
 from release.records import BuildRecord, BuiltWheelEntry, SdistEntry, SkippedEntry
 from release.util.digests import sha256_file

@@ -289,7 +289,7 @@ def test_lookups_from_another_thread_during_steps(native):
 
 
 def _layout_and_gpu(native: Any) -> tuple[Any, str | None]:
-    from release.gates.gpu_runner import detect_gpu
+    from release.gpu import detect_gpu
 
     return native.KvBlockLayout(2, 16, 2, 8, native.KvDtype.bf16), detect_gpu()
 

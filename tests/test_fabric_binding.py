@@ -13,8 +13,8 @@ from types import ModuleType
 
 import pytest
 
-from release.gates.gpu_runner import detect_gpu
 from release.gates.warmup import library_candidates
+from release.gpu import detect_gpu
 
 no_gpu = pytest.mark.skipif(detect_gpu() is not None, reason="this machine has a GPU")
 

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from release_cli import run_release
 
+from release import gpu
 from release.evidence import read_evidence
 from release.gates import parity, per_wheel, registry
 from release.gates import warmup as gpu_gates
 from release.gates.contract import GateInputs, Judges
-from release.gates.gpu_runner import NO_GPU_RUNNER, detect_gpu
+from release.gpu import NO_GPU_RUNNER, detect_gpu
 from release.manifest import GateSpec, load_manifest
 from release.trust.attestation import read_attestation
 from release.trust.sign import load_public_key, load_signer
@@ -328,7 +329,7 @@ def _fake_gpu_replay(monkeypatch, differs: str | None = None) -> list[dict[str, 
     monkeypatch.setattr(parity, "_replay_wheel", replay_wheel)
     monkeypatch.setattr(per_wheel, "interpreter_for",
                         lambda serves, given: Path(f"/runner/python{serves[0]}"))  # fmt: skip
-    monkeypatch.setattr(gpu_gates, "gpu_identity", lambda: {"kind": "gpu", "gpu": "NVIDIA H200",
+    monkeypatch.setattr(gpu, "gpu_identity", lambda: {"kind": "gpu", "gpu": "NVIDIA H200",
                                                              "driver": "580.1"})  # fmt: skip
     return started
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from release.cli import main
-from release.gates.gpu_runner import detect_gpu
+from release.gpu import detect_gpu
 
 
 @pytest.mark.skipif(detect_gpu() is not None, reason="a GPU is present: the benchmark runs")

@@ -142,7 +142,7 @@ def test_the_cuda_route_serves_every_layout_as_the_cpu_route_does(
 ) -> None:
     """On a GPU with torch: torch KV caches laid out as vLLM lays them out, stored and loaded by
     the CUDA route; every byte equal to what the CPU route (the same engine, host views) left."""
-    from release.gates.gpu_runner import detect_gpu
+    from release.gpu import detect_gpu
 
     if detect_gpu() is None:
         pytest.skip("not run: no GPU runner")

@@ -114,7 +114,7 @@ def test_a_cuda_region_that_cannot_be_allocated_names_region_blocks(engine_modul
     """The CUDA route's buffers are sized by the engine's arguments: a region's device staging
     buffer no GPU holds (8 Mi blocks of 128 KiB layers, 1 TiB) is an EngineInputError naming
     region_blocks, not the route's RuntimeError (CudaRouteError)."""
-    from release.gates.gpu_runner import detect_gpu
+    from release.gpu import detect_gpu
 
     if detect_gpu() is None:
         pytest.skip("no GPU runner: the CUDA route cannot start here")

@@ -19,7 +19,7 @@ import pytest
 
 from release import cli, records
 from release.evidence import Evidence, write_evidence
-from release.gates.gpu_runner import NO_GPU_RUNNER
+from release.gpu import NO_GPU_RUNNER
 from release.manifest import Manifest, load_manifest
 from release.report import document
 from release.report.document import (

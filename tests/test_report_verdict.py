@@ -27,7 +27,7 @@ from test_report import (
 
 from release import records
 from release.evidence import Evidence, write_evidence
-from release.gates.gpu_runner import NO_GPU_RUNNER
+from release.gpu import NO_GPU_RUNNER
 from release.manifest import Manifest, load_manifest
 from release.report.document import REPORT_HTML, REPORT_MD, describe, write_report
 from release.report.terminal import print_summary

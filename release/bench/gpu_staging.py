@@ -24,8 +24,7 @@ from typing import Any
 
 from release.build.cpptests import host_build, host_configure
 from release.errors import GateError
-from release.gates.gpu_runner import NO_GPU_RUNNER, detect_gpu
-from release.gates.warmup import gpu_identity
+from release.gpu import NO_GPU_RUNNER, detect_gpu, gpu_identity
 from release.manifest import Manifest
 from release.records import GPU_STAGING_RECORD, write_measurement
 from release.util.progress import console

@@ -26,8 +26,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from release import catalogue
 from release.errors import ManifestError, SigningError
-from release.gates import registry
 from release.manifest import SIGNING_KEY_ATTESTER, CiRelease, CiSettings, Manifest, index_root
 from release.trust.pins import channel_pins, operator_signed
 from release.trust.sign import is_file_key, load_public_key
@@ -56,9 +56,9 @@ def release_target(manifest: Manifest, release: CiRelease) -> ReleaseTarget:
 
 def gpu_gates(manifest: Manifest, channel: str) -> list[str]:
     """The gates ``channel`` requires that run on a GPU runner."""
-    known = registry.names()
+    known = catalogue.names()
     return [g for g in manifest.channel(channel).requires
-            if g in known and registry.runner_of(g) == "gpu"]  # fmt: skip
+            if g in known and catalogue.runner_of(g) == "gpu"]  # fmt: skip
 
 
 def check(manifest: Manifest, ci: CiSettings) -> None:

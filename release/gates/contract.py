@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from release.catalogue import Runner
 
 if TYPE_CHECKING:
     from release.evidence import Evidence
     from release.manifest import GateSpec, Manifest
     from release.wheelset import WheelSet
-
-Runner = Literal["cpu", "gpu"]
 
 
 class Judges(Enum):

@@ -38,6 +38,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from release import gpu
 from release.errors import GateError
 from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
@@ -231,9 +232,7 @@ def run_parity_gate(
                     plant=plant,
                 )  # fmt: skip
     if device == "cuda":
-        from release.gates.warmup import gpu_identity
-
-        runner = gpu_identity()
+        runner = gpu.gpu_identity()
     else:
         runner = runner_identity()
     summary = {key: "; ".join(f"{name}: {figures[key]}" for name, figures in per_wheel.items()

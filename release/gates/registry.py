@@ -1,10 +1,9 @@
-"""The registry of gates: one line per gate, its name, the module that implements it and the
-runner it needs.
+"""The registry of gates: loads and runs the gates of ``release.catalogue`` (one line per gate,
+its name, module and runner).
 
 Each module holds ``GATE``, an object that keeps ``release.gates.contract.Gate`` (its declared
-name and runner must be this line's). Modules are imported only when their gate runs, so a GPU
-runner judging one gate loads only what that gate needs, and the manifest schema checks
-``[gates.<name>]`` (the name and its ``runner``) against this table without importing any gate.
+name and runner must be its catalogue line's). Modules are imported only when their gate runs,
+so a GPU runner judging one gate loads only what that gate needs.
 """
 
 from __future__ import annotations
@@ -12,30 +11,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from release import catalogue
 from release.evidence import Evidence, write_evidence
-from release.gates.gpu_runner import NO_GPU_RUNNER
+from release.gpu import NO_GPU_RUNNER
 
 if TYPE_CHECKING:
-    from release.gates.contract import Gate, GateInputs, Runner
+    from release.gates.contract import Gate, GateInputs
 
-_GATES: dict[str, tuple[str, Runner]] = {
-    "policy": ("release.gates.policy", "cpu"),
-    "payload": ("release.gates.payload", "cpu"),
-    "casters": ("release.gates.casters", "cpu"),
-    "served-path": ("release.gates.served_path", "cpu"),
-    "parity": ("release.gates.parity", "cpu"),
-    "warmup": ("release.gates.warmup", "gpu"),
-    "gpu-parity": ("release.gates.gpu_parity", "gpu"),
-    "reproducible": ("release.gates.reproducible", "cpu"),
-}
-
-
-def names() -> tuple[str, ...]:
-    return tuple(_GATES)
-
-
-def runner_of(name: str) -> Runner:
-    return _GATES[name][1]
+# The catalogue's own table: a gate added there is loaded here.
+_GATES = catalogue.GATES
+names = catalogue.names
+runner_of = catalogue.runner_of
 
 
 def load(name: str) -> Gate:

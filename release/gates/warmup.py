@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from release import gpu
 from release.errors import GateError
-from release.evidence import Evidence, runner_identity, write_evidence
+from release.evidence import Evidence, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.per_wheel import PerWheel
 from release.manifest import GateSpec, Manifest
@@ -186,18 +187,6 @@ def judge(report: dict[str, Any], spec: GateSpec) -> Judgement:
     return Judgement(not problems, problems, figures)
 
 
-def gpu_identity() -> dict[str, str]:
-    query = "name,driver_version,pci.bus_id"
-    result = subprocess.run(
-        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if result.returncode != 0 or not result.stdout.strip():
-        raise GateError(f"nvidia-smi --query-gpu: expected the GPU's name; got {result.stderr!r}")
-    name, driver, bus = (part.strip() for part in result.stdout.splitlines()[0].split(","))
-    return {**runner_identity(), "kind": "gpu", "gpu": name, "driver": driver, "pci_bus_id": bus}
-
-
 def _measure(wheel: Wheel, spec: GateSpec, workdir: Path, python: Path) -> dict[str, Any]:
     site = workdir / "site"
     install_private(python, wheel.path, site)
@@ -241,7 +230,7 @@ def run_warmup_gate(
         raise GateError(f'{manifest.path}: gates.{NAME}: expected a gate with runner = "gpu"')
     if not len(wheels):
         raise GateError("gpu-gates: expected at least one wheel to judge")
-    runner = gpu_identity()
+    runner = gpu.gpu_identity()
     judged = PerWheel(interpreters)
     for wheel in wheels:
         if (python := judged.interpreter(wheel)) is not None:
@@ -256,19 +245,6 @@ def run_warmup_gate(
     return evidence
 
 
-def figure_lines(evidence: Evidence) -> list[str]:
-    """One line per judged wheel: its decode step times and allocation counts."""
-    return [
-        f"{name}: decode step median {figures['decode_step_median_us']} us "
-        f"(p99 {figures['decode_step_p99_us']}, back to back "
-        f"{figures['decode_step_pipelined_us']}); allocations: warm-up "
-        f"{figures['warmup_allocations']}, first second after seal "
-        f"{figures['first_second_allocations']}"
-        for name, figures in evidence.figures.get("wheels", {}).items()
-        if "decode_step_median_us" in figures
-    ]
-
-
 class WarmupGate:
     name = NAME
     runner: Runner = "gpu"
@@ -279,7 +255,7 @@ class WarmupGate:
         evidence = run_warmup_gate(
             inputs.manifest, inputs.wheels, inputs.out_dir, inputs.options.interpreters
         )
-        for line in figure_lines(evidence):
+        for line in gpu.figure_lines(evidence):
             console.print(f"  {line}", markup=False, highlight=False)
         return evidence
 

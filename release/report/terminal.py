@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from release.gates.warmup import figure_lines
+from release.gpu import figure_lines
 from release.manifest import Manifest
 from release.records import BuildRecord
 from release.report.document import SDIST_SERVES, built_from, describe, folder_name

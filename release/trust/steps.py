@@ -19,10 +19,9 @@ from typing import Any
 from rich.markup import escape
 from tuf.api.metadata import Metadata, Root
 
-from release import records
+from release import catalogue, records
 from release.context import Context
 from release.errors import PublishError, SigningError, VerifyError, WriteError
-from release.gates import registry
 from release.manifest import SIGNING_KEY_ATTESTER, ChannelSpec, Manifest
 from release.records import BuildRecord
 from release.source_state import checked_built_from, refuse_dirty, source_state
@@ -97,7 +96,7 @@ def channel_attestations(
     keys = _attester_keys(context, channel, spec, signing_key)
     gates = []
     for gate in spec.requires:
-        runner = registry.runner_of(gate)
+        runner = catalogue.runner_of(gate)
         listed = f"a key of {context.manifest.path} release.channels.{channel}.attesters.{runner}"
         gates.append(GateKeys(gate, keys.get(runner, {}), listed))
     folders = [context.out_dir / "evidence"]
@@ -112,7 +111,7 @@ def channel_attestations(
             f"channel {channel!r} refuses to publish; nothing was uploaded:\n  "
             + "\n  ".join(problems)
         )
-    return [(chosen[gate], registry.runner_of(gate)) for gate in spec.requires]
+    return [(chosen[gate], catalogue.runner_of(gate)) for gate in spec.requires]
 
 
 def _attested(

@@ -3,7 +3,7 @@ while it streams (never read whole first) and bounded by one wall-clock deadline
 connection to the last byte. urllib's ``timeout=`` is per socket operation, so a reply that drips
 a byte a second would never end; here a timer shuts the request's sockets down at the deadline,
 which wakes any blocked read. Past either limit, one line names the URL and the limit
-(``[publish.limits]`` of the manifest, release/manifest.py ``NetworkLimits``).
+(``[publish.limits]`` of the manifest, release/util/limits.py ``NetworkLimits``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Literal
 
 from release.errors import PackageIndexError
-from release.manifest import NetworkLimits
+from release.util.limits import NetworkLimits
 from release.util.urls import masked_url
 
 CapKey = Literal["page_bytes", "file_bytes"]
