@@ -1,12 +1,20 @@
 """A package index its operator already runs (devpi-server, pypiserver, or any index twine can
 upload to), and the TUF repository written to a folder the operator serves beside it.
 
-Credentials come from the environment or keyring, never from the manifest, and are never
-printed: ``ACTIVEKV_INDEX_TOKEN`` (an API token, user ``__token__``), else
-``ACTIVEKV_INDEX_PASSWORD`` with ``ACTIVEKV_INDEX_USERNAME`` (default: the manifest's
-``publish.username``), else keyring's password for the upload URL and that user. Before anything
-is uploaded they are tried on the upload URL with an upload that carries no file: a server that
-answers 401 or 403 refuses them, and the publish stops naming the index and the variables.
+Credentials come from the environment, twine's configuration or keyring, never from the manifest,
+and are never printed. The first source that gives a password wins, with that source's user:
+
+1. ``ACTIVEKV_INDEX_TOKEN`` (an API token, user ``__token__``);
+2. ``ACTIVEKV_INDEX_PASSWORD``, user ``ACTIVEKV_INDEX_USERNAME`` (default: ``publish.username``);
+3. ``TWINE_PASSWORD``, user ``TWINE_USERNAME`` (default: ``publish.username``), then the user and
+   password in ``TWINE_REPOSITORY_URL``; twine sends these to ``TWINE_REPOSITORY_URL`` when it is
+   set, so one naming another URL than the upload URL is refused rather than followed or ignored;
+4. the ``~/.pypirc`` section whose ``repository`` is the upload URL (release/trust/twine_config.py);
+5. keyring's password for the upload URL and the first user named above.
+
+Before anything is uploaded they are tried on the upload URL, on twine's own HTTP stack
+(release/trust/twine_upload.py), with an upload that carries no file: a server that answers 401
+or 403 refuses them, and the publish stops naming the index and where the credentials came from.
 
 The publish rules are the embedded index's (release/trust/publish.py): this module only says where
 files go and whether the server itself would replace a file (devpi's ``volatile`` indexes), which
@@ -15,18 +23,20 @@ the pipeline never does either way.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import urllib.error
-import urllib.request
-import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+import requests
+
 from release.errors import PublishError
 from release.manifest import NetworkLimits
+from release.trust import twine_config, twine_upload
+from release.trust.twine_config import Tls
 from release.util import http
 
 ENV_USERNAME = "ACTIVEKV_INDEX_USERNAME"
@@ -48,7 +58,7 @@ class RemoteIndex:
     upload: bool = False  # opened to upload: credentials found and tried at __enter__
     limits: NetworkLimits = NetworkLimits()  # noqa: RUF009 (frozen: one shared default is fine)
     # Never in repr: a traceback or log that shows the index must not show its password.
-    _credentials: tuple[str, str] | None = field(default=None, repr=False)
+    _credentials: Credentials | None = field(default=None, repr=False)
 
     @property
     def provenance_dir(self) -> Path:
@@ -57,16 +67,18 @@ class RemoteIndex:
 
     @property
     def username(self) -> str:
-        return self._opened()[0]
+        return self._opened().username
 
     @property
     def password(self) -> str:
-        return self._opened()[1]
+        return self._opened().password
 
     def __enter__(self) -> RemoteIndex:
         if self.upload:
-            credentials = find_credentials(self.url, self.default_username)
-            check_credentials(self.url, *credentials, limits=self.limits)
+            credentials = resolve_credentials(self.url, self.default_username)
+            check_credentials(self.url, credentials.username, credentials.password,
+                              limits=self.limits, tls=credentials.tls,
+                              source=credentials.source)  # fmt: skip
             self._credentials = credentials
         return self
 
@@ -78,7 +90,7 @@ class RemoteIndex:
     ) -> None:
         self._credentials = None
 
-    def _opened(self) -> tuple[str, str]:
+    def _opened(self) -> Credentials:
         if self._credentials is None:
             raise PublishError(f"{self.url}: not opened to upload (use it as `with` block)")
         return self._credentials
@@ -103,20 +115,89 @@ class RemoteIndex:
         return None
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """A user and password for an upload URL, and where they came from (named in errors)."""
+
+    username: str
+    password: str = field(repr=False)
+    source: str  # "TWINE_PASSWORD with the user of TWINE_USERNAME", "~/.pypirc [name]", ...
+    tls: Tls = Tls()  # noqa: RUF009 (frozen): twine's TLS settings for the URL
+
+
 def find_credentials(upload_url: str, default_username: str) -> tuple[str, str]:
-    """(user, password) for ``upload_url`` from the environment or keyring; PublishError naming
-    the variables to set when there are none."""
-    if token := os.environ.get(ENV_TOKEN):
-        return "__token__", token
-    username = os.environ.get(ENV_USERNAME) or default_username
-    password = os.environ.get(ENV_PASSWORD) or _keyring_password(upload_url, username)
-    if not password:
-        raise PublishError(
-            f"publishing to {upload_url} needs credentials: set {ENV_PASSWORD} (and "
-            f"{ENV_USERNAME}, default {default_username!r}) or {ENV_TOKEN}, or store the password "
-            f"in keyring for {upload_url}; nothing was uploaded"
-        )
-    return username, password
+    """(user, password) for ``upload_url`` (:func:`resolve_credentials`)."""
+    found = resolve_credentials(upload_url, default_username)
+    return found.username, found.password
+
+
+def resolve_credentials(
+    upload_url: str,
+    default_username: str,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    pypirc: Path | None = None,
+) -> Credentials:
+    """The credentials for ``upload_url`` by the precedence of this module's docstring, and
+    twine's TLS settings for it; PublishError naming every source when there are none, or the
+    source that is wrong (a TWINE_REPOSITORY_URL of another index, a .pypirc twine cannot read).
+    ``pypirc``: the file to read (default ``~/.pypirc`` of ``environ``'s HOME)."""
+    pypirc = pypirc or twine_config.pypirc_path(environ)
+    section = twine_config.pypirc_section(upload_url, pypirc)
+    tls = twine_config.tls_for(upload_url, section, environ)
+    if token := environ.get(ENV_TOKEN):
+        return Credentials("__token__", token, ENV_TOKEN, tls)
+    if password := environ.get(ENV_PASSWORD):
+        username = environ.get(ENV_USERNAME)
+        user_from = ENV_USERNAME if username else "publish.username"
+        return Credentials(username or default_username, password,
+                           f"{ENV_PASSWORD} with the user of {user_from}", tls)  # fmt: skip
+    twine = twine_config.twine_environment(environ)
+    if twine.password or twine.url_password:
+        twine_config.check_scope(twine, upload_url)
+        if twine.password:
+            user_from = twine_config.ENV_USERNAME if twine.username else "publish.username"
+            return Credentials(twine.username or default_username, twine.password,
+                               f"{twine_config.ENV_PASSWORD} with the user of {user_from}",
+                               tls)  # fmt: skip
+        return Credentials(twine.url_username or default_username, twine.url_password or "",
+                           f"the user and password of {twine_config.ENV_REPOSITORY_URL}",
+                           tls)  # fmt: skip
+    if section is not None and section.password:
+        return Credentials(section.username or default_username, section.password,
+                           f"the .pypirc section {section.named}", tls)  # fmt: skip
+    username, user_from = _keyring_user(upload_url, default_username, environ, twine, section)
+    if keyring_password := _keyring_password(upload_url, username):
+        return Credentials(username, keyring_password,
+                           f"keyring for {upload_url} with the user of {user_from}",
+                           tls)  # fmt: skip
+    raise PublishError(
+        f"publishing to {upload_url} needs credentials: set {ENV_TOKEN}, or {ENV_PASSWORD} (and "
+        f"{ENV_USERNAME}, default {default_username!r}), or twine's {twine_config.ENV_PASSWORD} "
+        f"(and {twine_config.ENV_USERNAME}), or give {pypirc} a section whose "
+        f"repository is {upload_url}, or store the password in keyring for {upload_url}; "
+        "nothing was uploaded"
+    )
+
+
+def _keyring_user(
+    upload_url: str,
+    default_username: str,
+    environ: Mapping[str, str],
+    twine: twine_config.TwineEnvironment,
+    section: twine_config.PypircSection | None,
+) -> tuple[str, str]:
+    """The user keyring is asked for, and where it came from: the first user named above (the
+    TWINE_USERNAME of another TWINE_REPOSITORY_URL is not this index's)."""
+    twine_here = twine.repository_url is None or twine_config.same_url(twine.repository_url,
+                                                                       upload_url)  # fmt: skip
+    named = [
+        (environ.get(ENV_USERNAME), ENV_USERNAME),
+        (twine.username if twine_here else None, twine_config.ENV_USERNAME),
+        (section.username if section else None, f"the .pypirc section {section and section.named}"),
+    ]
+    return next(((user, where) for user, where in named if user),
+                (default_username, "publish.username"))  # fmt: skip
 
 
 def _keyring_password(upload_url: str, username: str) -> str | None:
@@ -149,61 +230,45 @@ def _backend_name(backend: object) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None  # the 3xx is raised as an HTTPError instead
-
-
 def check_credentials(
     upload_url: str,
     username: str,
     password: str,
     *,
     limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+    tls: Tls = Tls(),  # noqa: B008
+    source: str | None = None,
 ) -> None:
-    """Tries the credentials on ``upload_url`` with an upload that carries no file: the server
-    checks who asks before what is sent, so 401 or 403 means refused; anything else (devpi and
-    pypiserver answer 400: no file) means accepted. PublishError names the index and the cause."""
-    boundary = uuid.uuid4().hex
-    body = (
-        f'--{boundary}\r\nContent-Disposition: form-data; name=":action"\r\n\r\n'
-        f"file_upload\r\n--{boundary}--\r\n"
-    ).encode()
-    token = base64.b64encode(f"{username}:{password}".encode()).decode()
-    request = urllib.request.Request(
-        upload_url, data=body, method="POST",
-        headers={"Content-Type": f"multipart/form-data; boundary={boundary}",
-                 "Authorization": f"Basic {token}"},
-    )  # fmt: skip
+    """Tries the credentials on ``upload_url`` with an upload that carries no file, on twine's
+    session: the server checks who asks before what is sent, so 401 or 403 means refused;
+    anything else (devpi and pypiserver answer 400: no file) means accepted. PublishError names
+    the index, the cause and, when given, where the credentials came from (``source``)."""
     try:
-        # The reply's body is not read: its status says all (within the deadline).
-        with http.opened(request, limits=limits, error=PublishError, handlers=[_RefuseRedirects()]):
-            return
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        if 300 <= exc.code < 400:
-            # Followed, a POST would become a GET carrying the credentials to wherever it points.
-            raise PublishError(
-                f"{upload_url} redirects (HTTP {exc.code}) to {exc.headers.get('Location')}; give "
-                "that URL as publish.upload_url; the credentials were not sent there, and nothing "
-                "was uploaded"
-            ) from None
-        if exc.code in (401, 403):
-            raise PublishError(
-                f"{upload_url} refused the credentials of user {username!r} (HTTP {exc.code}); "
-                f"check {ENV_TOKEN}, or {ENV_USERNAME} and {ENV_PASSWORD}; nothing was uploaded"
-            ) from None
-        if exc.code in (404, 405):
-            raise PublishError(
-                f"{upload_url} takes no uploads (HTTP {exc.code} {exc.reason}); set "
-                "publish.upload_url to the URL twine uploads to; nothing was uploaded"
-            ) from None
-        if exc.code >= 500:
-            raise PublishError(
-                f"{upload_url} failed (HTTP {exc.code} {exc.reason}) when the credentials were "
-                "tried; nothing was uploaded"
-            ) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise PublishError(f"{upload_url} cannot be reached ({reason}); nothing was "
-                           "uploaded") from None  # fmt: skip
+        reply = twine_upload.probe(upload_url, username, password, limits=limits, tls=tls)
+    except requests.RequestException as exc:
+        raise PublishError(f"{upload_url} cannot be reached ({twine_upload.reason(exc)}); "
+                           "nothing was uploaded") from None  # fmt: skip
+    code, reason = reply.status_code, reply.reason
+    if 300 <= code < 400:
+        # Followed, a POST would become a GET carrying the credentials to wherever it points.
+        raise PublishError(
+            f"{upload_url} redirects (HTTP {code}) to {reply.headers.get('Location')}; give "
+            "that URL as publish.upload_url; the credentials were not sent there, and nothing "
+            "was uploaded"
+        )
+    if code in (401, 403):
+        check = (f"taken from {source}; check them, or set {ENV_TOKEN}, or {ENV_USERNAME} and "
+                 f"{ENV_PASSWORD}, which come first" if source else
+                 f"check {ENV_TOKEN}, or {ENV_USERNAME} and {ENV_PASSWORD}")  # fmt: skip
+        raise PublishError(f"{upload_url} refused the credentials of user {username!r} (HTTP "
+                           f"{code}), {check}; nothing was uploaded")  # fmt: skip
+    if code in (404, 405):
+        raise PublishError(
+            f"{upload_url} takes no uploads (HTTP {code} {reason}); set "
+            "publish.upload_url to the URL twine uploads to; nothing was uploaded"
+        )
+    if code >= 500:
+        raise PublishError(
+            f"{upload_url} failed (HTTP {code} {reason}) when the credentials were "
+            "tried; nothing was uploaded"
+        )

@@ -1,41 +1,240 @@
-"""One file uploaded with twine's command line, the way a release engineer runs it; a failure
-becomes one line that says what the index answered.
+"""Uploads through twine's API, in this process: twine's ``Repository`` and ``PackageFile``, so
+twine's requests session (its user agent, retries, proxies and TLS settings) sends the file, and
+the credential probe (release/trust/remote_index.py) goes out on that same session. A failure is
+one line saying what the index answered: its status and its own words (an error page's
+``<pre>``, as bottle, so pypiserver, writes one; else the page without markup).
 
-twine reports a refused upload as ``HTTPError: 400 Bad Request`` and keeps the server's reason in
-the response body, which it prints only with ``--verbose``. So twine runs verbose, without colour
-and wide enough not to wrap, and the body of its last ``Response from`` block is reduced to its
-text: an error page's ``<pre>`` (bottle, so pypiserver), else the page without markup.
+Every request is bounded as release/util/http.py bounds urllib's: the reply's body is capped at
+``publish.limits.page_bytes`` while it streams, and one wall-clock deadline
+(``publish.limits.deadline_s``) covers the whole upload, twine's retries of a 5xx included; at it
+a timer shuts the upload's sockets down, which wakes a read or write blocked on a server that
+drips or stalls (requests' ``timeout`` is per socket operation and never fires on a drip).
 """
 
 from __future__ import annotations
 
 import html
-import os
 import re
-import subprocess
-import sys
+import socket
+import tarfile
 import threading
-from collections import deque
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from types import TracebackType
+from typing import Any
+
+import requests
+import rich
+from requests.adapters import HTTPAdapter
+from twine import exceptions as twine_exceptions
+from twine.package import PackageFile
+from twine.repository import Repository
+from twine.settings import Settings
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from release.errors import PublishError
 from release.manifest import NetworkLimits
+from release.trust import twine_config
+from release.trust.twine_config import Tls
+from release.util.http import too_large, too_slow
 
 _REDACTED = "********"
-# What is kept of twine's output: its end, where the index's last answer is (twine --verbose
-# prints a reply's body whole, and a server may answer with any number of bytes).
-_KEPT_OUTPUT_BYTES = 1 << 20
 _MAX_ANSWER_CHARS = 400
-# twine's rich log: "INFO     Response from URL:" then "<status> <reason>", then the body.
-_RESPONSE = re.compile(r"Response from \S+:\s*\n\s*(?P<status>\d{3}[^\n]*)\n")
-_LEVEL = r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b"  # a rich log record starts so
-_LOG_LEVEL = re.compile(_LEVEL, re.MULTILINE)
-# The body is logged as a record of its own, up to the next record.
-_BODY = re.compile(rf"\s*INFO\b(?P<text>.*?)(?={_LEVEL}|\Z)",
-                   re.DOTALL | re.MULTILINE)  # fmt: skip
+_CHUNK = 1 << 16
 _PRE = re.compile(r"<pre>(.*?)</pre>", re.DOTALL | re.IGNORECASE)
 _TAG = re.compile(r"<(style|script|title)\b.*?</\1>|<[^>]+>", re.DOTALL | re.IGNORECASE)
+
+
+class _Deadline:
+    """One upload's wall-clock deadline: at it, every socket its requests opened is shut down."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.expired = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._timer.cancel()
+
+    def left(self) -> float:
+        return self._end - time.monotonic()
+
+    @property
+    def passed(self) -> bool:
+        return self.expired or self.left() <= 0
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            expired = self.expired
+        if expired:
+            _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    # The plain socket's shutdown, a TLS socket's too: it wakes a call blocked in another thread.
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed, or detached when TLS wrapped it (the TLS socket is watched instead)
+
+
+def _watched_pools(deadline: _Deadline) -> dict[str, type[HTTPConnectionPool]]:
+    """urllib3 pool classes whose connections' sockets ``deadline`` shuts down."""
+
+    class Connection(HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            sock = super()._new_conn()
+            deadline.watch(sock)
+            return sock
+
+    class TLSConnection(HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            sock = super()._new_conn()
+            deadline.watch(sock)  # the TCP connect and the TLS handshake
+            return sock
+
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)  # type: ignore[arg-type]  # the TLS socket it reads from
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = Connection
+
+    class TLSPool(HTTPSConnectionPool):
+        ConnectionCls = TLSConnection
+
+    return {"http": Pool, "https": TLSPool}
+
+
+class _BoundedAdapter(HTTPAdapter):
+    """twine's adapter (its retries), each request given at most the time left and watched by
+    the deadline, its reply's body read here within ``limits.page_bytes``."""
+
+    def __init__(
+        self, deadline: _Deadline, limits: NetworkLimits, slow: str, cacert: str | None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        self._deadline, self._limits, self._slow = deadline, limits, slow
+        self._cacert = cacert
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _watched_pools(self._deadline)
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if not proxy.lower().startswith("socks"):  # SOCKS pools are their own classes
+            manager.pool_classes_by_scheme = _watched_pools(self._deadline)
+        return manager
+
+    def send(self, request: requests.PreparedRequest, stream: bool = False, timeout: Any = None,
+             **kwargs: Any) -> requests.Response:  # fmt: skip
+        left = self._deadline.left()
+        if left <= 0:
+            raise PublishError(self._slow)
+        if self._cacert:
+            # The bundle named for this index; requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE
+            # win over a session's (psf/requests#4650), as it would for twine --cert.
+            kwargs["verify"] = self._cacert
+        try:
+            response = super().send(request, stream=True, timeout=left, **kwargs)
+        except requests.RequestException:
+            if self._deadline.passed:
+                raise PublishError(self._slow) from None
+            raise
+        # Read here, bounded, instead of whole by requests: any reply asked for whole, and a
+        # redirect's (requests reads it whole before it would follow, even when streaming).
+        if not stream or response.is_redirect:
+            response._content = self._body(response, request.url or "")
+        return response
+
+    def _body(self, response: requests.Response, url: str) -> bytes:
+        cap, total, chunks = self._limits.page_bytes, 0, []
+        try:
+            while chunk := response.raw.read(min(_CHUNK, cap + 1 - total), decode_content=True):
+                total += len(chunk)
+                if total > cap:
+                    raise PublishError(too_large(url, "page_bytes", self._limits))
+                chunks.append(chunk)
+        except (OSError, requests.RequestException, ValueError) as exc:
+            if self._deadline.passed:
+                raise PublishError(self._slow) from None
+            raise PublishError(f"{url}: the reply broke off ({type(exc).__name__})") from None
+        finally:
+            response.close()
+        if self._deadline.expired:  # a shut socket reads as the end: not a whole reply
+            raise PublishError(self._slow)
+        return b"".join(chunks)
+
+
+@contextmanager
+def repository(
+    url: str,
+    username: str,
+    password: str,
+    *,
+    limits: NetworkLimits,
+    tls: Tls = Tls(),  # noqa: B008 (frozen)
+    slow: str,
+) -> Iterator[Repository]:
+    """twine's Repository for ``url`` (its Settings: the credentials given, never asked for),
+    every request on its session within ``limits``; ``slow`` is the error past the deadline."""
+    try:
+        settings = Settings(
+            repository_url=url, username=username, password=password, non_interactive=True,
+            disable_progress_bar=True, cacert=tls.cacert, client_cert=tls.client_cert,
+        )  # fmt: skip
+        twine_repository = settings.create_repository()
+    except twine_exceptions.TwineException as exc:
+        raise PublishError(f"twine refuses {url}: {_one_line(str(exc))}") from None
+    with _Deadline(float(limits.deadline_s)) as deadline:
+        for prefix in ("http://", "https://"):
+            twine_adapter = twine_repository.session.get_adapter(prefix)
+            retries = getattr(twine_adapter, "max_retries", 0)
+            bounded = _BoundedAdapter(deadline, limits, slow, tls.cacert, max_retries=retries)
+            twine_repository.session.mount(prefix, bounded)
+        try:
+            yield twine_repository
+        finally:
+            twine_repository.close()
+
+
+@contextmanager
+def _quiet_rich() -> Iterator[None]:
+    """twine prints "Uploading <file>" on rich's global console; the publish says it instead."""
+    console = rich.get_console()
+    before, console.quiet = console.quiet, True
+    try:
+        yield
+    finally:
+        console.quiet = before
 
 
 def upload(
@@ -45,85 +244,96 @@ def upload(
     password: str,
     *,
     limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+    tls: Tls | None = None,
 ) -> None:
-    """Upload ``wheel`` to ``url`` within ``limits.deadline_s``; PublishError naming what the
-    index answered on failure."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TWINE_")}
-    # Wide and not a dumb terminal: rich would wrap the server's answer at 80 columns.
-    env.update(TWINE_USERNAME=username, TWINE_PASSWORD=password, COLUMNS="1000", LINES="50")
-    env.pop("TERM", None)
-    command = [sys.executable, "-m", "twine", "--no-color", "upload", "--non-interactive",
-               "--disable-progress-bar", "--verbose", "--repository-url", url,
-               str(wheel)]  # fmt: skip
-    status, output = _run(command, env, limits.deadline_s, wheel.name, url)
-    if status != 0:
-        if password:
-            output = output.replace(password, _REDACTED)
-        raise PublishError(f"twine upload of {wheel.name} to {url} failed: {failure(output)}")
-
-
-def _run(
-    command: list[str], env: dict[str, str], deadline_s: float, name: str, url: str
-) -> tuple[int, str]:
-    """twine's exit status and the end of its output (stdout, then stderr), within
-    ``deadline_s``."""
+    """Upload ``wheel`` to ``url`` with twine, within ``limits``; PublishError naming what the
+    index answered on failure. ``tls``: twine's TLS settings for ``url``; None: found as for
+    the credential probe (:func:`tls_settings`)."""
+    head = f"twine upload of {wheel.name} to {url}"
+    tls = tls_settings(url) if tls is None else tls
+    slow = (f"{head} did not finish in {limits.deadline_s:g} s "
+            f"(publish.limits.deadline_s = {limits.deadline_s:g})")  # fmt: skip
     try:
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    except OSError as exc:
-        raise PublishError(f"twine upload of {name} to {url}: cannot run twine ({exc})") from None
-    streams = [process.stdout, process.stderr]
-    kept: list[deque[bytes]] = [deque(), deque()]
-    readers = [threading.Thread(target=keep_end, args=(stream, end), daemon=True)
-               for stream, end in zip(streams, kept, strict=True)]  # fmt: skip
-    for reader in readers:
-        reader.start()
-    try:
-        status = process.wait(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise PublishError(
-            f"twine upload of {name} to {url} did not finish in {deadline_s:g} s "
-            f"(publish.limits.deadline_s = {deadline_s:g})"
-        ) from None
-    finally:
-        for reader in readers:
-            reader.join(timeout=5)
-    return status, "\n".join(b"".join(end).decode("utf-8", errors="replace") for end in kept)
-
-
-def keep_end(stream: IO[bytes] | None, kept: deque[bytes]) -> None:
-    """Read ``stream`` to its end, keeping its last ``_KEPT_OUTPUT_BYTES`` in ``kept`` (whole
-    lines: a line cut at the front could show the end of a password that no redaction finds)."""
-    if stream is None:
+        package = PackageFile.from_filename(str(wheel), None)
+    except (twine_exceptions.TwineException, OSError, ValueError, zipfile.BadZipFile,
+            tarfile.TarError) as exc:  # fmt: skip
+        said = _one_line(str(exc)) or type(exc).__name__
+        raise PublishError(f"{head}: twine cannot read the file ({said})") from None
+    with repository(url, username, password, limits=limits, tls=tls, slow=slow) as twine_repo:
+        try:
+            with _quiet_rich():
+                response = twine_repo.upload(package)
+        except requests.RequestException as exc:
+            raise PublishError(f"{head} failed: {reason(exc)}") from None
+    if response.status_code == requests.codes.ok:
         return
-    size, trimmed = 0, False
-    with stream:
-        while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
-            kept.append(chunk)
-            size += len(chunk)
-            while size - len(kept[0]) >= _KEPT_OUTPUT_BYTES:
-                size -= len(kept.popleft())
-                trimmed = True
-    if trimmed:
-        rest = b"".join(kept).partition(b"\n")[2]
-        kept.clear()
-        kept.append(rest)
+    if response.is_redirect:  # twine refuses to follow one (its RedirectDetected)
+        raise PublishError(f"{head} failed: the index redirects (HTTP {response.status_code}) to "
+                           f"{response.headers.get('Location')}; give that URL as "
+                           "publish.upload_url")  # fmt: skip
+    raise PublishError(f"{head} failed: {answer(response, password)}")
 
 
-def failure(output: str) -> str:
-    """One line from twine's verbose output: the index's status and answer, else twine's error."""
-    responses = list(_RESPONSE.finditer(output))
-    if responses:
-        last = responses[-1]
-        body = _BODY.match(output, last.end())
-        answer = server_text(body["text"]) if body else ""
-        status = " ".join(last["status"].split())
-        return f"the index answered {status}" + (f": {answer}" if answer else "")
-    errors = [line for line in output.splitlines() if line.startswith("ERROR")]
-    last_error = errors[-1] if errors else (output.strip().splitlines() or ["no output"])[-1]
-    return " ".join(_LOG_LEVEL.sub("", last_error).split()) or "no output"
+def tls_settings(url: str) -> Tls:
+    """twine's TLS settings for ``url`` (release/trust/twine_config.py): ``TWINE_CERT``, the
+    ``.pypirc`` section of the URL. None apply to an ``http`` URL, whose ``.pypirc`` is not read
+    (the embedded index's)."""
+    if not url.lower().startswith("https:"):
+        return Tls()
+    section = twine_config.pypirc_section(url, twine_config.pypirc_path())
+    return twine_config.tls_for(url, section)
+
+
+def answer(response: requests.Response, password: str = "") -> str:
+    """What the index answered: its status, and its words when it said any."""
+    said = server_text(response.content.decode(response.encoding or "utf-8", errors="replace"))
+    if password:
+        said = said.replace(password, _REDACTED)
+    status = " ".join(f"{response.status_code} {response.reason or ''}".split())
+    return f"the index answered {status}" + (f": {said}" if said else "")
+
+
+def probe(
+    url: str,
+    username: str,
+    password: str,
+    *,
+    limits: NetworkLimits = NetworkLimits(),  # noqa: B008
+    tls: Tls = Tls(),  # noqa: B008
+) -> requests.Response:
+    """An upload that carries no file, sent as twine sends one (its session, its credentials),
+    redirects not followed; the reply's status and headers (its body is never read).
+    PublishError past the deadline; requests' own error when the URL cannot be reached."""
+    boundary = uuid.uuid4().hex
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name=":action"\r\n\r\n'
+        f"file_upload\r\n--{boundary}--\r\n"
+    ).encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    slow = too_slow(url, limits)
+    with repository(url, username, password, limits=limits, tls=tls, slow=slow) as twine_repo:
+        response = twine_repo.session.post(url, data=body, headers=headers, allow_redirects=False,
+                                           stream=True)  # fmt: skip
+        response.close()
+    return response
+
+
+def reason(exc: BaseException) -> str:
+    """The innermost cause of a requests error, in its own words: "Connection refused", not
+    urllib3's retry wrapper around it."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "reason", None)
+        if not isinstance(inner, BaseException):
+            inner = next((a for a in exc.args if isinstance(a, BaseException)), None)
+        inner = inner or exc.__cause__ or exc.__context__
+        if inner is None:
+            break
+        exc = inner
+    if isinstance(exc, OSError) and exc.strerror:
+        return _one_line(exc.strerror)
+    return _one_line(str(exc)) or type(exc).__name__
 
 
 def server_text(body: str) -> str:
@@ -132,3 +342,7 @@ def server_text(body: str) -> str:
     text = pre.group(1) if pre else _TAG.sub(" ", body)
     line = " ".join(html.unescape(text).split())
     return line if len(line) <= _MAX_ANSWER_CHARS else line[: _MAX_ANSWER_CHARS - 1] + "…"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
