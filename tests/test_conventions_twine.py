@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import certifi
 import pytest
 from bad_servers import endless, serving
 from cryptography import x509
@@ -239,12 +240,16 @@ def test_a_pypirc_ca_cert_reaches_the_probe_and_the_upload(
     authority: Authority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An index behind a private CA: refused with requests' own bundle (the control), reached
-    with the ca_cert of its .pypirc section, on the probe and the upload alike."""
+    with the ca_cert of its .pypirc section, on the probe and the upload alike, even where
+    REQUESTS_CA_BUNDLE names another."""
     wheel = build_wheel(tmp_path / "dist")
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("TWINE_CERT", raising=False)
+    # requests would let this bundle (which lacks the private CA) win over the session's: the
+    # section's ca_cert must win over it, as twine --cert's does not.
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())
     recorder = Recorder(status=400, body=b"no file")
     with recording(recorder, authority.server) as url:
         with pytest.raises(PublishError, match=r"cannot be reached \(.*certificate verify failed"):
