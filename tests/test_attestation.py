@@ -21,13 +21,13 @@ from release.context import Context
 from release.errors import ManifestError, PublishError, SigningError
 from release.evidence import Evidence
 from release.manifest import load_manifest
+from release.statement import gate_statement
 from release.trust.attestation import (
     GateKeys,
     attest,
     attestation_path,
     check_release,
     choose,
-    gate_statement,
     provenance_entry,
     read_attestation,
 )

@@ -20,7 +20,8 @@ from securesystemslib.signer import CryptoSigner
 
 from release.cli import DEFAULT_MANIFEST, main
 from release.errors import PublishError
-from release.trust.sign import PAYLOAD_TYPE, load_signer, sign_statement
+from release.statement import PAYLOAD_TYPE
+from release.trust.sign import load_signer, sign_statement
 from release.trust.tuf_metadata import TufRepository
 from release.util.pins import project_version
 

@@ -19,6 +19,7 @@ from fixtures_wheels import build_wheel
 from release.errors import PublishError
 from release.gates import registry
 from release.manifest import load_manifest
+from release.statement import read_statement_unverified
 from release.trust.attestation import (
     attestation_path,
     attestation_target,
@@ -32,7 +33,6 @@ from release.trust.sign import (
     build_statement,
     key_paths,
     load_signer,
-    read_statement_unverified,
     sign_statement,
     write_envelope,
 )

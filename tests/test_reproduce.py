@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from release.build.reproduce import run_reproduce_gate, snapshot, wheel_differences
+from release.build.reproduce import run_reproduce_gate, snapshot
 from release.manifest import load_manifest
+from release.util.wheel_diff import wheel_differences
 
 pytestmark = pytest.mark.integration  # builds every wheel twice with the real toolchain
 

@@ -17,18 +17,20 @@ from fixtures_wheels import build_wheel
 from securesystemslib.signer import CryptoSigner
 
 from release.errors import SigningError
-from release.trust.sign import (
+from release.statement import (
     PAYLOAD_TYPE,
-    PREDICATE_TYPE,
     STATEMENT_TYPE,
+    read_statement_unverified,
+    subject_digests,
+)
+from release.trust.sign import (
+    PREDICATE_TYPE,
     build_statement,
     key_paths,
     load_public_key,
     load_signer,
     read_and_verify_envelope,
-    read_statement_unverified,
     sign_statement,
-    subject_digests,
     write_envelope,
     write_public_key,
 )

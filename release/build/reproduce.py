@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from release.evidence import Evidence, write_evidence
 from release.manifest import Manifest
 from release.util.digests import sha256_file
 from release.util.progress import step
+from release.util.wheel_diff import wheel_differences
 
 # The second copy sits deeper and under another name, so any path that leaks into a wheel shows.
 _COPIES = (("a", Path("a") / "activekv"), ("b", Path("b") / "elsewhere" / "src-of-activekv"))
@@ -38,28 +38,6 @@ def snapshot(source_dir: Path, destination: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     return destination
-
-
-def wheel_differences(first: Path, second: Path) -> list[str]:
-    """Each member that differs between two wheels, with its first differing byte offset."""
-    with zipfile.ZipFile(first) as a, zipfile.ZipFile(second) as b:
-        names_a, names_b = set(a.namelist()), set(b.namelist())
-        found = [f"{name}: only in the first build" for name in sorted(names_a - names_b)]
-        found += [f"{name}: only in the second build" for name in sorted(names_b - names_a)]
-        for name in sorted(names_a & names_b):
-            data_a, data_b = a.read(name), b.read(name)
-            if data_a != data_b:
-                offset = next(
-                    (i for i, (x, y) in enumerate(zip(data_a, data_b, strict=False)) if x != y),
-                    min(len(data_a), len(data_b)),
-                )
-                found.append(
-                    f"{name}: first difference at byte {offset} "
-                    f"({len(data_a)} and {len(data_b)} bytes)"
-                )
-        if not found:
-            found.append("same members and bytes; the archive itself differs (order, times)")
-    return found
 
 
 def run_reproduce_gate(

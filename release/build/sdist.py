@@ -27,9 +27,9 @@ from types import TracebackType
 
 from packaging.requirements import Requirement
 
-from release.build.wheels import run_logged
 from release.errors import BuildError
 from release.records import SDIST_FOLDER
+from release.util.logged import run_logged
 from release.util.paths import PYPROJECT
 from release.util.pins import pyproject
 

@@ -32,6 +32,7 @@ from release.manifest import Manifest
 from release.records import LATEST_EPOCH
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
+from release.util.logged import run_logged
 from release.util.paths import SOURCE_ROOTS
 from release.util.progress import console, tracked
 from release.wheelset import version_tuple
@@ -200,21 +201,6 @@ def _cmake_settings(manifest: Manifest, toolchain: Toolchain) -> dict[str, str]:
     defines["ACTIVEKV_CUDA_ARCHITECTURES"] = ";".join(manifest.build.cuda.architectures)
     defines["CMAKE_BUILD_TYPE"] = manifest.build.build_type
     return defines
-
-
-def run_logged(
-    command: list[str], env: Mapping[str, str], log: Path, what: str, cwd: Path | None = None
-) -> None:
-    """Runs `command` with its output appended to `log`; BuildError with the log's tail if it
-    fails."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as stream:
-        stream.write(f"$ {' '.join(command)}\n")
-        stream.flush()
-        result = subprocess.run(command, env=env, cwd=cwd, stdout=stream, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        raise BuildError(f"{what} failed (exit {result.returncode}); log: {log}\n{tail}")
 
 
 def _write_sbom_record(record: dict[str, str], cache_dir: Path) -> Path:

@@ -23,7 +23,7 @@ from release.records import (
     SignRecord,
     VerifyRecord,
 )
-from release.trust.attestation import SUFFIX, attested_evidence, attested_gate, other_wheels
+from release.statement import SUFFIX, attested_evidence, attested_gate, other_wheels
 from release.wheelset import judged_sdist
 
 OTHER_STATEMENT = "another kind of statement: it attests no gate"

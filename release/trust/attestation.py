@@ -17,27 +17,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from securesystemslib.signer import Key, Signer
 
 from release.errors import SigningError
-from release.evidence import Evidence, evidence_from_fields
+from release.evidence import Evidence
+from release.statement import (
+    SUFFIX,
+    attested_gate,
+    gate_evidence,
+    gate_statement,
+    other_wheels,
+    subject_digests,
+)
 from release.trust.sign import (
-    STATEMENT_TYPE,
     UnlistedSignerError,
     read_and_verify_by_any,
-    read_statement_unverified,
     sign_statement,
-    subject_digests,
     write_envelope,
 )
 from release.util.digests import sha256_file
-
-GATE_PREDICATE_TYPE = "https://github.com/activekv/release/gate-verdict/v1"
-SUFFIX = ".intoto.json"
 
 
 def published_name(gate: str) -> str:
@@ -53,20 +55,6 @@ def release_folder(project: str, version: str) -> str:
 
 def attestation_path(out_dir: Path, gate: str) -> Path:
     return out_dir / "evidence" / published_name(gate)
-
-
-def gate_statement(evidence: Evidence) -> dict[str, Any]:
-    """The in-toto Statement of one gate run: its judged wheels and its evidence."""
-    predicate = {k: v for k, v in asdict(evidence).items() if k not in ("artefacts", "schema")}
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [
-            {"name": name, "digest": {"sha256": digest}}
-            for name, digest in sorted(evidence.artefacts.items())
-        ],
-        "predicateType": GATE_PREDICATE_TYPE,
-        "predicate": predicate,
-    }
 
 
 def attest(evidence: Evidence, signer: Signer, out_dir: Path) -> Path:
@@ -89,39 +77,7 @@ def read_attestation(path: Path, trusted: Mapping[str, Key], listed: str) -> Att
     """The attestation at `path`, its signature verified by one of `trusted` (keyid to key;
     `listed` says where they are listed). SigningError names the file and what is wrong."""
     statement, key = read_and_verify_by_any(path, trusted, listed)
-    return Attestation(path, sha256_file(path), key, _evidence(path, statement))
-
-
-def _evidence(path: Path, statement: Mapping[str, Any]) -> Evidence:
-    if statement.get("predicateType") != GATE_PREDICATE_TYPE:
-        raise SigningError(f"{path}: predicateType: expected {GATE_PREDICATE_TYPE!r}; got "
-                           f"{statement.get('predicateType')!r}")  # fmt: skip
-    predicate = statement.get("predicate")
-    if not isinstance(predicate, dict):
-        raise SigningError(f"{path}: predicate: expected the fields of a gate's evidence; got "
-                           f"{type(predicate).__name__}")  # fmt: skip
-    try:
-        return evidence_from_fields({**predicate, "artefacts": subject_digests(statement)})
-    except ValueError as error:
-        raise SigningError(f"{path}: predicate: {error}") from None
-
-
-def attested_evidence(path: Path) -> Evidence:
-    """The evidence an attestation holds, read WITHOUT checking its signature: for showing what a
-    signed provenance rests on (publishing verified it when it signed)."""
-    return _evidence(path, read_statement_unverified(path))
-
-
-def attested_gate(path: Path) -> str | None:
-    """The gate an envelope claims to attest, read WITHOUT checking its signature (to sort
-    candidates only; None for the envelope of another kind of statement). SigningError for a
-    file that is not a DSSE envelope of an in-toto Statement."""
-    statement = read_statement_unverified(path)
-    predicate = statement.get("predicate")
-    if statement.get("predicateType") != GATE_PREDICATE_TYPE or not isinstance(predicate, dict):
-        return None
-    gate = predicate.get("gate")
-    return gate if isinstance(gate, str) else None
+    return Attestation(path, sha256_file(path), key, gate_evidence(path, statement))
 
 
 @dataclass(frozen=True)
@@ -175,22 +131,6 @@ def _unusable(evidence: Evidence, digests: Mapping[str, str]) -> str | None:
         detail = f" ({evidence.reason})" if evidence.reason else ""
         return f"verdict is {evidence.verdict}{detail}"
     return other_wheels(evidence.artefacts, digests)
-
-
-def other_wheels(judged: Mapping[str, str], digests: Mapping[str, str]) -> str | None:
-    """How the wheels a gate judged (`judged`, name to sha256) differ from `digests`; None when
-    they are the same wheels."""
-    if judged == digests:
-        return None
-    changed = [f"{name} (attested {judged[name][:12]}, built {digest[:12]})"
-               for name, digest in sorted(digests.items())
-               if name in judged and judged[name] != digest]  # fmt: skip
-    missing = sorted(set(digests) - set(judged))
-    extra = sorted(set(judged) - set(digests))
-    parts = [f"changed since it was judged: {', '.join(changed)}"] if changed else []
-    parts += [f"not judged: {', '.join(missing)}"] if missing else []
-    parts += [f"judged but not published: {', '.join(extra)}"] if extra else []
-    return "names other wheels; " + "; ".join(parts)
 
 
 def provenance_entry(attestation: Attestation, runner: str) -> dict[str, Any]:

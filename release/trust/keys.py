@@ -19,17 +19,35 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Protocol
 
 from securesystemslib.signer import Key, Signer
 
-from release.context import Context
 from release.errors import SigningError
-from release.manifest import ChannelSpec, SignSpec, TufKeys
+from release.manifest import ChannelSpec, Manifest, SignSpec, TufKeys
 from release.trust.pins import SIGNING, channel_pins
 from release.trust.sign import generated_key_pair, load_signer, signing_key_name
 from release.util.progress import console
 
 _RUNNER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+class KeySources(Protocol):
+    """What choosing a run's keys reads of it (``release.context.Context`` is one): the keys
+    come from these places only, so trust needs no step context."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def key_dir(self) -> Path | None: ...  # --key-dir
+    @property
+    def attest_key(self) -> Path | None: ...  # --attest-key
+    @property
+    def channel_name(self) -> str | None: ...  # --channel
+
+    def channel(self, name: str | None) -> tuple[str, ChannelSpec]: ...
 
 
 def tuf_key_name(role: str) -> str:
@@ -121,7 +139,7 @@ def tuf_keys_spec(directory: Path) -> TufKeys:
     return TufKeys(**roles)
 
 
-def channel_signer(context: Context, channel: str, spec: ChannelSpec) -> tuple[Signer, Key]:
+def channel_signer(context: KeySources, channel: str, spec: ChannelSpec) -> tuple[Signer, Key]:
     """The key that signs `channel`'s provenance: from --key-dir, else the manifest's
     `[sign.<spec.signing>]`; taken only when the channel pins it (release/trust/pins.py)."""
     pins = channel_pins(context.manifest, channel, spec)
@@ -140,7 +158,7 @@ def channel_signer(context: Context, channel: str, spec: ChannelSpec) -> tuple[S
     return signer, key
 
 
-def attesting_signer(context: Context) -> tuple[Signer, Key]:
+def attesting_signer(context: KeySources) -> tuple[Signer, Key]:
     """The key that signs gate attestations here: the runner's (--attest-key), else the signing
     key of the run's channel (--channel, else the manifest's default channel)."""
     channel, spec = context.channel(context.channel_name)

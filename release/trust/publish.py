@@ -45,6 +45,7 @@ from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from release.errors import PublishError, ReleaseError
 from release.manifest import NetworkLimits
+from release.statement import read_statement_unverified, subject_digests
 from release.trust import twine_upload
 from release.trust.attestation import attestation_target
 from release.trust.index import list_project_files, normalize_project
@@ -55,7 +56,6 @@ from release.trust.release_version import (
     statement_version,
     version_key,
 )
-from release.trust.sign import read_statement_unverified, subject_digests
 from release.trust.statement_store import (
     PrivateCopies,
     attachment_plan,

@@ -25,18 +25,18 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from release.build.reproduce import wheel_differences
-from release.build.wheels import run_logged
 from release.errors import BuildError, ReleaseError, VerifyError
 from release.manifest import NetworkLimits
+from release.statement import subject_digests
 from release.trust.build_inputs import build_inputs
 from release.trust.rebuild_workdir import check_apart, check_workdir, fresh_workdir, git_source
-from release.trust.sign import subject_digests
 from release.trust.tuf_client import TrustedIndex
 from release.trust.verify import parse_requirement, tuf_url_for, verified_statement
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
+from release.util.logged import run_logged
 from release.util.private_site import clean_pip_env
+from release.util.wheel_diff import wheel_differences
 
 # Toolchain record keys that do not decide a wheel's bytes: where a tool lies, and ccache.
 _NOT_COMPARED = ("_path", "ccache")

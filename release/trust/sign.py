@@ -16,7 +16,6 @@ Private key material never appears in a message, a log or an output file of this
 
 from __future__ import annotations
 
-import binascii
 import json
 import os
 import stat
@@ -33,13 +32,12 @@ from securesystemslib.exceptions import FormatError, UnverifiedSignatureError
 from securesystemslib.signer import SIGNER_FOR_URI_SCHEME, CryptoSigner, Key, Signer
 
 from release.errors import SigningError
+from release.statement import PAYLOAD_TYPE, STATEMENT_TYPE, decode_statement, read_envelope
 from release.util.atomic import atomic_write
 from release.util.digests import sha256_file
-from release.util.jsonfile import JsonFileError, parse_json, read_json
+from release.util.jsonfile import read_json
 
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "https://github.com/activekv/release/build/v1"
 BUILDER_ID = "https://github.com/activekv/release/builder/local/v1"
 
@@ -342,14 +340,6 @@ def build_statement(
     }
 
 
-def subject_digests(statement: Mapping[str, Any]) -> dict[str, str]:
-    """File name to sha256 for every subject of ``statement``."""
-    try:
-        return {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    except (KeyError, TypeError) as exc:
-        raise SigningError(f"statement subjects are malformed (missing {exc})") from None
-
-
 def _rfc3339(moment: datetime, what: str) -> str:
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise SigningError(f"{what} time {moment.isoformat()} must be timezone-aware")
@@ -394,7 +384,7 @@ def read_and_verify_by_any(
     signature verified; ``trusted`` maps keyid to key, ``listed`` says in messages where those
     keys come from. SigningError for an unsigned envelope, one signed by no trusted key, or one
     whose signature does not verify (the payload or the signature was altered)."""
-    envelope = _read_envelope(path)
+    envelope = read_envelope(path)
     if not envelope.signatures:
         raise SigningError(f"{path}: the envelope has no signature")
     signers = [keyid for keyid in sorted(envelope.signatures) if keyid in trusted]
@@ -412,46 +402,7 @@ def read_and_verify_by_any(
             f"{path}: the signature of key {key.keyid} does not verify "
             "(the payload or the signature was altered)"
         ) from None
-    return _decode_statement(path, envelope), key
-
-
-def read_statement_unverified(path: Path) -> dict[str, Any]:
-    """The statement inside the envelope at ``path`` WITHOUT checking its signature.
-
-    For consistency checks only (e.g. that an envelope names the files being published);
-    trust decisions use :func:`read_and_verify_envelope`.
-    """
-    return _decode_statement(path, _read_envelope(path))
-
-
-def _read_envelope(path: Path) -> Envelope:
-    try:
-        data = read_json(path)
-    except OSError as exc:
-        raise SigningError(f"{path}: cannot read the envelope ({exc.strerror})") from None
-    except JsonFileError as exc:
-        raise SigningError(f"{path}: the envelope is not JSON ({exc})") from None
-    try:
-        envelope = Envelope.from_dict(data)
-    except (KeyError, TypeError, ValueError, FormatError, binascii.Error) as exc:
-        raise SigningError(f"{path}: not a DSSE envelope ({type(exc).__name__}: {exc})") from None
-    if envelope.payload_type != PAYLOAD_TYPE:
-        raise SigningError(
-            f"{path}: payload type is {envelope.payload_type!r}, expected {PAYLOAD_TYPE!r}"
-        )
-    return envelope
-
-
-def _decode_statement(path: Path, envelope: Envelope) -> dict[str, Any]:
-    try:
-        statement = parse_json(envelope.payload)
-    except JsonFileError as exc:
-        raise SigningError(f"{path}: the payload is not JSON ({exc})") from None
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise SigningError(f"{path}: the payload is not an in-toto v1 Statement")
-    if not isinstance(statement.get("subject"), list):
-        raise SigningError(f"{path}: the statement has no subject list")
-    return statement
+    return decode_statement(path, envelope), key
 
 
 # --------------------------------------------------------------------------- files

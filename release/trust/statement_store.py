@@ -20,10 +20,10 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from release.errors import PublishError, ReleaseError, WriteError
+from release.statement import read_statement_unverified, subject_digests
 from release.trust.attestation import release_folder
 from release.trust.index import normalize_project
 from release.trust.release_version import version_key
-from release.trust.sign import read_statement_unverified, subject_digests
 from release.util.digests import sha256_file
 
 # Tests only: seconds to sleep after storing the attestations, before the statement.

@@ -40,11 +40,12 @@ from packaging.version import InvalidVersion, Version
 
 from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import NetworkLimits, index_root
+from release.statement import subject_digests
 from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
 from release.trust.release_version import same_version, statement_version, version_spellings
 from release.trust.served_files import check_served_files
-from release.trust.sign import load_public_key, read_and_verify_envelope, subject_digests
+from release.trust.sign import load_public_key, read_and_verify_envelope
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import PROVENANCE_PREFIX
 from release.util.digests import sha256_file

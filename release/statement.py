@@ -1,0 +1,143 @@
+"""The in-toto Statements the pipeline writes and reads, as data: their types, the DSSE
+envelope they travel in, their subjects, and a gate's verdict as a statement. No signature is
+made or checked here (release/trust/sign.py does both): a reader here is for showing what a
+signed file says, or for sorting candidates, never for deciding to trust one.
+
+Below trust and report, which both read statements: may import ``release.errors``,
+``release.evidence`` and ``release.util``.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from securesystemslib.dsse import Envelope
+from securesystemslib.exceptions import FormatError
+
+from release.errors import SigningError
+from release.evidence import Evidence, evidence_from_fields
+from release.util.jsonfile import JsonFileError, parse_json, read_json
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+GATE_PREDICATE_TYPE = "https://github.com/activekv/release/gate-verdict/v1"
+SUFFIX = ".intoto.json"  # an envelope's file name ends so
+
+
+def subject_digests(statement: Mapping[str, Any]) -> dict[str, str]:
+    """File name to sha256 for every subject of ``statement``."""
+    try:
+        return {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+    except (KeyError, TypeError) as exc:
+        raise SigningError(f"statement subjects are malformed (missing {exc})") from None
+
+
+def read_statement_unverified(path: Path) -> dict[str, Any]:
+    """The statement inside the envelope at ``path`` WITHOUT checking its signature.
+
+    For consistency checks only (e.g. that an envelope names the files being published);
+    trust decisions use release/trust/sign.py's ``read_and_verify_envelope``.
+    """
+    return decode_statement(path, read_envelope(path))
+
+
+def read_envelope(path: Path) -> Envelope:
+    """The DSSE envelope at ``path`` of an in-toto payload; SigningError naming the file."""
+    try:
+        data = read_json(path)
+    except OSError as exc:
+        raise SigningError(f"{path}: cannot read the envelope ({exc.strerror})") from None
+    except JsonFileError as exc:
+        raise SigningError(f"{path}: the envelope is not JSON ({exc})") from None
+    try:
+        envelope = Envelope.from_dict(data)
+    except (KeyError, TypeError, ValueError, FormatError, binascii.Error) as exc:
+        raise SigningError(f"{path}: not a DSSE envelope ({type(exc).__name__}: {exc})") from None
+    if envelope.payload_type != PAYLOAD_TYPE:
+        raise SigningError(
+            f"{path}: payload type is {envelope.payload_type!r}, expected {PAYLOAD_TYPE!r}"
+        )
+    return envelope
+
+
+def decode_statement(path: Path, envelope: Envelope) -> dict[str, Any]:
+    """The in-toto v1 Statement `envelope` carries (its signatures unchecked)."""
+    try:
+        statement = parse_json(envelope.payload)
+    except JsonFileError as exc:
+        raise SigningError(f"{path}: the payload is not JSON ({exc})") from None
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
+        raise SigningError(f"{path}: the payload is not an in-toto v1 Statement")
+    if not isinstance(statement.get("subject"), list):
+        raise SigningError(f"{path}: the statement has no subject list")
+    return statement
+
+
+# --- a gate's verdict
+
+
+def gate_statement(evidence: Evidence) -> dict[str, Any]:
+    """The in-toto Statement of one gate run: its judged wheels and its evidence."""
+    predicate = {k: v for k, v in asdict(evidence).items() if k not in ("artefacts", "schema")}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [
+            {"name": name, "digest": {"sha256": digest}}
+            for name, digest in sorted(evidence.artefacts.items())
+        ],
+        "predicateType": GATE_PREDICATE_TYPE,
+        "predicate": predicate,
+    }
+
+
+def gate_evidence(path: Path, statement: Mapping[str, Any]) -> Evidence:
+    """The evidence a gate statement holds (SigningError naming `path` for another shape)."""
+    if statement.get("predicateType") != GATE_PREDICATE_TYPE:
+        raise SigningError(f"{path}: predicateType: expected {GATE_PREDICATE_TYPE!r}; got "
+                           f"{statement.get('predicateType')!r}")  # fmt: skip
+    predicate = statement.get("predicate")
+    if not isinstance(predicate, dict):
+        raise SigningError(f"{path}: predicate: expected the fields of a gate's evidence; got "
+                           f"{type(predicate).__name__}")  # fmt: skip
+    try:
+        return evidence_from_fields({**predicate, "artefacts": subject_digests(statement)})
+    except ValueError as error:
+        raise SigningError(f"{path}: predicate: {error}") from None
+
+
+def attested_evidence(path: Path) -> Evidence:
+    """The evidence an attestation holds, read WITHOUT checking its signature: for showing what a
+    signed provenance rests on (publishing verified it when it signed)."""
+    return gate_evidence(path, read_statement_unverified(path))
+
+
+def attested_gate(path: Path) -> str | None:
+    """The gate an envelope claims to attest, read WITHOUT checking its signature (to sort
+    candidates only; None for the envelope of another kind of statement). SigningError for a
+    file that is not a DSSE envelope of an in-toto Statement."""
+    statement = read_statement_unverified(path)
+    predicate = statement.get("predicate")
+    if statement.get("predicateType") != GATE_PREDICATE_TYPE or not isinstance(predicate, dict):
+        return None
+    gate = predicate.get("gate")
+    return gate if isinstance(gate, str) else None
+
+
+def other_wheels(judged: Mapping[str, str], digests: Mapping[str, str]) -> str | None:
+    """How the wheels a gate judged (`judged`, name to sha256) differ from `digests`; None when
+    they are the same wheels."""
+    if judged == digests:
+        return None
+    changed = [f"{name} (attested {judged[name][:12]}, built {digest[:12]})"
+               for name, digest in sorted(digests.items())
+               if name in judged and judged[name] != digest]  # fmt: skip
+    missing = sorted(set(digests) - set(judged))
+    extra = sorted(set(judged) - set(digests))
+    parts = [f"changed since it was judged: {', '.join(changed)}"] if changed else []
+    parts += [f"not judged: {', '.join(missing)}"] if missing else []
+    parts += [f"judged but not published: {', '.join(extra)}"] if extra else []
+    return "names other wheels; " + "; ".join(parts)
