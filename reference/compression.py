@@ -26,7 +26,7 @@ KNOWN_FAULTS = frozenset({"int8_round_half_up", "fp8_ulp"})
 FAULTS: set[str] = set()
 
 # Raw word type of each dtype.
-_WORDS = {"fp16": np.dtype(np.uint16), "bf16": np.dtype(np.uint16), "fp32": np.dtype(np.uint32)}
+WORDS = {"fp16": np.dtype(np.uint16), "bf16": np.dtype(np.uint16), "fp32": np.dtype(np.uint32)}
 # What a NaN product is written as when decoding (only bytes that encode_layer never writes, such
 # as code 0x7F or a NaN scale, produce one): the dtype's canonical quiet NaN.
 _CANONICAL_NAN = {"fp16": 0x7E00, "bf16": 0x7FC0, "fp32": 0x7FC0_0000}
@@ -54,15 +54,15 @@ _E4M3_VALUES = np.array([_e4m3_value(code) for code in range(_E4M3_MAX_CODE + 1)
 _E4M3_DECODE = np.array([_e4m3_value(code) for code in range(256)], dtype=np.float32)
 
 
-def _dtype_name(layout: Any) -> str:
+def dtype_name(layout: Any) -> str:
     dtype = layout.dtype
     name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
-    if name not in _WORDS:
+    if name not in WORDS:
         raise ValueError(f"layout.dtype: expected fp16, bf16 or fp32; got {dtype!r}")
     return name
 
 
-def _check_mode(mode: Any) -> str:
+def check_mode(mode: Any) -> str:
     if mode not in MODES:
         raise ValueError(f'mode: expected "exact", "int8" or "fp8_e4m3"; got "{mode}"')
     return mode
@@ -78,9 +78,9 @@ def _elements(layout: Any) -> int:
 
 def stored_layer_bytes(layout: Any, mode: str) -> int:
     """Bytes of one layer of one block in the host pool (K and V)."""
-    name = _dtype_name(layout)
-    if _check_mode(mode) == "exact":
-        return 2 * _elements(layout) * _WORDS[name].itemsize
+    name = dtype_name(layout)
+    if check_mode(mode) == "exact":
+        return 2 * _elements(layout) * WORDS[name].itemsize
     return 2 * _elements(layout) + 2 * _groups(layout) * 4
 
 
@@ -113,7 +113,7 @@ def checked_alignment(array: np.ndarray, name: str, element_bytes: int) -> None:
 
 def _check_words(layout: Any, name: str, words: Any, arg: str) -> np.ndarray:
     shape = (layout.block_size, layout.num_kv_heads, layout.head_dim)
-    word = _WORDS[name]
+    word = WORDS[name]
     if not isinstance(words, np.ndarray) or words.dtype != word:
         got = words.dtype if isinstance(words, np.ndarray) else type(words).__name__
         raise ValueError(f"{arg}: expected raw words ({word.name}) of dtype {name}; got {got}")
@@ -238,8 +238,8 @@ def _decode_tensor(name: str, mode: str, codes: np.ndarray, scale: np.ndarray) -
 
 def encode_layer(layout: Any, mode: str, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """One layer of one block (K and V raw words [T, H, D]) -> its stored bytes (uint8)."""
-    mode = _check_mode(mode)
-    name = _dtype_name(layout)
+    mode = check_mode(mode)
+    name = dtype_name(layout)
     k = _check_words(layout, name, k, "k")
     v = _check_words(layout, name, v, "v")
     if mode == "exact":
@@ -257,15 +257,15 @@ def encode_layer(layout: Any, mode: str, k: np.ndarray, v: np.ndarray) -> np.nda
 
 def decode_layer(layout: Any, mode: str, stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Stored bytes of one layer of one block -> (K, V) raw words [T, H, D]."""
-    mode = _check_mode(mode)
-    name = _dtype_name(layout)
+    mode = check_mode(mode)
+    name = dtype_name(layout)
     expected = stored_layer_bytes(layout, mode)
     if not isinstance(stored, np.ndarray) or stored.dtype != np.uint8 or stored.ndim != 1:
         raise ValueError("stored: expected a 1-D uint8 array")
     if stored.size != expected:
         raise ValueError(f"stored: expected {expected} bytes; got {stored.size}")
     shape = (layout.block_size, layout.num_kv_heads, layout.head_dim)
-    word = _WORDS[name]
+    word = WORDS[name]
     if mode == "exact":
         half = expected // 2
         k = stored[:half].copy().view(word).reshape(shape)

@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 
 from .compression import (
-    _WORDS,
-    _check_mode,
-    _dtype_name,
+    WORDS,
+    check_mode,
     checked_alignment,
     checked_layout_in_memory,
     decode_layer,
+    dtype_name,
     encode_layer,
     stored_block_bytes,
     stored_layer_bytes,
@@ -41,7 +41,7 @@ from .compression import (
 
 __all__ = ["Engine", "decode_layer", "encode_layer", "stored_block_bytes", "stored_layer_bytes"]
 
-# A KV-cache layer's elements: its raw words (_WORDS) or the layout's own dtype, by numpy's name
+# A KV-cache layer's elements: its raw words (WORDS) or the layout's own dtype, by numpy's name
 # ("bfloat16" where ml_dtypes provides it; numpy itself has none).
 _OWN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
@@ -267,7 +267,7 @@ class Engine:
         region_blocks: int,
         num_device_blocks: int,
     ) -> None:
-        _check_mode(mode)
+        check_mode(mode)
         capacity_bytes = _non_negative(capacity_bytes, "capacity_bytes")
         num_regions = _non_negative(num_regions, "num_regions")
         region_blocks = _non_negative(region_blocks, "region_blocks")
@@ -275,7 +275,7 @@ class Engine:
         self._layout = layout
         self._mode = mode
         self._num_layers = layout.num_layers
-        self._word = _WORDS[_dtype_name(layout)]
+        self._word = WORDS[dtype_name(layout)]
         self._layer_bytes = stored_layer_bytes(layout, mode)
         slot_bytes = self._layer_bytes * self._num_layers
         if capacity_bytes < slot_bytes:
@@ -376,8 +376,8 @@ class Engine:
             raise ValueError(
                 f"{name}: expected a writable array (loads write into it); got a read-only one"
             )
-        own = _OWN_DTYPES[_dtype_name(layout)]
-        types = f"raw words ({self._word.name}) or {own}, of dtype {_dtype_name(layout)}"
+        own = _OWN_DTYPES[dtype_name(layout)]
+        types = f"raw words ({self._word.name}) or {own}, of dtype {dtype_name(layout)}"
         if array.ndim == 4:
             return self._vllm_layer_view(array, name, types)
         if array.dtype != self._word and not _is_own(array.dtype, own):
@@ -399,7 +399,7 @@ class Engine:
         """vLLM 0.33.0's per-layer view [B, H, T, 2 * D] (bytes: [B, H, T, 2 * D * word]), any
         strides but a contiguous last dimension: K's D words, then V's, per (block, head, token)."""
         layout = self._layout
-        own = _OWN_DTYPES[_dtype_name(layout)]
+        own = _OWN_DTYPES[dtype_name(layout)]
         if array.dtype not in (self._word, np.int8, np.uint8) and not _is_own(array.dtype, own):
             raise ValueError(f"{name}: expected {types} (or its bytes, int8 or uint8); got "
                              f"{array.dtype}")  # fmt: skip

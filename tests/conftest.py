@@ -83,7 +83,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def engine_site(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built wheel installed into a private folder (what the parity gate does too)."""
-    from release.gates.parity import install_wheel
+    from fixtures_replay import install_wheel
 
     return install_wheel(built_wheel, tmp_path_factory.mktemp("engine-site"))
 
@@ -91,7 +91,7 @@ def engine_site(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def engine_module(engine_site: Path) -> ModuleType:
     """`activekv._engine` imported from the built wheel, never from anywhere else."""
-    from release.gates.parity import engine_implementation
+    from fixtures_replay import engine_implementation
 
     return engine_implementation(engine_site).module
 

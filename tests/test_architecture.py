@@ -17,13 +17,66 @@ from release.util.paths import REFERENCE_DIR, REPO_ROOT
 
 PACKAGE = REPO_ROOT / "release"
 
+# What each part of release/ and reference/ may import of the pipeline: the most specific key
+# that holds a module is its rule; a module always may import its own package. Every edge
+# counts, those under TYPE_CHECKING too (a type is a dependency; it only loads later).
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    key: frozenset(value.split())
+    for key, value in {
+        "release": "",
+        "release.errors": "",
+        "release.catalogue": "",  # data only: the gates a manifest may name
+        "release.util": "release.errors",
+        "release.manifest": "release.errors release.util release.catalogue",
+        "release.records": "release.errors release.util",
+        "release.evidence": "release.errors release.util release.records",
+        "release.source_state": "release.errors release.util release.records",
+        "release.wheelset": "release.errors release.util release.manifest release.records",
+        "release.statement": "release.errors release.util release.evidence",
+        "release.gpu": "release.errors release.evidence",
+        "release.context": "release.errors release.util release.manifest release.records "
+        "release.wheelset",
+        "release.scripts": "",  # run in child interpreters, which have none of the pipeline
+        "release.scripts.parity_replay": "reference",  # the child replays the reference too
+        "release.build": "release.errors release.util release.manifest release.records "
+        "release.evidence release.source_state release.wheelset",
+        "release.gates": "release.errors release.util release.manifest release.catalogue "
+        "release.records release.evidence release.wheelset release.gpu release.build "
+        "release.scripts",  # the scripts' constants only (below)
+        "release.trust": "release.errors release.util release.manifest release.catalogue "
+        "release.records release.evidence release.statement release.source_state "
+        "release.wheelset",
+        # The trust steps adapt a step's context to the trust modules.
+        "release.trust.steps": "release.errors release.util release.manifest release.catalogue "
+        "release.records release.evidence release.statement release.source_state "
+        "release.wheelset release.context",
+        "release.report": "release.errors release.util release.manifest release.records "
+        "release.evidence release.statement release.wheelset release.gpu "
+        "release.trust.index",  # the consumer's install line
+        "release.bench": "release.errors release.util release.manifest release.records "
+        "release.wheelset release.build release.gpu release.scripts",
+        "release.ci": "release.errors release.util release.manifest release.catalogue "
+        "release.wheelset release.build release.trust release.report",
+        "release.ci_workflow": "release.ci",
+        "release.steps": "release",
+        "release.cli": "release",
+        "release.__main__": "release.cli",
+        "reference": "",  # the Python reference: numpy and the standard library only
+    }.items()
+}
+
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(REPO_ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES = {
+    _module_name(p): p
+    for root in (PACKAGE, REPO_ROOT / "reference")
+    for p in sorted(root.rglob("*.py"))
+}
+RELEASE_MODULES = {name: path for name, path in MODULES.items() if name.split(".")[0] == "release"}
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -33,36 +86,55 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
-    """(module, names) of every import executed at run time, function-level ones included."""
-    found: list[tuple[str, list[str]]] = []
+def _imports(name: str, tree: ast.AST) -> list[tuple[str, list[str], bool]]:
+    """(module, names, under TYPE_CHECKING) of every import in module `name`, function-level
+    ones included, relative ones resolved."""
+    found: list[tuple[str, list[str], bool]] = []
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
 
-    def visit(node: ast.AST) -> None:
+    def visit(node: ast.AST, typing_only: bool) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.body:
+                visit(child, True)
             for child in node.orelse:
-                visit(child)
+                visit(child, typing_only)
             return
         if isinstance(node, ast.Import):
-            found.extend((alias.name, []) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.module, [alias.name for alias in node.names]))
+            found.extend((alias.name, [], typing_only) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            module = (
+                ".".join([*base, node.module] if node.module else base)
+                if node.level
+                else (node.module or "")
+            )
+            found.append((module, [alias.name for alias in node.names], typing_only))
         for child in ast.iter_child_nodes(node):
-            visit(child)
+            visit(child, typing_only)
 
-    visit(tree)
+    visit(tree, False)
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+def _edges() -> dict[tuple[str, str], bool]:
+    """Each import edge between the modules, and whether TYPE_CHECKING alone makes it."""
+    edges: dict[tuple[str, str], bool] = {}
     for name, path in MODULES.items():
-        for module, names in _imports(ast.parse(path.read_text())):
-            if not module.startswith("release"):
-                continue
+        for module, names, typing_only in _imports(name, ast.parse(path.read_text())):
             targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES]
             if len(targets) < len(names) or not names:
                 targets.append(module)
-            graph[name] |= {t for t in targets if t in MODULES and t != name}
+            for target in targets:
+                if target in MODULES and target != name:
+                    edges[name, target] = edges.get((name, target), True) and typing_only
+    return edges
+
+
+def _graph(typing_too: bool = True) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for (source, target), typing_only in _edges().items():
+        if typing_too or not typing_only:
+            graph[source].add(target)
     return graph
 
 
@@ -98,8 +170,59 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
-def test_release_has_no_import_cycle() -> None:
-    assert _cycles(_graph()) == []
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _rule(module: str) -> tuple[str, frozenset[str]]:
+    """The most specific MAY_IMPORT key holding `module`, and what it allows."""
+    key = max((k for k in MAY_IMPORT if _within(module, k)), key=len)
+    return key, MAY_IMPORT[key]
+
+
+def _own_package(module: str) -> str:
+    """The subpackage (or top-level module) `module` belongs to."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and MODULES[module].name == "__init__.py"):
+        return ".".join(parts[:2])
+    return parts[0] if parts[0] == "reference" else module
+
+
+def _breaches(edges: dict[tuple[str, str], bool]) -> list[str]:
+    found = []
+    for (source, target), typing_only in sorted(edges.items()):
+        if _within(target, _own_package(source)):
+            continue
+        key, allowed = _rule(source)
+        if not any(_within(target, prefix) for prefix in allowed):
+            how = " (under TYPE_CHECKING)" if typing_only else ""
+            found.append(f"{source} imports {target}{how}: {key} may import {sorted(allowed)}")
+    return found
+
+
+def test_every_module_is_under_an_import_rule() -> None:
+    assert [name for name in MODULES if not any(_within(name, k) for k in MAY_IMPORT)] == []
+
+
+def test_every_import_keeps_the_rule_of_its_package() -> None:
+    assert _breaches(_edges()) == []
+
+
+def test_the_rule_check_finds_a_planted_breach() -> None:
+    edges = _edges()
+    edges["release.trust.keys", "release.context"] = True  # the trust modules take no context
+    edges["release.report.loader", "release.trust.attestation"] = False
+    edges["reference.engine", "release.util.paths"] = False
+    found = _breaches(edges)
+    assert len(found) == 3
+    assert found[0].startswith("reference.engine imports release.util.paths: reference may")
+    assert "release.report.loader imports release.trust.attestation: release.report" in found[1]
+    assert found[2].startswith("release.trust.keys imports release.context (under TYPE_CHECKING)")
+
+
+def test_release_has_no_import_cycle_counting_every_edge() -> None:
+    assert _cycles(_graph(typing_too=False)) == []  # what loading a module loads
+    assert _cycles(_graph()) == []  # and with the edges only a type checker follows
 
 
 def test_the_cycle_check_finds_a_planted_cycle() -> None:
@@ -108,27 +231,50 @@ def test_the_cycle_check_finds_a_planted_cycle() -> None:
     assert any("release.manifest" in c and "release.steps" in c for c in _cycles(graph))
 
 
+def test_the_cycle_check_counts_a_type_checking_edge() -> None:
+    edges = _edges()
+    edges["release.manifest", "release.gates.contract"] = True  # contract imports manifest
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for source, target in edges:
+        graph[source].add(target)
+    assert any("release.manifest" in c and "release.gates.contract" in c for c in _cycles(graph))
+
+
 def test_no_module_imports_another_modules_private_name() -> None:
     private = [
-        f"{_module_name(path)} imports {module}.{name}"
-        for path in MODULES.values()
-        for module, names in _imports(ast.parse(path.read_text()))
-        if module.startswith("release") or module.startswith("reference")
-        for name in names
-        if name.startswith("_") and not name.startswith("__")
+        f"{name} imports {module}.{imported}"
+        for name, path in MODULES.items()
+        for module, names, _ in _imports(name, ast.parse(path.read_text()))
+        if module.split(".")[0] in ("release", "reference")
+        for imported in names
+        if imported.startswith("_") and not imported.startswith("__")
     ]
     assert private == []
 
 
 def test_the_scripts_run_in_child_interpreters_import_nothing_of_the_pipeline() -> None:
-    for name, path in MODULES.items():
+    for name, path in RELEASE_MODULES.items():
         if name.startswith("release.scripts."):
-            imported = [m for m, _ in _imports(ast.parse(path.read_text()))]
+            imported = [m for m, _, _ in _imports(name, ast.parse(path.read_text()))]
             assert not [m for m in imported if m.startswith("release")], name
 
 
+def test_gates_import_only_the_scripts_constants() -> None:
+    """A script's functions run in a child interpreter; a gate names its hooks and controls."""
+    functions = [
+        f"{name} imports {module}.{imported}"
+        for name, path in RELEASE_MODULES.items()
+        if name.startswith("release.gates.")
+        for module, names, _ in _imports(name, ast.parse(path.read_text()))
+        if _within(module, "release.scripts")
+        for imported in names or [module]
+        if not imported.isupper() or f"{module}.{imported}" in MODULES
+    ]
+    assert functions == []
+
+
 @pytest.mark.parametrize(
-    "package", sorted({n.rsplit(".", 1)[0] for n in MODULES if n.count(".") > 1})
+    "package", sorted({n.rsplit(".", 1)[0] for n in RELEASE_MODULES if n.count(".") > 1})
 )
 def test_every_subpackage_says_what_it_owns_and_may_import(package: str) -> None:
     doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
@@ -200,8 +346,8 @@ def test_a_gpu_runner_needs_only_its_dependency_group(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "evidence" / "warmup.intoto.json").is_file()
 
 
-def test_a_new_gate_is_one_module_and_one_registry_line(monkeypatch, tmp_path: Path) -> None:
-    """Without its registry line the manifest that declares it is refused; with it, the gate runs
+def test_a_new_gate_is_one_module_and_one_catalogue_line(monkeypatch, tmp_path: Path) -> None:
+    """Without its catalogue line the manifest that declares it is refused; with it, the gate runs
     through the registry like every other and leaves its evidence."""
     from fixtures_wheels import build_wheel, wheel_set
 

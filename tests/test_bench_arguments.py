@@ -12,7 +12,7 @@ import pytest
 
 from release.bench.bookkeeping import MAX_BLOCKS, MAX_STEPS, measure, run_bench
 from release.errors import ReleaseError
-from release.gates.parity import reference_implementation
+from release.scripts.parity_replay import reference_implementation
 
 NOT_COUNTS = [0, -1, -(1 << 63), MAX_BLOCKS + 1, 1 << 40, True, False, 2.0, "8", None]
 

@@ -13,17 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures_replay import compare_cell, engine_implementation, reference_implementation, replay
 from fixtures_wheels import build_files_wheel, wheel_set
 from release_cli import run_release
 
 from release.errors import GateError
-from release.gates.parity import (
-    compare_cell,
-    engine_implementation,
-    reference_implementation,
-    replay,
-    run_parity_gate,
-)
+from release.gates.parity import run_parity_gate
 from release.gates.trace import generate
 from release.manifest import load_manifest
 from release.util.digests import sha256_file

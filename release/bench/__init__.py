@@ -2,6 +2,7 @@
 host-side bookkeeping against the Python reference, and the CUDA route's staging against the
 bus baselines on a GPU runner. Never judges a release.
 
-May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.records``,
-``release.build`` (the C++ toolchain) and ``release.gates`` (the wheel install and the trace).
+May import (the table ``MAY_IMPORT`` in tests/test_architecture.py, which enforces it): ``release.util``, ``release.errors``, ``release.manifest``,
+``release.records``, ``release.wheelset``, ``release.build`` (the C++ toolchain), ``release.gpu``
+and ``release.scripts`` (the parity replay's implementations, run here in-process).
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +20,12 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from release.errors import ReleaseError
-from release.gates.parity import (
+from release.scripts.parity_replay import (
     Implementation,
     engine_implementation,
-    install_wheel,
     reference_implementation,
 )
+from release.util.private_site import install_private
 from release.util.progress import console
 
 LAYOUT = {"num_layers": 32, "block_size": 1, "num_kv_heads": 1, "head_dim": 8, "dtype": "bf16"}
@@ -104,7 +105,7 @@ def measure(implementation: Implementation, blocks: int, steps: int, seed: int) 
 
 def run_bench(wheel: Path, out_dir: Path, *, blocks: int = 256, steps: int = 30) -> dict[str, Any]:
     _check_counts(blocks, steps)
-    site = install_wheel(wheel, out_dir / "bench" / "site")
+    site = install_private(Path(sys.executable), wheel, out_dir / "bench" / "site")
     engine = measure(engine_implementation(site), blocks, steps, seed=1)
     reference = measure(reference_implementation(), blocks, max(3, steps // 10), seed=1)
     ratio = reference.microseconds_per_layer_step / engine.microseconds_per_layer_step

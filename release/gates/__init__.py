@@ -1,12 +1,12 @@
 """The gates: each proves one property of the release's wheels and writes evidence bound to
 their digests (``<out>/evidence/<gate>.json``).
 
-``contract`` says what a gate declares and returns, ``registry`` lists the gates (one line each)
-and runs them; one module per gate (policy, payload, casters, served_path, parity, warmup,
+``contract`` says what a gate declares and returns, ``registry`` loads the gates of
+``release.catalogue`` (one line each) and runs them; one module per gate (policy, payload, casters, served_path, parity, warmup,
 reproducible), with the pieces only a gate uses beside it (citations, trace).
 
-May import: ``release.util``, ``release.errors``, ``release.evidence``, ``release.wheelset``,
-``release.manifest`` (gate modules only; ``registry`` and ``contract`` never, because the
-manifest checks its gate names against the registry), ``release.build`` (the reproducible gate)
-and the constants of ``release.scripts``. Never imports trust or report.
+May import (the table ``MAY_IMPORT`` in tests/test_architecture.py, which enforces it): ``release.util``, ``release.errors``, ``release.manifest``,
+``release.catalogue``, ``release.records``, ``release.evidence``, ``release.wheelset``,
+``release.gpu``, ``release.build`` (the reproducible gate) and the constants of
+``release.scripts`` (its functions run in child interpreters). Never imports trust or report.
 """

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,23 +42,13 @@ from release.errors import GateError
 from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.per_wheel import PerWheel
-from release.gates.trace import Trace, generate
+from release.gates.trace import generate
 from release.manifest import Manifest, ParityCell
-from release.scripts import parity_replay
-from release.scripts.parity_replay import (
-    Implementation,
-    OpOutcome,
-    engine_implementation,
-    first_difference,
-    reference_implementation,
-)
 from release.util.paths import PYPROJECT, REPO_ROOT
 from release.util.pins import pinned_version
 from release.util.private_site import install_private, numpy_for
 from release.util.progress import Tally, console, step, tally
 from release.wheelset import Wheel, WheelSet
-
-__all__ = ["Implementation", "engine_implementation", "reference_implementation"]
 
 # Counts one cell on the progress bar of the gate in hand (run_parity_gate sets it).
 _cell_replayed: ContextVar[Callable[[], None]] = ContextVar("cell_replayed", default=lambda: None)
@@ -74,28 +63,6 @@ def _counting_on(bar: Tally) -> Iterator[None]:
         yield
     finally:
         _cell_replayed.reset(token)
-
-
-def install_wheel(wheel: Path, site: Path) -> Path:
-    """Installs the wheel under test into a private folder (never into this environment)."""
-    return install_private(Path(sys.executable), wheel, site)
-
-
-def _as_dict(trace: Trace) -> dict[str, Any]:
-    return parity_replay.trace_from_lines(trace.to_lines())
-
-
-def replay(trace: Trace, implementation: Implementation, device: str = "cpu") -> list[OpOutcome]:
-    """Runs every operation of `trace` in this process; what each returned, in order."""
-    return parity_replay.replay(_as_dict(trace), implementation, device)
-
-
-def compare_cell(
-    trace: Trace, reference: Implementation, engine: Implementation, device: str = "cpu"
-) -> tuple[str | None, int]:
-    expected = replay(trace, reference)
-    actual = replay(trace, engine, device)
-    return first_difference(expected, actual), sum(len(o.events) for o in expected)
 
 
 def _chosen_cells(manifest: Manifest, cells: Sequence[str], device: str) -> list[ParityCell]:
