@@ -49,7 +49,7 @@ else:  # scikit-build-core, in build-system.requires, brings tomli to Python 3.1
     import tomli as tomllib
 
 FACT_SECTION = ".activekv_sbom"
-# What the SBOM takes from a toolchain record (release/build/toolchain.py: toolchain_record).
+# What the SBOM takes from a toolchain record (release/builder/toolchain.py: toolchain_record).
 _TOOLS = ("zig", "nvcc", "cuda_host_compiler", "cmake", "nanobind", "scikit-build-core")
 RECORDED = (*(f"{tool}{suffix}" for tool in _TOOLS for suffix in ("", "_sha256")), "nvcc_version")
 # A tool's exact version: major.minor.patch, perhaps with a pre-release or build suffix

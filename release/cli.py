@@ -492,7 +492,7 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
     if command == "build":
         return steps.step_build(context, args.python, args.toolchain, fresh=args.fresh)
     if command == "cpp-tests":
-        from release.build.cpptests import run_cpp_tests
+        from release.builder.cpptests import run_cpp_tests
 
         return run_cpp_tests(
             context.manifest, source_dir=context.source_dir, cache_dir=context.cache_dir,

@@ -2,8 +2,8 @@
 verify, and `run`, which is all of them in order. Each reads the manifest and the records under
 `<out>/` (release.records) and writes its own.
 
-The build and the signing and index stacks (release.build, release.trust) are imported by the steps
-that use them, not here: a GPU runner judging its gates has neither installed.
+The build and the signing and index stacks (release.builder, release.trust) are imported by the
+steps that use them, not here: a GPU runner judging its gates has neither installed.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def build(
     once. The sdist is built first (a second, without a compiler) with the wheels'
     SOURCE_DATE_EPOCH, and replaces `<out>/sdist/` only once the wheels stand too. `fresh`: new
     build trees under <out>/fresh-build, no ccache, no wheel cache (the sdist has none)."""
-    from release.build.sdist import StagedSdist
-    from release.build.wheels import build_wheels, source_date_epoch
+    from release.builder.sdist import StagedSdist
+    from release.builder.wheels import build_wheels, source_date_epoch
     from release.source_state import source_state
 
     started = datetime.now(timezone.utc)
@@ -197,7 +197,7 @@ def check_run_inputs(context: Context, channel: str, spec: ChannelSpec) -> None:
     and the key that signs the gates' attestations, each TUF role's key, and a remote index's
     credentials. Nothing under `<out>`
     is touched (generated dev keys may be made under the state directory, as on any use)."""
-    from release.build.sdist import check_frontend
+    from release.builder.sdist import check_frontend
     from release.trust.keys import attesting_signer
     from release.trust.steps import check_publish_inputs, declared_interpreters
 
@@ -214,7 +214,7 @@ def _check_toolchain(context: Context) -> None:
     manifest = context.manifest
     if manifest.build.toolchain.kind != "hermetic":
         return  # cibuildwheel's containers bring their own compilers
-    from release.build.toolchain import find_host_compiler, find_zig
+    from release.builder.toolchain import find_host_compiler, find_zig
 
     find_zig()
     find_host_compiler(manifest)
@@ -224,7 +224,7 @@ def _check_toolchain(context: Context) -> None:
 
 
 def step_record_build(context: Context) -> int:
-    from release.build.record_build import record_build
+    from release.builder.record_build import record_build
 
     paths = context.wheel_files()
     records.write(context.out_dir, record_build(WheelSet.from_files(context.manifest, paths),

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from release.build.toolchain import find_zig
+from release.builder.toolchain import find_zig
 from release.errors import BuildError
 from release.util.private_site import wheel_for_this_interpreter
 

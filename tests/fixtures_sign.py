@@ -12,7 +12,7 @@ from pathlib import Path
 from fixtures_wheels import build_wheel, wheel_set
 
 from release import records
-from release.build.record_build import record_build
+from release.builder.record_build import record_build
 from release.cli import DEFAULT_MANIFEST
 from release.evidence import Evidence, write_evidence
 from release.manifest import load_manifest

@@ -38,10 +38,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.wheelset",
         "release.scripts": "",  # run in child interpreters, which have none of the pipeline
         "release.scripts.parity_replay": "reference",  # the child replays the reference too
-        "release.build": "release.errors release.util release.manifest release.records "
+        "release.builder": "release.errors release.util release.manifest release.records "
         "release.evidence release.source_state release.wheelset",
         "release.gates": "release.errors release.util release.manifest release.catalogue "
-        "release.records release.evidence release.wheelset release.gpu release.build "
+        "release.records release.evidence release.wheelset release.gpu release.builder "
         "release.scripts",  # the scripts' constants only (below)
         "release.trust": "release.errors release.util release.manifest release.catalogue "
         "release.records release.evidence release.statement release.source_state "
@@ -54,9 +54,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.evidence release.statement release.wheelset release.gpu "
         "release.trust.index",  # the consumer's install line
         "release.bench": "release.errors release.util release.manifest release.records "
-        "release.wheelset release.build release.gpu release.scripts",
+        "release.wheelset release.builder release.gpu release.scripts",
         "release.ci": "release.errors release.util release.manifest release.catalogue "
-        "release.wheelset release.build release.trust release.report",
+        "release.wheelset release.builder release.trust release.report",
         "release.ci_workflow": "release.ci",
         "release.steps": "release",
         "release.cli": "release",

@@ -1,4 +1,4 @@
-"""The wheel cache's key and the toolchain's inputs (release/build/wheels.py, toolchain.py): every
+"""The wheel cache's key and the toolchain's inputs (release/builder/wheels.py, toolchain.py): every
 input that changes a wheel's bytes changes the key, checked on the key functions without a build.
 Each test is a negative control for a stale-cache defect: it fails where the input was ignored."""
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from release.build import toolchain as toolchain_module
-from release.build import wheels
-from release.build.toolchain import CUDA_FILES, PINS_STAMP, cuda_files
-from release.build.wheels import (
+from release.builder import toolchain as toolchain_module
+from release.builder import wheels
+from release.builder.toolchain import CUDA_FILES, PINS_STAMP, cuda_files
+from release.builder.wheels import (
     _source_digest,
     build_environment_digest,
     toolchain_key,

@@ -1,4 +1,4 @@
-"""Which wheels `python -m release build` plans (release/build/wheels.py plan_targets), and where
+"""Which wheels `python -m release build` plans (release/builder/wheels.py plan_targets), and where
 SOURCE_DATE_EPOCH comes from (source_date_epoch). Interpreters are injected: no build runs."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from release.build import wheels
-from release.build.wheels import (
+from release.builder import wheels
+from release.builder.wheels import (
     BuildTarget,
     SkippedPython,
     cibuildwheel_selector,

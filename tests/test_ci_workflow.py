@@ -390,7 +390,7 @@ def test_zizmor_flags_a_planted_weakness(
 def test_source_date_epoch_comes_from_the_same_paths_as_the_hermetic_build(
     committed: dict[str, Any],
 ) -> None:
-    from release.build.wheels import SOURCE_ROOTS
+    from release.builder.wheels import SOURCE_ROOTS
 
     lines = _run_lines(committed["jobs"]["wheels"])
     line = next(text for text in lines if "SOURCE_DATE_EPOCH" in text)

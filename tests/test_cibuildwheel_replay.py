@@ -62,7 +62,7 @@ from cibuildwheel.platforms.linux import get_python_configurations
 from cibuildwheel.util.helpers import prepare_command
 from fixtures_wheels import wheel_set
 
-from release.build.reproduce import snapshot
+from release.builder.reproduce import snapshot
 from release.gates.payload import run_payload_gate
 from release.gates.policy import run_policy_gate, shown_policy
 from release.manifest import Manifest, load_manifest

@@ -1,4 +1,4 @@
-"""The post-link libstdc++ check (release/build/elfcheck.py, release/build/wheels.py
+"""The post-link libstdc++ check (release/builder/elfcheck.py, release/builder/wheels.py
 check_wheel_objects).
 
 Negative controls reproduce the real failure mode: objects compiled by the host g++ (as nvcc's
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import run_tool, zig_binary
 
-from release.build.elfcheck import check_shared_object
-from release.build.wheels import check_wheel_objects
+from release.builder.elfcheck import check_shared_object
+from release.builder.wheels import check_wheel_objects
 
 pytestmark = pytest.mark.integration  # compiles and links with g++ and zig
 

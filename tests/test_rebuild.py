@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from fixtures_sign import attest_passing_gates
 
-from release.build.reproduce import snapshot
+from release.builder.reproduce import snapshot
 from release.errors import VerifyError
 from release.manifest import load_manifest
 from release.trust import steps as trust_steps

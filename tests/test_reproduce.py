@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from release.build.reproduce import run_reproduce_gate, snapshot
+from release.builder.reproduce import run_reproduce_gate, snapshot
 from release.manifest import load_manifest
 from release.util.wheel_diff import wheel_differences
 
@@ -44,7 +44,7 @@ def test_differences_name_the_member_and_the_first_byte(tmp_path):
 def test_a_release_wheel_the_rebuild_did_not_make_is_a_fail(tmp_path, monkeypatch):
     """A release wheel under another name (another platform tag) was never compared; that is
     no pass. The builds are stubbed: both rebuilds make the same wheel."""
-    from release.build import reproduce
+    from release.builder import reproduce
 
     rebuilt = _zip(tmp_path / "activekv-0.1.0-cp312-abi3-manylinux_2_28_x86_64.whl", {"m": b"1"})
 
@@ -79,7 +79,7 @@ NOT_WHEEL_INPUTS = ("README.md", "docs/architecture.md", "tests/conftest.py", "r
 def test_two_clean_builds_are_bit_identical(tmp_path, monkeypatch):
     """The second copy also differs in every file that is not a wheel input: still the same
     wheel (an edit to the README or docs/ voids no GPU attestation)."""
-    from release.build import reproduce
+    from release.builder import reproduce
 
     def snapshot_with_other_files_changed(source: Path, destination: Path) -> Path:
         copy = snapshot(source, destination)

@@ -321,7 +321,7 @@ def _record(tool: str) -> dict[str, str]:
     record = {
         "zig": "0.15.1",
         "nvcc": "13.0",
-        # What release/build/toolchain.py records: the host compiler's --version first line.
+        # What release/builder/toolchain.py records: the host compiler's --version first line.
         "cuda_host_compiler": "g++ (Debian 12.2.0-14+deb12u1) 12.2.0",
         "cmake": "4.4.5",
         "nanobind": "2.9.2",

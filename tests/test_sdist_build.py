@@ -1,4 +1,4 @@
-"""The sdist build (release/build/sdist.py): `python -m build --sdist` with the build's
+"""The sdist build (release/builder/sdist.py): `python -m build --sdist` with the build's
 SOURCE_DATE_EPOCH makes byte-identical sdists from two copies of the checkout at other paths,
 with other file times and modes; another epoch makes another archive, and the differences are
 named member by member. The sdist replaces `<out>/sdist/` only when the block it is staged for
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from release.build import sdist as sdist_build
-from release.build.reproduce import snapshot
-from release.build.sdist import StagedSdist, sdist_differences
+from release.builder import sdist as sdist_build
+from release.builder.reproduce import snapshot
+from release.builder.sdist import StagedSdist, sdist_differences
 from release.errors import BuildError
 from release.util.paths import REPO_ROOT
 

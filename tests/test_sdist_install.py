@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from release.build.sdist import StagedSdist
-from release.build.wheels import source_date_epoch
+from release.builder.sdist import StagedSdist
+from release.builder.wheels import source_date_epoch
 from release.trust import twine_upload
 from release.trust.index import EmbeddedIndex
 from release.util.paths import REPO_ROOT

@@ -2,8 +2,8 @@
 this checkout holds exactly the files git lists, plus PKG-INFO; each planted problem (a tracked
 file left out, an ignored file let in, other bytes, a link, a member outside its folder, an
 unreproducible stamp, another release's PKG-INFO or file name, a broken archive, no checkout)
-fails, naming the member. The issue's own bug, an unanchored `sdist.exclude = ["build"]`, is
-built for real and fails naming release/build/."""
+fails, naming the member. An unanchored `sdist.exclude` pattern (issue 34's bug) is built for
+real and fails naming the first-party files it dropped."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from release.build.reproduce import snapshot
-from release.build.sdist import StagedSdist
+from release.builder.reproduce import snapshot
+from release.builder.sdist import StagedSdist
 from release.gates.payload import run_payload_gate
 from release.gates.payload_sdist import sdist_figure
 from release.manifest import load_manifest
@@ -72,7 +72,7 @@ def test_the_real_sdist_holds_exactly_what_git_lists(sdist: Sdist) -> None:
     with tarfile.open(sdist.path, "r:gz") as archive:
         names = {m.name for m in archive.getmembers()}
     # what the issue found missing from an unpacked sdist, and what every wheel carries
-    for needed in ("release/build/wheels.py", "release/build/sdist.py", "LICENSE", "NOTICE",
+    for needed in ("release/builder/wheels.py", "release/builder/sdist.py", "LICENSE", "NOTICE",
                    "pyproject.toml", "PKG-INFO"):  # fmt: skip
         assert f"{ROOT}/{needed}" in names
     assert not [n for n in names if n.startswith((f"{ROOT}/out/", f"{ROOT}/.activekv/"))]
@@ -80,10 +80,10 @@ def test_the_real_sdist_holds_exactly_what_git_lists(sdist: Sdist) -> None:
 
 
 def test_a_tracked_file_left_out_fails_naming_it(sdist: Sdist, tmp_path: Path) -> None:
-    gone = f"{ROOT}/release/build/wheels.py"
+    gone = f"{ROOT}/release/builder/wheels.py"
     planted = _rewritten(sdist, tmp_path, lambda ms: [m for m in ms if m[0].name != gone])
     (problem,) = _judge(planted)
-    assert problem.startswith("release/build/wheels.py: missing; expected every file git lists")
+    assert problem.startswith("release/builder/wheels.py: missing; expected every file git lists")
 
 
 def test_a_file_git_ignores_that_got_in_fails(sdist: Sdist, tmp_path: Path) -> None:
@@ -166,16 +166,18 @@ def test_the_gate_fails_on_the_sdist_and_names_it_beside_the_wheels(
     assert failed.reason.startswith("activekv-0.1.0.tar.gz: NOTICE: missing")
 
 
-def test_the_unanchored_exclude_of_the_issue_drops_release_build(tmp_path: Path) -> None:
-    """`sdist.exclude = ["build", …]` (issue 34) matched release/build/ too: built for real from a
-    copy of this checkout with that line, the sdist fails naming what it dropped."""
+def test_an_unanchored_exclude_that_drops_a_first_party_folder_fails(tmp_path: Path) -> None:
+    """An unanchored `sdist.exclude` pattern matches a folder's name at any depth (issue 34's
+    `"build"` dropped the pipeline's build package): built for real from a copy of this checkout
+    with `"cuda"`, which also matches engine/cuda/, the sdist fails naming what it dropped."""
     source = snapshot(REPO_ROOT, tmp_path / "src")
     pyproject = source / "pyproject.toml"
     anchored = 'sdist.exclude = ["/build", "/out", "/.activekv", "/.nox"]'
     assert anchored in pyproject.read_text()
-    pyproject.write_text(pyproject.read_text().replace(anchored, 'sdist.exclude = ["build"]'))
+    pyproject.write_text(pyproject.read_text().replace(anchored, 'sdist.exclude = ["cuda"]'))
     subprocess.run(["git", "-C", str(source), "init", "-q"], check=True)
     subprocess.run(["git", "-C", str(source), "add", "--all"], check=True)
     problems = _judge(_built(source, tmp_path / "out"), source)
-    assert "release/build/sdist.py: missing; expected every file git lists" in " ".join(problems)
-    assert all(p.startswith("release/build/") for p in problems)
+    dropped = sorted(p.split(":")[0] for p in problems)
+    assert dropped and all(p.startswith("engine/cuda/") for p in dropped), problems
+    assert "missing; expected every file git lists" in problems[0]

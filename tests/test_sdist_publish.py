@@ -20,8 +20,8 @@ from fixtures_sign import TAGS, attest_passing_gates
 from fixtures_wheels import build_wheel, wheel_set
 
 from release import records
-from release.build.record_build import record_build
-from release.build.sdist import StagedSdist
+from release.builder.record_build import record_build
+from release.builder.sdist import StagedSdist
 from release.errors import PublishError, VerifyError
 from release.gates import registry
 from release.manifest import load_manifest

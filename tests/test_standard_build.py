@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fixtures_wheels import wheel_set
 
-from release.build.reproduce import snapshot
+from release.builder.reproduce import snapshot
 from release.gates.payload import run_payload_gate
 from release.manifest import load_manifest
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT

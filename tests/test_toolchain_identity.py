@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from release.build.toolchain import (
+from release.builder.toolchain import (
     CUDA_FILES,
     RECORDED_BUILD_REQUIREMENTS,
     resolve_toolchain,
@@ -41,7 +41,7 @@ def toolchain():
 
 
 def _build_path() -> str:
-    """The PATH a build runs with: this interpreter's tools first (release/build/wheels.py)."""
+    """The PATH a build runs with: this interpreter's tools first (release/builder/wheels.py)."""
     return str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 
 

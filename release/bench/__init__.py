@@ -2,7 +2,8 @@
 host-side bookkeeping against the Python reference, and the CUDA route's staging against the
 bus baselines on a GPU runner. Never judges a release.
 
-May import (the table ``MAY_IMPORT`` in tests/test_architecture.py, which enforces it): ``release.util``, ``release.errors``, ``release.manifest``,
-``release.records``, ``release.wheelset``, ``release.build`` (the C++ toolchain), ``release.gpu``
-and ``release.scripts`` (the parity replay's implementations, run here in-process).
+May import (the table ``MAY_IMPORT`` in tests/test_architecture.py, which enforces it):
+``release.util``, ``release.errors``, ``release.manifest``, ``release.records``,
+``release.wheelset``, ``release.builder`` (the C++ toolchain), ``release.gpu`` and
+``release.scripts`` (the parity replay's implementations, run here in-process).
 """

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from release.build.cpptests import host_build, host_configure
+from release.builder.cpptests import host_build, host_configure
 from release.errors import GateError
 from release.gpu import NO_GPU_RUNNER, detect_gpu, gpu_identity
 from release.manifest import Manifest

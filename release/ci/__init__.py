@@ -7,6 +7,7 @@
   refusal one line naming the key (docs/ci.md).
 
 May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.wheelset``, the
-names the workflow must agree with from ``release.build``, ``release.gates``, ``release.trust`` and
-``release.report``. Never imports ``release.steps`` or the CLI: it describes steps, it runs none.
+names the workflow must agree with from ``release.builder``, ``release.gates``, ``release.trust``
+and ``release.report``. Never imports ``release.steps`` or the CLI: it describes steps, it runs
+none.
 """

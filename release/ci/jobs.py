@@ -25,7 +25,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
-from release.build.wheels import SOURCE_ROOTS as WHEEL_SOURCES
+from release.builder.wheels import SOURCE_ROOTS as WHEEL_SOURCES
 from release.ci.actions import DOWNLOAD, SETUP_PYTHON, UPLOAD, block, checkout, run, uses
 from release.ci.refusals import gpu_gates, release_target
 from release.errors import ReleaseError

@@ -2,9 +2,9 @@
 
 Those are the files git hands on from the checkout it was built from (`git ls-files --cached
 --others --exclude-standard`: what is tracked, and untracked files no ignore rule covers; the
-same set release/build/reproduce.py copies as what a build reads) plus the PKG-INFO its backend
+same set release/builder/reproduce.py copies as what a build reads) plus the PKG-INFO its backend
 writes, each under one `<name>-<version>/` folder, with the checkout's bytes. So a tracked file
-left out (an `sdist.exclude` pattern that matches `release/build/`) fails, and so does anything
+left out (an `sdist.exclude` pattern that matches `release/builder/`) fails, and so does anything
 git ignores that got in (`out/`, `.activekv/`, a build tree), a file whose bytes are not the
 checkout's, a link or device, a member pip would unpack elsewhere than it reads, a member not
 stamped as a reproducible build stamps it (owner 0, mode 0644 or 0755, the build's

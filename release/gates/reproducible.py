@@ -1,10 +1,10 @@
 """The reproducible gate, in the registry: every wheel built twice from two copies of the source
-must be bit-identical, and identical to the release's own wheels (release/build/reproduce.py
-builds and compares; the build belongs to release/build/)."""
+must be bit-identical, and identical to the release's own wheels (release/builder/reproduce.py
+builds and compares; the build belongs to release/builder/)."""
 
 from __future__ import annotations
 
-from release.build.reproduce import run_reproduce_gate
+from release.builder.reproduce import run_reproduce_gate
 from release.evidence import Evidence
 from release.gates.contract import GateInputs, Judges, Runner
 

@@ -4,8 +4,9 @@ with SLSA), the index's TUF repository (publisher and consumer side), the index 
 replacing a file, and the consumer's verification; and ``steps``, the command line's sign,
 publish, verify and serve steps.
 
-May import (the table ``MAY_IMPORT`` in tests/test_architecture.py, which enforces it): ``release.util``, ``release.errors``, ``release.manifest``,
-``release.catalogue`` (a gate's runner), ``release.records``, ``release.evidence`` (what an
-attestation signs), ``release.statement``, ``release.source_state``, ``release.wheelset``, and
-for ``steps`` alone ``release.context``. Never imports build, gates or report.
+May import (the table ``MAY_IMPORT`` in tests/test_architecture.py, which enforces it):
+``release.util``, ``release.errors``, ``release.manifest``, ``release.catalogue`` (a gate's
+runner), ``release.records``, ``release.evidence`` (what an attestation signs),
+``release.statement``, ``release.source_state``, ``release.wheelset``, and for ``steps`` alone
+``release.context``. Never imports builder, gates or report.
 """

@@ -11,7 +11,7 @@ PYPROJECT = REPO_ROOT / "pyproject.toml"
 # tests/test_build_cache_key.py keeps them equal), as git pathspecs and Path.glob patterns.
 LICENSE_FILES = ("LICENSE", "NOTICE", "LICENSES/*.txt")
 # What decides a wheel's bytes, besides the toolchain, the interpreter and the build environment
-# (release/build/wheels.py).
+# (release/builder/wheels.py).
 SOURCE_ROOTS = (
     "CMakeLists.txt",
     "pyproject.toml",

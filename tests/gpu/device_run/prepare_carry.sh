@@ -25,7 +25,7 @@ cp "$OUT"/wheels/activekv-*-cp312-*.whl "$CARRY/"
 import sys
 from pathlib import Path
 
-from release.build.cpptests import host_build, host_configure
+from release.builder.cpptests import host_build, host_configure
 from release.manifest import load_manifest
 
 root, build = Path(sys.argv[1]), Path(sys.argv[2])

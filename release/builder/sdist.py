@@ -1,6 +1,6 @@
 """The source distribution, built beside the wheels by the standard PEP 517 frontend:
 `python -m build --sdist` (PyPA's build), calling scikit-build-core's own `build_sdist` hook with
-the build's SOURCE_DATE_EPOCH (release/build/wheels.py: source_date_epoch), so that two builds
+the build's SOURCE_DATE_EPOCH (release/builder/wheels.py: source_date_epoch), so that two builds
 are byte-identical (scikit-build-core sorts the members, zeroes their owners, normalises their
 modes to 0644/0755 and stamps the archive and every member with that time).
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from release.build.cibuildwheel import run_cibuildwheel, selectors
-from release.build.elfcheck import cxx_runtime_findings
-from release.build.toolchain import Toolchain, resolve_toolchain, toolchain_record
+from release.builder.cibuildwheel import run_cibuildwheel, selectors
+from release.builder.elfcheck import cxx_runtime_findings
+from release.builder.toolchain import Toolchain, resolve_toolchain, toolchain_record
 from release.errors import BuildError
 from release.manifest import Manifest
 from release.records import LATEST_EPOCH

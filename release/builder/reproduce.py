@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from release.build.wheels import build_wheels, plan_targets, source_date_epoch
+from release.builder.wheels import build_wheels, plan_targets, source_date_epoch
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.manifest import Manifest

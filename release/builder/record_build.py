@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from release.build.wheels import source_date_epoch
+from release.builder.wheels import source_date_epoch
 from release.records import BuildRecord, BuiltWheelEntry
 from release.source_state import source_state
 from release.util.pins import pinned_version

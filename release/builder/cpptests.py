@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from release.build.toolchain import resolve_host_toolchain
+from release.builder.toolchain import resolve_host_toolchain
 from release.errors import BuildError
 from release.manifest import Manifest
 
