@@ -1,0 +1,553 @@
+"""The manifest's schema: one frozen model per table, each field checked as it is read."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from release.errors import ManifestError
+from release.manifest.fields import (
+    CUDA_ARCHITECTURES,
+    MAX_CELL_BYTES,
+    DistributionName,
+    Name,
+    PythonVersion,
+    StrictModel,
+    abi3_version,
+    architectures,
+    bounded,
+    exact_version,
+    folder_name,
+    index_root,
+    index_url,
+    no_control_characters,
+    non_empty,
+    pattern,
+    python_list,
+    relative_dir,
+    require,
+    schema_version,
+    shim_path,
+    signing_key,
+    state_dir,
+    unique,
+    web_url,
+)
+from release.manifest.messages import Issue, choices, dotted, error_line, from_pydantic, shown
+from release.util.limits import NetworkLimits
+
+
+def _shims(value: tuple[Shim, ...]) -> tuple[Shim, ...]:
+    paths = [shim.path for shim in value]
+    require(len(set(paths)) == len(paths), "shims with distinct paths")
+    return value
+
+
+SIGNING_KEY_ATTESTER = "signing-key"
+
+
+def _attester(value: str) -> str:
+    path = PurePosixPath(value)
+    require(
+        value == SIGNING_KEY_ATTESTER
+        or (not path.is_absolute() and ".." not in path.parts and value.endswith(".pub.json")),
+        f'"{SIGNING_KEY_ATTESTER}" (the channel\'s signing key) or the path of a public key file '
+        '"<name>.pub.json" relative to the manifest, without ".."',
+    )
+    return value
+
+
+Attester = Annotated[StrictStr, AfterValidator(_attester)]
+
+
+def _public_key_file(value: str) -> str:
+    no_control_characters(value)
+    named = value.endswith(".pub.json") and PurePosixPath(value).name != ".pub.json"
+    require(named, 'the path of a public key file "<name>.pub.json" (relative: to the manifest)')
+    return value
+
+
+def _pinned_key(value: str) -> str:
+    no_control_characters(value)
+    path = PurePosixPath(value)
+    require(
+        re.fullmatch(r"[0-9a-f]{64}", value) is not None
+        or (
+            value.endswith(".pub.json")
+            and path.name != ".pub.json"
+            and not path.is_absolute()
+            and ".." not in path.parts
+        ),
+        'a public key file "<name>.pub.json" relative to the manifest, without "..", or a keyid '
+        "(64 lowercase hex digits)",
+    )
+    return value
+
+
+PinnedKeyList = Annotated[
+    tuple[Annotated[StrictStr, AfterValidator(_pinned_key)], ...],
+    AfterValidator(non_empty),
+    AfterValidator(unique("pinned keys")),
+]
+
+
+class PinnedKeys(StrictModel):
+    """``[release.channels.<name>.pinned]``: the only public keys that sign the channel: its
+    provenance and CPU gate attestations (``signing``) and each TUF role's metadata of its index.
+    Rotating a key is a commit of this table (docs/trust.md, "Pinned keys")."""
+
+    signing: PinnedKeyList
+    root: PinnedKeyList
+    targets: PinnedKeyList
+    snapshot: PinnedKeyList
+    timestamp: PinnedKeyList
+
+
+class ChannelSpec(StrictModel):
+    """``[release.channels.<name>]``: the gates a channel requires, the key that signs it, and
+    whose gate attestations it takes."""
+
+    requires: Annotated[
+        tuple[Name, ...], AfterValidator(non_empty), AfterValidator(unique("gate names"))
+    ]
+    signing: Name
+    # Per runner class, the keys whose gate attestations count (release/trust/attestation.py).
+    attesters: dict[
+        Literal["cpu", "gpu"],
+        Annotated[
+            tuple[Attester, ...], AfterValidator(non_empty), AfterValidator(unique("attesters"))
+        ],
+    ] = Field(default_factory=lambda: {"cpu": (SIGNING_KEY_ATTESTER,)})
+    # Folders of the checkout holding attestations made elsewhere (a GPU runner's), taken when
+    # they name exactly the digests being published.
+    attestations: Annotated[
+        tuple[Annotated[StrictStr, AfterValidator(relative_dir)], ...],
+        AfterValidator(unique("folders")),
+    ] = ()
+    # Required where the channel signs with an operator's key (not "generate"): a key is taken
+    # only when pinned here, whatever file or folder holds it (release/trust/pins.py).
+    pinned: PinnedKeys | None = None
+
+
+class ReleaseSettings(StrictModel):
+    """``[release]``."""
+
+    name: DistributionName
+    version_source: Literal["pyproject"]
+    default_channel: Name
+    channels: dict[Name, ChannelSpec]
+
+
+class Toolchain(StrictModel):
+    """``[build.toolchain]``."""
+
+    kind: Literal["hermetic", "cibuildwheel"]
+    cuda_host_compiler: Annotated[
+        StrictStr, AfterValidator(pattern(r"\S+", "a program name without spaces"))
+    ]
+
+
+class CudaSettings(StrictModel):
+    """``[build.cuda]``."""
+
+    version: Annotated[
+        StrictStr, AfterValidator(pattern(r"[0-9]+\.[0-9]+", 'a CUDA version such as "13.0"'))
+    ]
+    architectures: Annotated[
+        tuple[
+            Annotated[
+                StrictStr,
+                AfterValidator(
+                    pattern(
+                        "|".join(CUDA_ARCHITECTURES),
+                        "a compute capability, one of "
+                        + ", ".join(f'"{arch}"' for arch in CUDA_ARCHITECTURES),
+                    )
+                ),
+            ],
+            ...,
+        ],
+        AfterValidator(non_empty),
+        AfterValidator(unique("architectures")),
+        AfterValidator(architectures),
+    ]
+    runtime: Literal["static"]
+
+
+class BuildSettings(StrictModel):
+    """``[build]``: the interpreters, the platform policy and how the native code is compiled."""
+
+    python: Annotated[
+        tuple[PythonVersion, ...], AfterValidator(non_empty), AfterValidator(python_list)
+    ]
+    stable_abi_from: Annotated[PythonVersion, AfterValidator(abi3_version)]
+    platform: Annotated[
+        StrictStr,
+        AfterValidator(
+            pattern(
+                # x86_64 only: the hermetic toolchain targets x86_64-linux-gnu (zig_target).
+                r"manylinux_[0-9]+_[0-9]+_x86_64",
+                'a platform "manylinux_<major>_<minor>_x86_64" (the toolchain builds x86_64)',
+            )
+        ),
+    ]
+    build_type: Literal["Release", "RelWithDebInfo"]
+    toolchain: Toolchain
+    cuda: CudaSettings
+
+    @property
+    def glibc(self) -> tuple[int, int]:
+        """The glibc version of the platform policy, e.g. ``(2, 28)``."""
+        _, major, minor, _ = self.platform.split("_", 3)
+        return int(major), int(minor)
+
+    @property
+    def arch(self) -> str:
+        """The machine architecture of the platform, e.g. ``x86_64``."""
+        return self.platform.split("_", 3)[3]
+
+    @property
+    def abi3_python(self) -> str:
+        """The first Python version served by the stable-ABI (abi3) wheel, e.g. ``"3.12"``."""
+        return self.stable_abi_from
+
+
+class Shim(StrictModel):
+    """One ``payload.shims`` entry: a Python file the wheel may hold and the framework it cites."""
+
+    path: Annotated[StrictStr, AfterValidator(shim_path)]
+    framework: DistributionName
+    version: Annotated[StrictStr, AfterValidator(exact_version)]
+    sha256: Annotated[
+        StrictStr, AfterValidator(pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)"))
+    ]
+    # The sha256 of the framework wheel the citations are checked against: the framework's own
+    # file, not any wheel that carries its name and version.
+    framework_sha256: (
+        Annotated[
+            StrictStr,
+            AfterValidator(pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)")),
+        ]
+        | None
+    ) = None
+
+
+FileKind = Literal["extension", "stub", "typed-marker", "metadata", "license", "shim", "sbom"]
+
+
+class PayloadPolicy(StrictModel):
+    """``[payload]``."""
+
+    allowed_kinds: Annotated[tuple[FileKind, ...], AfterValidator(unique("file kinds"))]
+    shims: Annotated[tuple[Shim, ...], AfterValidator(_shims)]
+    # The SBOM every wheel must carry as <dist-info>/sboms/<sbom> (PEP 770), checked against the
+    # wheel's own modules (release/gates/sbom.py); none required when absent.
+    sbom: (
+        Annotated[
+            StrictStr,
+            AfterValidator(
+                pattern(
+                    r"[a-z0-9][a-z0-9._-]*\.cdx\.json",
+                    "a file name like activekv.cdx.json (CycloneDX JSON)",
+                )
+            ),
+        ]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _sbom_is_allowed(self) -> PayloadPolicy:
+        require(self.sbom is None or "sbom" in self.allowed_kinds,
+               '"sbom" among payload.allowed_kinds, since payload.sbom requires one')  # fmt: skip
+        return self
+
+
+def _unique_cells(value: tuple[ParityCell, ...]) -> tuple[ParityCell, ...]:
+    names = [cell.name for cell in value]
+    require(len(set(names)) == len(names), "cells with distinct names")
+    return value
+
+
+class ParityCell(StrictModel):
+    """One ``[[gates.<name>.cells]]`` entry: a trace configuration the parity gate replays."""
+
+    name: Annotated[
+        StrictStr, AfterValidator(pattern(r"[a-z0-9][a-z0-9._-]*", "a cell name of [a-z0-9._-]"))
+    ]
+    mode: Literal["exact", "int8", "fp8_e4m3"]
+    dtype: Literal["fp16", "bf16", "fp32"]
+    num_layers: bounded(512)
+    block_size: bounded(1024)
+    num_kv_heads: bounded(256)
+    head_dim: bounded(1024)
+    # Host pool size in blocks: below the trace's working set, it forces eviction and refusal.
+    pool_blocks: bounded(1 << 20)
+    num_regions: bounded(1024)
+    region_blocks: bounded(4096)
+    steps: bounded(100_000)
+    # Fence faults the trace injects (each quarantines a region for good).
+    fence_faults: Annotated[StrictInt, Field(ge=0, le=1024)]
+    seed: Annotated[StrictInt, Field(ge=0, lt=1 << 63)]
+    # How the trace's steps are made (release/gates/trace.py): "random", one request per step;
+    # "requests", several requests per step with chains of blocks and shared prefixes, after a
+    # warm-up that fills and fragments the pool (the extent allocator's splitting and eviction).
+    trace: Literal["random", "requests"] = "random"
+
+    @property
+    def num_device_blocks(self) -> int:
+        """The device KV's blocks the trace addresses: room for two regions' leases at once
+        (a step's loads and the next one's), and two more."""
+        return 2 * self.region_blocks + 2
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> ParityCell:
+        # Each implementation replaying the cell holds the pool and the device KV at once.
+        words = 4 if self.dtype == "fp32" else 2
+        block = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * words
+        blocks = self.pool_blocks + self.num_device_blocks
+        require(block * blocks <= MAX_CELL_BYTES,
+               f"a host pool and device KV of at most {MAX_CELL_BYTES >> 30} GiB together "
+               f"((pool_blocks + 2 x region_blocks + 2) x {block} bytes per block)")  # fmt: skip
+        return self
+
+
+class GateSpec(StrictModel):
+    """``[gates.<name>]``: where a gate runs and its parameters."""
+
+    runner: Literal["cpu", "gpu"]
+    warmup_steps: bounded(100_000) | None = None
+    steady_steps: bounded(1_000_000) | None = None
+    cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
+    # Cells the parity gate replays only on the CUDA route (parity --device cuda), besides `cells`.
+    gpu_cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
+
+    @model_validator(mode="after")
+    def _cells_apart(self) -> GateSpec:
+        # A CUDA replay runs both lists, one trace file per name: a shared name would overwrite.
+        shared = {c.name for c in self.cells or ()} & {c.name for c in self.gpu_cells or ()}
+        require(not shared, f"gpu_cells named apart from cells; {sorted(shared)} are in both")
+        return self
+
+
+class SignSpec(StrictModel):
+    """``[sign.<name>]``: a key reference (never the key itself)."""
+
+    key: Annotated[StrictStr, AfterValidator(signing_key)]
+    # The signer's public key file (*.pub.json); a signer URI key needs it (release/trust/sign.py).
+    public_key: Annotated[StrictStr, AfterValidator(_public_key_file)] | None = None
+
+    @property
+    def generated(self) -> bool:
+        """True for a key generated on first use (a dev key)."""
+        return self.key == "generate"
+
+
+class TufKeys(StrictModel):
+    """``[publish.tuf_keys.<role>]``: the key reference of each TUF role of the index (as in
+    ``[sign.*]``). Without this table the roles' keys are generated (dev only)."""
+
+    root: SignSpec
+    targets: SignSpec
+    snapshot: SignSpec
+    timestamp: SignSpec
+
+
+class PublishSettings(StrictModel):
+    """``[publish]``."""
+
+    index: Annotated[StrictStr, AfterValidator(index_url)]
+    username: Annotated[
+        StrictStr,
+        AfterValidator(pattern(r"[A-Za-z0-9._-]+", "a user name of [A-Za-z0-9._-] characters")),
+    ]
+    state_dir: Annotated[StrictStr, AfterValidator(state_dir)]
+    tuf_keys: TufKeys | None = None
+    # A remote index (``index`` is its PEP 503 simple URL): where twine uploads (default: the
+    # server's convention, see index_root), the folder the TUF repository is written
+    # to (relative to the manifest's folder), which the operator serves at ``tuf_url``.
+    upload_url: Annotated[StrictStr, AfterValidator(web_url)] | None = None
+    tuf_dir: Annotated[StrictStr, AfterValidator(folder_name)] | None = None
+    tuf_url: Annotated[StrictStr, AfterValidator(web_url)] | None = None
+    limits: NetworkLimits = NetworkLimits()
+
+    @property
+    def embedded(self) -> bool:
+        """True when the pipeline starts its own index on 127.0.0.1."""
+        return self.index == "embedded"
+
+    @property
+    def upload_endpoint(self) -> str | None:
+        """Where twine uploads to a remote index: ``upload_url``, else the server's convention."""
+        return self.upload_url or index_root(self.index)
+
+
+RunnerLabel = Annotated[
+    StrictStr,
+    AfterValidator(
+        pattern(
+            r"[A-Za-z0-9][A-Za-z0-9._-]*",
+            "a runner label of letters, digits, '.', '_' and '-' that starts alphanumeric",
+        )
+    ),
+]
+
+
+def _without_self_hosted(value: tuple[str, ...]) -> tuple[str, ...]:
+    require(
+        "self-hosted" not in value,
+        'labels without "self-hosted" (the workflow adds it before them)',
+    )
+    return value
+
+
+# A self-hosted runner's labels, as the workflow's runs-on gives them after "self-hosted".
+SelfHostedLabels = Annotated[
+    tuple[RunnerLabel, ...],
+    AfterValidator(non_empty),
+    AfterValidator(unique("runner labels")),
+    AfterValidator(_without_self_hosted),
+]
+
+
+WebUrl = Annotated[StrictStr, AfterValidator(web_url)]
+
+
+def _workflow_path(value: str) -> str:
+    path = PurePosixPath(value)
+    require(
+        len(path.parts) == 3
+        and path.parts[:2] == (".github", "workflows")
+        and path.suffix in (".yml", ".yaml"),
+        'a path ".github/workflows/<name>.yml"',
+    )
+    return value
+
+
+class CiRelease(StrictModel):
+    """``[ci.release]``: the self-hosted runner the release job runs on (it writes the TUF folder
+    the operator's web server serves: docs/ci.md), where it publishes, and where its keys come
+    from. ``index``, ``upload_url`` and ``tuf_url`` replace ``[publish]``'s for the job."""
+
+    runner_labels: SelfHostedLabels
+    # "secrets": an operator-signed channel's keys come from the repository's secrets (written to
+    # a private folder, given as --key-dir); "manifest": its [sign.*] and [publish.tuf_keys].
+    keys: Literal["secrets", "manifest"] = "secrets"
+    index: WebUrl | None = None
+    upload_url: WebUrl | None = None
+    tuf_url: WebUrl | None = None
+
+
+class CiSettings(StrictModel):
+    """``[ci]``: the GitHub Actions workflow that ``python -m release ci`` generates."""
+
+    workflow: Annotated[StrictStr, AfterValidator(_workflow_path)]
+    build_runner: RunnerLabel
+    gpu_runner_labels: SelfHostedLabels
+    gpu_python: PythonVersion
+    # The channels a manual run may release, and the one a pushed v* tag releases (none: a tag
+    # releases nothing).
+    channels: Annotated[
+        tuple[Name, ...], AfterValidator(non_empty), AfterValidator(unique("channels"))
+    ]
+    tag_channel: Name | None = None
+    release: CiRelease | None = None
+
+
+class Manifest(StrictModel):
+    """A whole release manifest. Build it with ``load_manifest``."""
+
+    schema_version: Annotated[StrictInt, AfterValidator(schema_version)]
+    release: ReleaseSettings
+    build: BuildSettings
+    payload: PayloadPolicy
+    gates: dict[Name, GateSpec]
+    sign: dict[Name, SignSpec]
+    publish: PublishSettings
+    ci: CiSettings | None = None
+
+    _path: Path = PrivateAttr(default=Path("<manifest>"))
+
+    @property
+    def path(self) -> Path:
+        """The file this manifest was loaded from."""
+        return self._path
+
+    def channel(self, name: str) -> ChannelSpec:
+        """The channel called ``name``; a ManifestError names the known channels otherwise."""
+        try:
+            return self.release.channels[name]
+        except KeyError:
+            known = choices(sorted(self.release.channels), "or")
+            raise ManifestError(
+                error_line(self._path, ("release", "channels"), f"a channel {known}", shown(name))
+            ) from None
+
+    def _override_line(self, issue: Issue, overrides: Mapping[str, str]) -> str:
+        key = str(issue.loc[1]) if len(issue.loc) > 1 else ""
+        option = f" (--{key.replace('_', '-')})" if key in overrides else ""
+        where = f"{dotted(issue.loc)}{option}"
+        return f"{self._path}: {where}: expected {issue.expected}; got {issue.got}"
+
+    def with_publish(self, **overrides: str) -> Manifest:
+        """This manifest with ``[publish]`` keys given on the command line (``--index URL`` and
+        the like), checked as the manifest's own; each error names the option."""
+        data = self.publish.model_dump(exclude_none=True)
+        if "index" in overrides:  # another index: the manifest's keys of its own index go too
+            for key in _REMOTE_ONLY:
+                data.pop(key, None)
+        data.update(overrides)
+        try:
+            publish = PublishSettings.model_validate(data)
+        except ValidationError as exc:
+            found = [from_pydantic(error, PublishSettings) for error in exc.errors()]
+            issues = [Issue(("publish", *issue.loc), issue.expected, issue.got) for issue in found]
+        else:
+            issues = publish_references(publish)
+        if issues:
+            lines = [self._override_line(issue, overrides) for issue in issues]
+            raise ManifestError("\n".join(lines))
+        updated = self.model_copy(update={"publish": publish})
+        updated._path = self._path
+        return updated
+
+
+_REMOTE_KEYS = {
+    "tuf_dir": "the folder the TUF repository is written to, which the operator serves beside a "
+    "remote index",
+    "tuf_url": "the URL that folder is served at",
+}
+
+
+# The [publish] keys that describe a remote index.
+_REMOTE_ONLY = ("upload_url", *_REMOTE_KEYS)
+
+
+def publish_references(publish: PublishSettings) -> list[Issue]:
+    """A remote index needs its TUF folder and URL and an upload URL; the embedded one none."""
+    issues: list[Issue] = []
+    if publish.embedded:
+        for key in _REMOTE_ONLY:
+            if (value := getattr(publish, key)) is not None:
+                expected = 'nothing with index = "embedded" (it serves uploads and TUF itself)'
+                issues.append(Issue(("publish", key), expected, shown(value)))
+        return issues
+    for key, expected in _REMOTE_KEYS.items():
+        if getattr(publish, key) is None:
+            issues.append(Issue(("publish", key), expected, "nothing"))
+    if publish.upload_endpoint is None:
+        expected = ("the URL twine uploads to (publish.index does not end in /simple/ or "
+                    "/+simple/, so it cannot be derived)")  # fmt: skip
+        issues.append(Issue(("publish", "upload_url"), expected, "nothing"))
+    return issues
