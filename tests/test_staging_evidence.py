@@ -105,7 +105,12 @@ def test_a_record_of_another_shape_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"staging-py.json: expected a JSON staging record"):
         load(cpp, py)
     py.write_text(json.dumps({"rows": []}))
-    with pytest.raises(ValueError, match=r"gpu-staging.json.*missing or bad 'scenarios'"):
+    with pytest.raises(ValueError, match=r"gpu-staging.json: scenarios: missing \(expected"):
+        load(cpp, py)
+    cpp.write_text(json.dumps({"scenarios": [{"path": "auto", "block_bytes": "16 KiB"}],
+                               "int8_vs_exact_by_scenario": []}))  # fmt: skip
+    with pytest.raises(ValueError, match=r"gpu-staging.json: scenarios\[0\]\.block_bytes: "
+                       r"expected a number; got \"16 KiB\""):  # fmt: skip
         load(cpp, py)
 
 

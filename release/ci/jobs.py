@@ -30,7 +30,7 @@ from release.ci.actions import DOWNLOAD, SETUP_PYTHON, UPLOAD, block, checkout, 
 from release.ci.refusals import gpu_gates, release_target
 from release.errors import ReleaseError
 from release.manifest import CiSettings, Manifest
-from release.report.document import GPU_STAGING_RECORD as GPU_STAGING
+from release.records import GPU_STAGING_RECORD as GPU_STAGING
 from release.trust.keys import tuf_key_name
 from release.trust.pins import operator_signed
 from release.trust.remote_index import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from release.evidence import Evidence
 from release.manifest import Manifest
 from release.records import GPU_STAGING_RECORD, SignRecord
 from release.report import html, markdown
+from release.report.checked import Checked, ShapeError
 from release.report.loader import (
     OTHER_STATEMENT,
     STALE,
@@ -38,7 +37,8 @@ from release.report.loader import (
     stale_attestations,
 )
 from release.report.model import Block, Cell, Document, Figure, Section, Table, Text
-from release.report.plot import block_size_label, staging_plot
+from release.report.parity_section import parity_not_run, parity_section
+from release.report.staging_section import STAGING_PLOT, gpu_staging_section
 from release.report.verdict import ChannelVerdict, channel_verdict, names
 from release.report.words import words
 from release.util.atomic import atomic_write
@@ -47,13 +47,15 @@ from release.util.pins import project_version
 from release.wheelset import judged_sdist
 
 REPORT_MD = "report.md"
+
+
 REPORT_HTML = "report.html"
-STAGING_PLOT = "report-gpu-staging.png"
+
+
 SERVED_PATH_GATE = "served-path"
+
+
 VERDICT_MARK = {"pass": "✓", "fail": "✗", "not-run": "○", STALE: "≠"}
-
-
-# --- figures, described generically (other gates add their own) ---
 
 
 def _scalar(value: Any) -> bool:
@@ -122,9 +124,6 @@ def _brief(value: Any) -> str:
 def figure_texts(figures: dict[str, Any]) -> tuple[str, ...]:
     """A gate's figures, one line each: "<key in words>: <value in a few words>"."""
     return tuple(f"{words(key)}: {describe(value)}" for key, value in figures.items())
-
-
-# --- sections ---
 
 
 # What the sdist serves: any interpreter, built from source by the installer.
@@ -339,364 +338,12 @@ def _committed(channel: str, records: Records, source_dir: Path) -> Section | No
     return section
 
 
-def _short_cell_name(name: str, dtype: str) -> str:
-    parts = name.split("-", 2)
-    return parts[2] if len(parts) == 3 and parts[1] == dtype else name
-
-
-SELECTED_OUT = "not replayed (selected out with --cell)"
-NO_REPLAY = "no replay in the evidence"
-
-
-@dataclass(frozen=True)
-class ParityCell:
-    """One cell across every wheel the parity evidence judged."""
-
-    verdict: str  # "bit-identical", "differs", "failed" or "not-run"
-    difference: str = ""  # the first difference found, named with its wheel
-    missing: tuple[tuple[str, str], ...] = ()  # (wheel, why) for each wheel with no result
-
-
-def _is_cell_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(c, dict) and isinstance(c.get("cell"), str) for c in value
-    )
-
-
-def _replays(evidence: Evidence) -> dict[str, dict[str, Any]]:
-    """Each wheel the parity evidence judged (its artefacts, then any other its figures name),
-    with its figures; a wheel without them, or with unreadable ones, gets a status saying so."""
-    recorded = evidence.figures.get("wheels")
-    recorded = recorded if isinstance(recorded, dict) else {}
-    replays: dict[str, dict[str, Any]] = {}
-    for wheel in dict.fromkeys([*evidence.artefacts, *recorded]):
-        judged = recorded.get(wheel)
-        if judged is None:
-            replays[wheel] = {"status": NO_REPLAY}
-        elif not isinstance(judged, dict) or not _is_cell_list(judged.get("cells", [])):
-            replays[wheel] = {"status": "unreadable: expected an object with a list of cells"}
-        else:
-            replays[wheel] = judged
-    return replays
-
-
-def _cell_result(name: str, replays: dict[str, dict[str, Any]]) -> ParityCell:
-    """Bit-identical only where every judged wheel replayed the cell and found no difference: a
-    wheel whose replay failed, did not run or left the cell out does not count as identical."""
-    difference, missing = "", []
-    for wheel, judged in replays.items():
-        found = next((c for c in judged.get("cells", []) if c["cell"] == name), None)
-        if found is None:
-            missing.append((wheel, SELECTED_OUT if judged.get("cells") else
-                            str(judged.get("status") or NO_REPLAY)))  # fmt: skip
-        elif found.get("difference") and not difference:
-            difference = f"{wheel}: {found['difference']}"
-    if difference:
-        verdict = "differs"
-    elif any(why.startswith("fail") for _, why in missing):
-        verdict = "failed"
-    elif missing or not replays:
-        verdict = "not-run"
-    else:
-        verdict = "bit-identical"
-    return ParityCell(verdict, difference, tuple(missing))
-
-
-def _parity_cells(
-    replays: dict[str, dict[str, Any]], declared: Iterable[str]
-) -> dict[str, ParityCell]:
-    """Each declared or replayed cell across the judged wheels (`_replays`)."""
-    replayed = (c["cell"] for judged in replays.values() for c in judged.get("cells", []))
-    return {name: _cell_result(name, replays) for name in dict.fromkeys([*declared, *replayed])}
-
-
-def _replay_text(wheel: str, judged: dict[str, Any]) -> Text:
-    status = str(judged.get("status", "?"))
-    said = (f"exact {judged['exact']}, compressed {judged['compressed']}"
-            if "exact" in judged else status)  # fmt: skip
-    python = f" (Python {judged['python']})" if "python" in judged else ""
-    tone = "" if judged.get("cells") else "fail" if status.startswith("fail") else "not-run"
-    return Text(f"Reference against the engine of {wheel}{python}: {said}.", tone)
-
-
-PARITY_MARK = {"bit-identical": ("pass", "✓"), "differs": ("fail", "✗"), "failed": ("fail", "✗"),
-               "not-run": ("not-run", "○")}  # fmt: skip
-
-
-def _parity(manifest: Manifest, records: Records) -> Section | None:
-    gate = manifest.gates.get("parity")
-    evidence = records.evidence.get("parity")
-    if gate is None or not gate.cells:
-        return None
-    section = Section("Parity matrix", "parity")
-    replays: dict[str, dict[str, Any]] = {}
-    results: dict[str, ParityCell] = {}
-    if evidence is not None:
-        replays = _replays(evidence)
-        results = _parity_cells(replays, (c.name for c in gate.cells))
-    modes = list(dict.fromkeys(c.mode for c in gate.cells))
-    dtypes = list(dict.fromkeys(c.dtype for c in gate.cells))
-    rows = []
-    for mode in modes:
-        row = [Cell(mode)]
-        for dtype in dtypes:
-            entries: list[str] = []
-            tones: list[str] = []
-            for cell in (c for c in gate.cells if c.mode == mode and c.dtype == dtype):
-                result = results.get(cell.name)
-                tone, mark = PARITY_MARK[result.verdict] if result else PARITY_MARK["not-run"]
-                tones.append(tone)
-                entries.append(f"{mark} {_short_cell_name(cell.name, dtype)}")
-            tone = "fail" if "fail" in tones else "not-run" if "not-run" in tones else "pass"
-            row.append(
-                Cell("", tone if entries else "", tuple(entries) or ("no cell",), tuple(tones))
-            )
-        rows.append(tuple(row))
-    if evidence is None:
-        section.blocks.append(Text("The parity gate left no evidence in this run.", "not-run"))
-    else:
-        section.blocks += [_replay_text(w, j) for w, j in replays.items()]
-    section.blocks.append(Table(("mode / dtype", *dtypes), tuple(rows), grid=True))
-    for name, result in results.items():
-        if result.difference:
-            section.blocks.append(Text(f"{name}: first difference: {result.difference}", "fail"))
-    return section
-
-
-def _parity_not_run(evidence: Evidence, declared: list[str]) -> list[tuple[str, str]]:
-    """A line for each wheel that replayed no cell, and for each cell a wheel left out."""
-    replays = _replays(evidence)
-    if not replays:
-        return [("parity cells", "the parity evidence names no wheel")]
-    lines = [(f"parity on {wheel}", str(judged.get("status") or NO_REPLAY))
-             for wheel, judged in replays.items() if not judged.get("cells")]  # fmt: skip
-    for name, result in _parity_cells(replays, declared).items():
-        skipped = [wheel for wheel, why in result.missing if why == SELECTED_OUT]
-        if name in declared and skipped:
-            by = "" if len(skipped) == len(replays) else f" by {', '.join(skipped)}"
-            lines.append((f"parity cell {name}", SELECTED_OUT + by))
-    return lines
-
-
-class ShapeError(ValueError):
-    """A value of a record that is missing or not of the agreed shape, named by its key."""
-
-
-def _got(value: Any) -> str:
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    return json.dumps(value)
-
-
-class _Entry:
-    """One object of a measurement record, read through checks that raise ShapeError naming
-    the key (`rows[2].h2d_gbps`): such records are shown as they are, so nothing else checks."""
-
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, dict):
-            raise ShapeError(f"{where or '<top level>'}: expected an object; got {_got(data)}")
-        self.data: dict[str, Any] = data
-        self.where = f"{where}." if where else ""
-
-    def get(self, key: str) -> Any:
-        if key not in self.data:
-            raise ShapeError(f"{self.where}{key}: missing")
-        return self.data[key]
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def text(self, key: str) -> str:
-        value = self.get(key)
-        if not isinstance(value, str):
-            raise ShapeError(f"{self.where}{key}: expected text; got {_got(value)}")
-        return value
-
-    def number(self, key: str) -> float:
-        value = self.get(key)
-        # bool is an int to Python, and JSON's 1e400 reads as infinity.
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not math.isfinite(value):
-            raise ShapeError(f"{self.where}{key}: expected a number; got {_got(value)}")
-        return value
-
-    def whole(self, key: str, least: int) -> int:
-        """A count or a size: a whole number of at least `least` (16384.0 is 16384)."""
-        value = self.number(key)
-        if value < least or value != int(value):
-            raise ShapeError(f"{self.where}{key}: expected a whole number >= {least}; got {value}")
-        return int(value)
-
-    def entry(self, key: str) -> _Entry:
-        return _Entry(self.get(key), f"{self.where}{key}")
-
-    def entries(self, key: str) -> list[_Entry]:
-        """The objects listed under `key`; none where it is absent or null."""
-        value = self.data.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise ShapeError(f"{self.where}{key}: expected a list of objects; got {_got(value)}")
-        return [_Entry(item, f"{self.where}{key}[{i}]") for i, item in enumerate(value)]
-
-
-def _ceiling(staging: _Entry) -> dict[str, float]:
-    """The copy ceiling, GB/s by direction; empty where the record has none (null: the Python
-    staging bench writes that when it was given no --ceiling)."""
-    if not staging.has("ceiling_gbps"):
-        return {}
-    ceiling = staging.entry("ceiling_gbps")
-    return {direction: ceiling.number(direction) for direction in ceiling.data}
-
-
-def _rate_row(row: _Entry) -> dict[str, Any]:
-    return {"block_bytes": row.whole("block_bytes", 1), "method": row.text("method"),
-            "h2d_gbps": row.number("h2d_gbps"), "d2h_gbps": row.number("d2h_gbps")}  # fmt: skip
-
-
-def _rates(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[str, ...]:
-    """ "H2D 23.0 GB/s (42%)" and the same for D2H: GB/s, and the share of the copy ceiling."""
-    rates = []
-    for direction in ("h2d", "d2h"):
-        value = float(row[f"{direction}_gbps"])
-        share = f" ({value / ceiling[direction]:.0%})" if ceiling.get(direction) else ""
-        rates.append(f"{direction.upper()} {value:.1f} GB/s{share}")
-    return tuple(rates)
-
-
-def _rates_table(rows: list[dict[str, Any]], ceiling: dict[str, float]) -> Table:
-    methods = list(dict.fromkeys(row["method"] for row in rows))
-    by_cell = {(row["block_bytes"], row["method"]): row for row in rows}
-    table = []
-    for size in sorted({size for size, _ in by_cell}):
-        cells = [Cell(block_size_label(size))]
-        for method in methods:
-            row = by_cell.get((size, method))
-            cells.append(Cell("", "", _rates(row, ceiling)) if row else Cell("—"))
-        table.append(tuple(cells))
-    return Table(("block", *methods), tuple(table), grid=True)
-
-
-def _staging_blocks(staging: _Entry, built: dict[str, str]) -> list[Block]:
-    """The section's blocks; ShapeError where the record is not of the agreed shape."""
-    gpu, driver, wheel = (staging.text(k) for k in ("gpu", "driver", "wheel_sha256"))
-    ceiling = _ceiling(staging)
-    rows = [_rate_row(row) for row in staging.entries("rows")]
-    if not rows:
-        raise ShapeError("rows: expected at least one measurement; got none")
-    said = (f"copy ceiling H2D {ceiling.get('h2d', '?')} GB/s, D2H {ceiling.get('d2h', '?')} GB/s"
-            if ceiling else "no copy ceiling in the record")  # fmt: skip
-    blocks: list[Block] = [Text(f"{gpu}, driver {driver}; wheel sha256 {wheel}; {said}.")]
-    if wheel not in built.values():
-        blocks.append(Text("These figures are not of this run's wheels: no built wheel has "
-                           f"sha256 {wheel}.", "fail"))  # fmt: skip
-    blocks.append(_rates_table(rows, ceiling))
-    blocks.extend(_staging_targets(staging))
-    # The plot gets the values checked here, never the record's raw ones.
-    checked = {**staging.data, "ceiling_gbps": ceiling, "rows": rows}
-    blocks.append(Figure(staging_plot(checked), STAGING_PLOT, "staging bandwidth by block size"))
-    return blocks
-
-
-# What a record of an unexpected shape can raise past the checks (matplotlib on odd figures
-# included): the module promises such a record is reported, never raised.
-SHAPE_ERRORS = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
-
-
-def _gpu_staging(records: Records) -> Section | None:
-    if records.gpu_staging is None:
-        return None
-    try:
-        blocks = _staging_blocks(_Entry(records.gpu_staging, ""), records.built_digests())
-    except SHAPE_ERRORS as error:
-        said = str(error) if isinstance(error, ShapeError) else f"{type(error).__name__}: {error}"
-        records.unreadable.append(f"{GPU_STAGING_RECORD}.json: expected the agreed shape; {said}")
-        return None
-    return Section("GPU staging", "gpu-staging", blocks)
-
-
-def _gbps(row: _Entry, key: str) -> Cell:
-    return Cell(f"{row.number(key):.1f} GB/s")
-
-
-def _staging_targets(staging: _Entry) -> list[Block]:
-    """Loads and stores at once, and int8 against exact tokens/s, where the record has them."""
-    blocks: list[Block] = []
-    overlapped = staging.entries("overlapped")
-    if overlapped:
-        key = "both_ways_ceiling_gbps"
-        ceiling = staging.number(key) if staging.has(key) else "?"
-        blocks.append(
-            Text(f"Loads and stores at once (contiguous copy both ways: {ceiling} GB/s).")
-        )
-        rows = tuple(
-            (
-                Cell(block_size_label(r.whole("block_bytes", 1))),
-                Cell(r.text("bus")),
-                _gbps(r, "engine_both_ways_gbps"),
-                _gbps(r, "kernels_both_ways_gbps"),
-                # Records of older wheels have no bulk copy kernel.
-                _gbps(r, "bulk_both_ways_gbps") if r.has("bulk_both_ways_gbps") else Cell("—"),
-                _gbps(r, "batches_both_ways_gbps"),
-            )
-            for r in overlapped
-        )
-        headers = ("block", "engine bus", "engine", "kernels alone", "bulk copy kernel alone",
-                   "per-layer batches alone")  # fmt: skip
-        blocks.append(Table(headers, rows))
-    blocks.extend(_staging_scenarios(staging))
-    compressed = staging.entries("int8_vs_exact")
-    if compressed:
-        rows = tuple(
-            (
-                Cell(block_size_label(r.whole("block_bytes", 1))),
-                Cell(r.text("bus")),
-                Cell(f"{r.number('int8_over_exact_load'):.2f}x"),
-                Cell(f"{r.number('int8_over_exact_store'):.2f}x"),
-            )
-            for r in compressed
-        )
-        headers = ("block", "int8 bus", "int8 / exact tokens/s, loads", "stores")
-        blocks.append(Table(headers, rows))
-    return blocks
-
-
-def _staging_scenarios(staging: _Entry) -> list[Block]:
-    """Whole engine steps under the path rule, per block size and traffic (scattered blocks, or
-    requests whose chains come back as runs), where the record has them."""
-    rule = [r for r in staging.entries("scenarios") if r.text("path") == "auto"]
-    if not rule:
-        return []
-
-    def rate(row: _Entry, way: str) -> Cell:
-        return Cell(f"{row.number(f'{way}_gbps'):.1f} GB/s ({row.number(f'{way}_of_ceiling'):.0%})")
-
-    rows = tuple(
-        (
-            Cell(block_size_label(r.whole("block_bytes", 1))),
-            Cell(r.text("scenario")),
-            rate(r, "load"),
-            rate(r, "store"),
-            rate(r, "both_ways"),
-            Cell(f"{r.number('load_blocks_per_run'):.1f} / {r.number('store_blocks_per_run'):.1f}"),
-            Cell(r.text("bus")),
-        )
-        for r in rule
-    )
-    headers = ("block", "traffic", "loads", "stores", "both at once", "blocks per run",
-               "path")  # fmt: skip
-    return [Text("Engine steps by traffic (of this run's ceiling), the path rule's choice."),
-            Table(headers, rows)]  # fmt: skip
-
-
 def _dispatch(records: Records) -> Section | None:
     evidence = records.evidence.get(SERVED_PATH_GATE)
     if evidence is None or "dispatch_sites" not in evidence.figures:
         return None
     try:
-        sites = _Entry(evidence.figures, "figures").entry("dispatch_sites")
+        sites = Checked(evidence.figures, "figures").entry("dispatch_sites")
         before, after = sites.whole("reference", 0), sites.whole("engine", 0)
     except ShapeError as error:
         records.unreadable.append(
@@ -775,7 +422,7 @@ def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[st
     gate = manifest.gates.get("parity")
     parity = records.evidence.get("parity")
     if gate and gate.cells and parity is not None:
-        lines += _parity_not_run(parity, [c.name for c in gate.cells])
+        lines += parity_not_run(parity, [c.name for c in gate.cells])
     if records.gpu_staging is None:
         lines.append(
             ("GPU staging table and plot",
@@ -857,8 +504,8 @@ def build_document(
         s
         for s in (
             _committed(channel, records, source_dir),
-            _parity(manifest, records),
-            _gpu_staging(records),
+            parity_section(manifest, records),
+            gpu_staging_section(records),
             _dispatch(records),
         )
         if s

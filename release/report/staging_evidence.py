@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from release.report.checked import Checked, ShapeError
 from release.report.markdown import table_lines
 from release.report.model import Cell, Table
 from release.report.plot import block_size_label
@@ -57,15 +58,13 @@ class Verdict:
 
 
 class StagingRecords:
-    """The rule's rows (path "auto") of both records, by (block bytes, scenario)."""
+    """The rule's rows (path "auto") of both records, by (block bytes, scenario), read through
+    the report's checks (release/report/checked.py): ShapeError names the key of a bad value."""
 
     def __init__(self, cpp: dict[str, Any], python: dict[str, Any]) -> None:
-        self.cpp = {_key(r): r for r in cpp["scenarios"] if r["path"] == "auto"}
-        self.python = {_key(r): r for r in python["rows"] if r["path"] == "auto"}
-        self.int8 = {
-            "C++": {_key(r): r for r in cpp["int8_vs_exact_by_scenario"]},
-            "Python": {_key(r): r for r in python["int8_vs_exact_by_scenario"]},
-        }
+        self.cpp, cpp_int8 = _read(cpp, CPP_ROWS)
+        self.python, python_int8 = _read(python, PYTHON_ROWS)
+        self.int8 = {"C++": cpp_int8, "Python": python_int8}
         blocks = {block for block, _ in self.cpp} | {block for block, _ in self.python}
         self.blocks = sorted(blocks)
 
@@ -74,20 +73,31 @@ class StagingRecords:
         left out (and judged missing by `judge`)."""
         if way == "int8":
             return {
-                f"{name} {direction}": float(row[f"int8_over_exact_{direction}"])
+                f"{name} {direction}": row.number(f"int8_over_exact_{direction}")
                 for name, rows in self.int8.items()
                 if (row := rows.get((block, "requests")))
                 for direction in ("load", "store")
             }
         return {
-            name: float(row[f"{way}_gbps"])
+            name: row.number(f"{way}_gbps")
             for name, rows in (("C++", self.cpp), ("Python", self.python))
             if (row := rows.get((block, "requests")))
         }
 
 
-def _key(row: dict[str, Any]) -> tuple[int, str]:
-    return int(row["block_bytes"]), str(row["scenario"])
+def _key(row: Checked) -> tuple[int, str]:
+    return row.whole("block_bytes", 1), row.text("scenario")
+
+
+Rows = dict[tuple[int, str], Checked]
+CPP_ROWS, PYTHON_ROWS = "scenarios", "rows"  # where each record keeps its whole-step rows
+
+
+def _read(record: Any, rows_key: str) -> tuple[Rows, Rows]:
+    """A record's rule rows and its int8 rows; ShapeError naming the key of a bad value."""
+    checked = Checked(record, "")
+    rows = {_key(r): r for r in checked.listed(rows_key) if r.text("path") == "auto"}
+    return rows, {_key(r): r for r in checked.listed("int8_vs_exact_by_scenario")}
 
 
 def judge(records: StagingRecords) -> list[Verdict]:
@@ -130,9 +140,15 @@ def staging_table(records: StagingRecords) -> Table:
                 (
                     Cell(block_size_label(block)),
                     Cell(scenario),
-                    Cell(f"{cpp['load_blocks_per_run']:.1f} / {cpp['store_blocks_per_run']:.1f}"),
-                    Cell(str(cpp["bus"])),
-                    *(Cell(f"{cpp[f'{w}_gbps']:.1f} / {python[f'{w}_gbps']:.1f}") for w in WAYS),
+                    Cell(
+                        f"{cpp.number('load_blocks_per_run'):.1f} / "
+                        f"{cpp.number('store_blocks_per_run'):.1f}"
+                    ),
+                    Cell(cpp.text("bus")),
+                    *(
+                        Cell(f"{cpp.number(f'{w}_gbps'):.1f} / {python.number(f'{w}_gbps'):.1f}")
+                        for w in WAYS
+                    ),
                     Cell("; ".join(_ratios(r) for r in int8)),
                 )
             )
@@ -141,10 +157,10 @@ def staging_table(records: StagingRecords) -> Table:
     return Table(headers, tuple(rows))
 
 
-def _ratios(row: dict[str, Any] | None) -> str:
+def _ratios(row: Checked | None) -> str:
     if row is None:
         return "—"
-    return f"{row['int8_over_exact_load']:.2f} / {row['int8_over_exact_store']:.2f}"
+    return f"{row.number('int8_over_exact_load'):.2f} / {row.number('int8_over_exact_store'):.2f}"
 
 
 def load(cpp_path: Path, python_path: Path) -> StagingRecords:
@@ -155,13 +171,17 @@ def load(cpp_path: Path, python_path: Path) -> StagingRecords:
             loaded.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as error:
             raise ValueError(f"{path}: expected a JSON staging record; {error}") from error
-    try:
-        return StagingRecords(*loaded)
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(
-            f"{cpp_path}, {python_path}: expected gpu-staging.json and staging-py.json of one "
-            f"run (scenarios, rows, int8_vs_exact_by_scenario); missing or bad {error}"
-        ) from error
+    for path, record, rows_key in zip(
+        (cpp_path, python_path), loaded, (CPP_ROWS, PYTHON_ROWS), strict=True
+    ):
+        try:
+            _read(record, rows_key)
+        except ShapeError as error:
+            raise ValueError(
+                f"{path}: {error} (expected a staging record with {rows_key} and "
+                "int8_vs_exact_by_scenario)"
+            ) from error
+    return StagingRecords(*loaded)
 
 
 def main(argv: list[str] | None = None) -> int:
