@@ -56,7 +56,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.bench": "release.errors release.util release.manifest release.records "
         "release.wheelset release.builder release.gpu release.scripts",
         "release.ci": "release.errors release.util release.manifest release.catalogue "
-        "release.wheelset release.builder release.trust release.report",
+        "release.records release.wheelset release.builder release.trust release.report",
         "release.ci_workflow": "release.ci",
         "release.steps": "release",
         "release.cli": "release",

@@ -6,7 +6,8 @@
 * ``refusals``: what the manifest must hold for every path of the workflow to finish, each
   refusal one line naming the key (docs/ci.md).
 
-May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.wheelset``, the
+May import: ``release.util``, ``release.errors``, ``release.manifest``, ``release.catalogue``,
+``release.records`` (the names of its records), ``release.wheelset``, the
 names the workflow must agree with from ``release.builder``, ``release.gates``, ``release.trust``
 and ``release.report``. Never imports ``release.steps`` or the CLI: it describes steps, it runs
 none.
