@@ -17,21 +17,18 @@ cannot be judged by, is a problem naming it.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import zipfile
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, NamedTuple
+from typing import Any
 
-from cyclonedx.schema import SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 from packaging.utils import parse_wheel_filename
 
 from release.gates.licenses import read_metadata
+from release.gates.sbom_document import Component, canonical_json, read_document, repeated
 from release.gates.sbom_facts import (
     FACT_SECTION,
     FactError,
@@ -41,12 +38,14 @@ from release.gates.sbom_facts import (
     module_facts,
     module_needed,
 )
-from release.util.jsonfile import JsonFileError, refuse_constant
+from release.gates.sbom_tools import tool_problems
 
 # Who each library a module may link is to scanners (cmake/write_sbom.py writes these): the
 # package URL's (type, namespace, name) and the prefix of its version (a release tag), and the
 # CPE's vendor:product; None where it has none.
 _LLVM = (("github", "llvm", "llvm-project"), "llvmorg-", "llvm:llvm")
+
+
 _IDENTITIES: dict[str, tuple[tuple[str, str | None, str] | None, str, str | None]] = {
     "libc++": _LLVM,
     "libc++abi": _LLVM,
@@ -56,9 +55,13 @@ _IDENTITIES: dict[str, tuple[tuple[str, str | None, str] | None, str, str | None
     "nanobind": (("pypi", None, "nanobind"), "", None),
     "robin-map": (("github", "tessil", "robin-map"), "v", None),
 }
+
+
 # The licence (its one `licenses` entry) and supplier cmake/write_sbom.py gives each of those
 # libraries, compared whole: a scanner's licence report reads exactly these.
 _LLVM_PROVENANCE = ({"expression": "Apache-2.0 WITH LLVM-exception"}, "LLVM Project")
+
+
 _PROVENANCE: dict[str, tuple[dict[str, Any], str]] = {
     "libc++": _LLVM_PROVENANCE,
     "libc++abi": _LLVM_PROVENANCE,
@@ -71,109 +74,6 @@ _PROVENANCE: dict[str, tuple[dict[str, Any], str]] = {
     "nanobind": ({"expression": "BSD-3-Clause"}, "Wenzel Jakob"),
     "robin-map": ({"expression": "MIT"}, "Tessil"),
 }
-
-
-class _Tool(NamedTuple):
-    """What cmake/write_sbom.py gives one build tool: a version, a sha256, and whether every
-    build of that kind names the tool."""
-
-    version: bool
-    sha256: bool
-    required: bool = True
-
-
-# The tools (metadata.tools.components) the writer names: with the pipeline's toolchain record,
-# each with the version and sha256 the record holds; without one (a plain `pip wheel .`,
-# cibuildwheel in CI), the compilers and cmake CMake ran, hashed, the host compiler unversioned
-# (and only when CUDA names one), nanobind and scikit-build-core by version alone. Either way
-# cyclonedx-python-lib names itself, versioned, unhashed.
-_RECORDED_TOOLS = {
-    **dict.fromkeys(
-        ("zig", "nvcc", "cuda-host-compiler", "cmake", "nanobind", "scikit-build-core"),
-        _Tool(version=True, sha256=True),
-    ),
-    "cyclonedx-python-lib": _Tool(version=True, sha256=False),
-}
-_OBSERVED_TOOLS = {
-    "cxx-compiler": _Tool(version=True, sha256=True),
-    "nvcc": _Tool(version=True, sha256=True),
-    "cuda-host-compiler": _Tool(version=False, sha256=True, required=False),
-    "cmake": _Tool(version=True, sha256=True),
-    "nanobind": _Tool(version=True, sha256=False),
-    "scikit-build-core": _Tool(version=True, sha256=False),
-    "cyclonedx-python-lib": _Tool(version=True, sha256=False),
-}
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-# A tool's exact version as cmake/write_sbom.py gives it (TOOL_VERSION there): major.minor.patch,
-# perhaps with a pre-release or build suffix; never a `--version` banner or a release ("13.0").
-_TOOL_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:[-+~][0-9A-Za-z.+~-]+)?")
-Component = dict[str, Any]
-
-
-# --- the document: unambiguous JSON, valid CycloneDX 1.6 ---
-
-
-class _RepeatedKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = Counter(key for key, _ in pairs)
-    if repeated := [key for key, count in keys.items() if count > 1]:
-        raise _RepeatedKey(repeated[0])
-    return dict(pairs)
-
-
-def _document(data: bytes) -> tuple[dict[str, Any], str]:
-    """The parsed document, or the problem that stops it from being judged."""
-    try:
-        text = data.decode("utf-8")
-        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=refuse_constant)
-    except UnicodeDecodeError as error:
-        return {}, f"not UTF-8: expected UTF-8 JSON; got {error.reason} at byte {error.start}"
-    except _RepeatedKey as error:
-        return {}, f"ambiguous JSON: expected each key once in an object; got {str(error)!r} twice"
-    except JsonFileError as error:  # NaN or Infinity
-        return {}, f"not JSON: {error}"
-    except RecursionError:
-        return {}, "not JSON this gate can read: expected a document; got nesting too deep"
-    except ValueError as error:
-        return {}, f"not JSON ({error})"
-    if problem := _schema_problem(text):
-        return {}, problem
-    if document.get("specVersion") != "1.6":
-        return {}, f"specVersion: expected 1.6; got {document.get('specVersion')!r}"
-    return document, ""
-
-
-def _clip(text: str, limit: int) -> str:
-    """`text`, its middle left out when longer than `limit`."""
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit // 2]} … {text[-limit // 2 :]}"
-
-
-def _schema_problem(text: str) -> str:
-    try:
-        error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
-    except RecursionError:
-        return (
-            "does not validate against the CycloneDX 1.6 schema: expected a document the "
-            "validator can read; got nesting too deep"
-        )
-    if error is None:
-        return ""
-    detail = str(getattr(error.data, "message", error.data))
-    shown = repr(getattr(error.data, "instance", None))
-    if detail.startswith(shown):  # "<instance> is not …": the instance clipped, the reason kept
-        detail = _clip(shown, 120) + _clip(detail[len(shown) :], 400)
-    else:
-        detail = _clip(detail, 520)
-    where = "/".join(str(part) for part in getattr(error.data, "absolute_path", ())) or "the top"
-    return f"does not validate against the CycloneDX 1.6 schema at {where}: {detail}"
-
-
-# --- the document's own consistency: one reading of every ref, file and property ---
 
 
 def _properties(component: Component) -> dict[str, str]:
@@ -191,7 +91,7 @@ def _listed(document: dict[str, Any]) -> Iterator[tuple[str, Component]]:
 
 
 def _tools(document: dict[str, Any]) -> list[Component]:
-    """The tools' components; none in the schema's legacy list of tools, which _tool_problems
+    """The tools' components; none in the schema's legacy list of tools, which tool_problems
     refuses (the writer never gives one)."""
     tools = document.get("metadata", {}).get("tools", {})
     return tools.get("components", []) if isinstance(tools, dict) else []
@@ -208,10 +108,6 @@ def _everywhere(document: dict[str, Any]) -> Iterator[tuple[str, Component]]:
         yield f"metadata.tools.components[{index}] ({tool.get('name')})", tool
 
 
-def _repeated(values: list[Any]) -> list[tuple[Any, int]]:
-    return [(value, count) for value, count in Counter(values).items() if count > 1]
-
-
 def _structure_problems(document: dict[str, Any]) -> list[str]:
     """Nested components, a bom-ref, module file, property or dependency entry given twice, and
     refs no component has: each would let the gate read the document one way and a consumer
@@ -225,12 +121,12 @@ def _structure_problems(document: dict[str, Any]) -> list[str]:
                 f"at the top); got {len(component['components'])}"
             )
         names = [p.get("name") for p in component.get("properties", [])]
-        for name, count in _repeated(names):
+        for name, count in repeated(names):
             problems.append(f"{where}: properties: expected {name!r} once; got it {count} times")
-    for ref, count in _repeated([c["bom-ref"] for _, c in everything if "bom-ref" in c]):
+    for ref, count in repeated([c["bom-ref"] for _, c in everything if "bom-ref" in c]):
         problems.append(f"bom-ref {ref!r}: expected one component with it; got {count}")
     files = [_file(c) for c in document.get("components", []) if _file(c) is not None]
-    for path, count in _repeated(files):
+    for path, count in repeated(files):
         problems.append(f"activekv:file {path!r}: expected one component with it; got {count}")
     return problems + _dependency_problems(document, {c.get("bom-ref") for _, c in everything})
 
@@ -239,7 +135,7 @@ def _dependency_problems(document: dict[str, Any], refs: set[Any]) -> list[str]:
     dependencies = document.get("dependencies", [])
     problems = [
         f"dependencies: expected one entry for {ref!r}; got {count}"
-        for ref, count in _repeated([d.get("ref") for d in dependencies])
+        for ref, count in repeated([d.get("ref") for d in dependencies])
     ]
     for dependency in dependencies:
         ref = dependency.get("ref")
@@ -296,19 +192,15 @@ def _provenance_problems(where: str, component: Component) -> list[str]:
     for key, expected in (("licenses", [licence]), ("supplier", {"name": supplier})):
         if component.get(key) != expected:
             problems.append(
-                f"{where}: {key}: expected {_json(expected)} (cmake/write_sbom.py); "
-                f"got {_json(component.get(key))}"
+                f"{where}: {key}: expected {canonical_json(expected)} (cmake/write_sbom.py); "
+                f"got {canonical_json(component.get(key))}"
             )
     if "hashes" in component:
         problems.append(
             f"{where}: hashes: expected none (cmake/write_sbom.py hashes no library); "
-            f"got {_json(component['hashes'])}"
+            f"got {canonical_json(component['hashes'])}"
         )
     return problems
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 def _purl_problems(
@@ -369,101 +261,20 @@ def _package_licence_problems(
     if not expression:
         return [
             f"metadata.component: licenses: expected the wheel's License-Expression; METADATA "
-            f"gives none (the SBOM says {_json(said)})"
+            f"gives none (the SBOM says {canonical_json(said)})"
         ]
     if said != [{"expression": expression}]:
+        expected = canonical_json([{"expression": expression}])
         return [
-            f"metadata.component: licenses: expected {_json([{'expression': expression}])} "
-            f"(METADATA's License-Expression); got {_json(said)}"
+            f"metadata.component: licenses: expected {expected} "
+            f"(METADATA's License-Expression); got {canonical_json(said)}"
         ]
     return []
 
 
-# --- the build tools ---
-
-
-def _tool_problems(document: dict[str, Any]) -> list[str]:
-    """metadata.tools as the writer gives it: a `components` list of the tools of a build with a
-    toolchain record (_RECORDED_TOOLS) or of one without (_OBSERVED_TOOLS), each named once and
-    each with the version and sha256 the writer gives it, and no other tool."""
-    tools = document.get("metadata", {}).get("tools")
-    if not isinstance(tools, dict) or set(tools) != {"components"}:
-        shown = sorted(tools) if isinstance(tools, dict) else _clip(_json(tools), 120)
-        return [
-            "metadata.tools: expected an object of the tools' components only "
-            f"(cmake/write_sbom.py); got {shown}"
-        ]
-    names = [tool.get("name") for tool in tools["components"]]
-    recorded = "zig" in names  # only a build with a toolchain record names zig
-    expected = _RECORDED_TOOLS if recorded else _OBSERVED_TOOLS
-    build = "a build with a toolchain record" if recorded else "a build without a toolchain record"
-    problems = [
-        f"metadata.tools: expected {name} once; got it {count} times"
-        for name, count in _repeated(names)
-    ]
-    required = sorted(name for name, tool in expected.items() if tool.required)
-    if missing := sorted(set(required) - set(names)):
-        problems.append(
-            f"metadata.tools: expected the tools {required} (cmake/write_sbom.py, {build}); "
-            f"got none of {missing}"
-        )
-    for index, tool in enumerate(tools["components"]):
-        where = f"metadata.tools.components[{index}] ({tool.get('name')})"
-        if tool.get("name") not in expected:
-            problems.append(
-                f"{where}: expected only the tools {sorted(expected)} (cmake/write_sbom.py, "
-                f"{build}); got {tool.get('name')!r}"
-            )
-        else:
-            problems += _one_tool_problems(where, tool, expected[tool.get("name")])
-    return problems
-
-
-def _one_tool_problems(where: str, tool: Component, expected: _Tool) -> list[str]:
-    """One tool's version and sha256, each there exactly when the writer gives it."""
-    problems: list[str] = []
-    version = tool.get("version")
-    if expected.version and not (
-        isinstance(version, str) and _TOOL_VERSION.fullmatch(version) is not None
-    ):
-        problems.append(
-            f"{where}: version: expected the tool's exact version, a number major.minor.patch "
-            f"(cmake/write_sbom.py), not a banner; got {version!r}"
-        )
-    if not expected.version and version is not None:
-        problems.append(
-            f"{where}: version: expected none (cmake/write_sbom.py has none to give); "
-            f"got {version!r}"
-        )
-    hashes = tool.get("hashes")
-    if expected.sha256 and not _one_sha256(hashes):
-        problems.append(
-            f"{where}: hashes: expected one SHA-256 of 64 lowercase hex digits, not all zero "
-            f"(cmake/write_sbom.py); got {_json(hashes)}"
-        )
-    if not expected.sha256 and hashes is not None:
-        problems.append(
-            f"{where}: hashes: expected none (cmake/write_sbom.py has no file of it to hash); "
-            f"got {_json(hashes)}"
-        )
-    return problems
-
-
-def _one_sha256(hashes: Any) -> bool:
-    """One SHA-256 of the writer's form. All zeros is no file's digest: it is what a scrubbed
-    or placeholder digest reads, the one made-up value the gate can tell without the record."""
-    if not isinstance(hashes, list) or len(hashes) != 1 or hashes[0].get("alg") != "SHA-256":
-        return False
-    content = hashes[0].get("content", "")
-    return _SHA256.fullmatch(content) is not None and content != "0" * 64
-
-
-# --- the document against the wheel ---
-
-
 def sbom_problems(archive: zipfile.ZipFile, member: str, wheel_name: str) -> list[str]:
     """Everything wrong with the SBOM `member` of the open wheel `archive`."""
-    document, problem = _document(archive.read(member))
+    document, problem = read_document(archive.read(member))
     if problem:
         return [problem]
     if problems := _structure_problems(document):
@@ -480,7 +291,7 @@ def sbom_problems(archive: zipfile.ZipFile, member: str, wheel_name: str) -> lis
     problems += _package_licence_problems(package, archive, wheel_name)
     for where, component in _listed(document):
         problems += _identifier_problems(where, component)
-    problems += _tool_problems(document)
+    problems += tool_problems(document)
     return problems + _wheel_problems(archive, document, str(version))
 
 
@@ -577,7 +388,7 @@ def _module_hash_problems(module: Component, path: str, import_name: str, data: 
         return []
     return [
         f"{import_name}: hashes: expected one SHA-256, that of {path} in the wheel ({actual}); "
-        f"got {_json(hashes)}"
+        f"got {canonical_json(hashes)}"
     ]
 
 
@@ -587,7 +398,7 @@ def _linked_problems(
     """What the module depends on against what its facts say it links in (`truths`, name ->
     version), both ways; the refs of the parts its facts name go to `checked`."""
     problems: list[str] = []
-    for part, count in _repeated([c.get("name") for c in listed]):
+    for part, count in repeated([c.get("name") for c in listed]):
         problems.append(f"{import_name}: dependsOn: expected {part} once; got it {count} times")
     for component in listed:
         part, said = component.get("name"), component.get("version")
