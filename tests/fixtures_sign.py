@@ -13,13 +13,12 @@ from fixtures_wheels import build_wheel, wheel_set
 
 from release import records
 from release.builder.record_build import record_build
-from release.cli import DEFAULT_MANIFEST
 from release.evidence import Evidence, write_evidence
 from release.manifest import load_manifest
 from release.trust.attestation import attest
 from release.trust.sign import build_statement, load_signer, sign_statement, write_envelope
 from release.util.digests import sha256_file
-from release.util.paths import REPO_ROOT
+from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
 from release.wheelset import SDIST_FIGURE
 
 

@@ -60,6 +60,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.ci_workflow": "release.ci",
         "release.steps": "release",
         "release.cli": "release",
+        "release.cli_options": "release.errors release.util",
         "release.__main__": "release.cli",
         "reference": "",  # the Python reference: numpy and the standard library only
     }.items()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from release import ci_workflow, cli
+from release import ci_workflow, cli, cli_options
 from release.ci import workflow
 from release.errors import ManifestError, ReleaseError
 from release.manifest import Manifest, load_manifest
@@ -607,7 +607,7 @@ def test_every_command_line_the_workflow_runs_parses(
     environment = {"PATH": "/usr/bin:/bin", "CHANNEL": "stable", "ACTIVEKV_STATE_DIR": "/state",
                    "ACTIVEKV_TUF_DIR": "/tuf", "ACTIVEKV_KEY_DIR": key_dir,
                    "ACTIVEKV_RUNNER_KEY": "/runner.pem", "version": "0.1.0"}  # fmt: skip
-    parser = cli._parser()
+    parser = cli_options.parser()
     for generated, keyed in ((committed, False), (stable_workflow, bool(key_dir))):
         lines = _release_lines(generated)
         assert {shlex.split(line)[3] for line in lines} >= {"sign", "publish", "verify"}

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from release.cli import DEFAULT_MANIFEST, main
+from release.cli import main
+from release.util.paths import DEFAULT_MANIFEST
 
 REPO = Path(__file__).resolve().parent.parent
 

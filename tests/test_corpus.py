@@ -18,11 +18,12 @@ import pytest
 from fixtures_sign import gated_out
 from securesystemslib.signer import CryptoSigner
 
-from release.cli import DEFAULT_MANIFEST, main
+from release.cli import main
 from release.errors import PublishError
 from release.statement import PAYLOAD_TYPE
 from release.trust.sign import load_signer, sign_statement
 from release.trust.tuf_metadata import TufRepository
+from release.util.paths import DEFAULT_MANIFEST
 from release.util.pins import project_version
 
 if sys.version_info >= (3, 11):

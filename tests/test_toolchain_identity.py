@@ -19,10 +19,10 @@ from release.builder.toolchain import (
     resolve_toolchain,
     toolchain_record,
 )
-from release.cli import DEFAULT_MANIFEST
 from release.errors import BuildError
 from release.manifest import load_manifest
 from release.util.digests import sha256_file
+from release.util.paths import DEFAULT_MANIFEST
 from release.util.pins import pyproject
 
 REPO = Path(__file__).resolve().parent.parent
