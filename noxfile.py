@@ -15,7 +15,12 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests"]
 
-PYPROJECT = nox.project.load_toml(Path(__file__).resolve().parent / "pyproject.toml")
+ROOT = Path(__file__).resolve().parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+MANIFEST = ROOT / "manifests" / "activekv.toml"
+# The interpreter of the stable-ABI wheel (the manifest's build.stable_abi_from): the release
+# and the vLLM tests run in it, so vLLM's classes meet the wheel every newer Python installs.
+ABI3_PYTHON = nox.project.load_toml(MANIFEST)["build"]["stable_abi_from"]
 
 
 def _interpreter(version: str) -> str:
@@ -35,28 +40,43 @@ def wheels(session: nox.Session) -> None:
     session.run("python", "-m", "release", "build", *session.posargs)
 
 
-@nox.session(python=_interpreter("3.12"))
+@nox.session(python=_interpreter(ABI3_PYTHON))
 def release(session: nox.Session) -> None:
     """Build, gate, sign, publish to the embedded index and verify a release (the main job).
 
-    Channel dev by default; `-- --channel stable --key-dir DIR` releases on stable, with the
-    pinned vLLM installed for its served-path gate."""
+    Channel dev by default; `-- --channel stable --key-dir DIR` releases on stable. A channel
+    whose manifest entry requires the served-path gate gets the pinned vLLM installed for it."""
     _install(session, "build", "release")
-    if _channel(session.posargs) == "stable":
-        session.log("stable requires the served-path gate: installing the pinned vLLM into this "
-                    "session, as nox -s vllm does")  # fmt: skip
+    channel = _requires_served_path(session.posargs)
+    if channel is not None:
+        session.log(f"{channel} requires the served-path gate: installing the pinned vLLM into "
+                    "this session, as nox -s vllm does")  # fmt: skip
         _install(session, "vllm")
     session.run("python", "-m", "release", "run", *session.posargs)
 
 
-def _channel(arguments: list[str]) -> str | None:
-    """The value of --channel among a session's arguments (None when not given)."""
+def _option(arguments: list[str], name: str) -> str | None:
+    """The value of option `name` among a session's arguments (None when not given)."""
     for index, argument in enumerate(arguments):
-        if argument.startswith("--channel="):
+        if argument.startswith(f"{name}="):
             return argument.split("=", 1)[1]
-        if argument == "--channel" and index + 1 < len(arguments):
+        if argument == name and index + 1 < len(arguments):
             return arguments[index + 1]
     return None
+
+
+def _requires_served_path(arguments: list[str]) -> str | None:
+    """The run's channel (--channel, else the manifest's default) when the manifest it runs on
+    (--manifest, else ours) makes that channel require the served-path gate; else None. An
+    unknown channel or manifest is left for `python -m release run` to refuse, naming it."""
+    path = _option(arguments, "--manifest")
+    try:
+        release = nox.project.load_toml(Path(path) if path else MANIFEST)["release"]
+        channel = _option(arguments, "--channel") or release["default_channel"]
+        requires = release["channels"][channel]["requires"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return channel if "served-path" in requires else None
 
 
 @nox.session
@@ -103,13 +123,13 @@ def gpu_staging(session: nox.Session) -> None:
     session.run("python", "-m", "release", "gpu-staging", *session.posargs)
 
 
-@nox.session(python=_interpreter("3.12"))
+@nox.session(python=_interpreter(ABI3_PYTHON))
 def vllm(session: nox.Session) -> None:
     """Test the connector inside the pinned vLLM on CPU, and run the served-path gate.
 
     Plugin, factory, both connector roles and the citations, with vLLM's own classes."""
     _install(session, "vllm", "test")
-    session.run("python", "-m", "release", "build", "--python", "3.12")
+    session.run("python", "-m", "release", "build", "--python", ABI3_PYTHON)
     session.run("python", "-m", "release", "served-path", *session.posargs)
     # The tests take the wheel of their interpreter from the folder just built.
     wheels = str(Path("out/wheels").resolve())

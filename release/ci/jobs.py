@@ -173,15 +173,17 @@ def _install(groups: list[str]) -> dict[str, Any]:
     )
 
 
-# The served-path gate drives the wheel under real vLLM, in Python 3.12 (as `nox -s vllm`): one of
-# the versions setup-python installed, on the PATH under this name.
-VLLM_PYTHON = "python3.12"
+def vllm_python(manifest: Manifest) -> str:
+    """The interpreter the served-path gate drives the wheel under real vLLM with: the stable-ABI
+    wheel's (build.stable_abi_from, as `nox -s vllm`), which setup-python put on the PATH."""
+    return f"python{manifest.build.stable_abi_from}"
 
 
-def _vllm_python() -> dict[str, Any]:
+def _vllm_python(manifest: Manifest) -> dict[str, Any]:
+    python = vllm_python(manifest)
     return run(
-        "the pinned vLLM into Python 3.12, for the served-path gate",
-        f"{VLLM_PYTHON} -m pip install --group vllm",
+        f"the pinned vLLM into {python}, for the served-path gate",
+        f"{python} -m pip install --group vllm",
     )
 
 
@@ -340,7 +342,7 @@ def release_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
         _runner_folders(target.tuf_url),
         *(_key_step(channel) for channel in keyed),
         _install(["build", "release"]),
-        *([_vllm_python()] if "served-path" in cpu_gates else []),
+        *([_vllm_python(manifest)] if "served-path" in cpu_gates else []),
         # cibuildwheel made the wheels: record them as `python -m release build` would have.
         run("record the build", "python -m release record-build"),
         # The evidence, not a gate's exit status, decides what is published.
@@ -349,7 +351,9 @@ def release_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
                 f"{gate} gate on these wheels",
                 f"python -m release {gate} {trust}",
                 tolerate=True,
-                env={"ACTIVEKV_VLLM_PYTHON": VLLM_PYTHON} if gate == "served-path" else None,
+                env={"ACTIVEKV_VLLM_PYTHON": vllm_python(manifest)}
+                if gate == "served-path"
+                else None,
             )
             for gate in cpu_gates
         ),
