@@ -13,7 +13,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "bindings/common.h"
+#include "bindings/build_facts.h"
+#include "bindings/errors.h"
+#include "bindings/integers.h"
 #include "bindings/kv_views.h"
 #include "offload/compression.h"
 #include "offload/cuda_route.h"

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "bindings/common.h"
+#include "bindings/build_facts.h"
+#include "bindings/errors.h"
+#include "bindings/integers.h"
 #include "fabric/arena_plan.h"
 #include "fabric/cupti_monitor.h"
 #include "fabric/decode_worker.h"

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "bindings/common.h"
+#include "bindings/arrays.h"
 #include "offload/engine.h"
 #include "offload/kv_layout.h"
 

@@ -361,7 +361,7 @@ def observed_tools(ran: argparse.Namespace, facts: dict[str, str]) -> list[Compo
     if "nanobind" not in facts:
         raise SbomError(
             f"--module: expected a module that records the nanobind fact in "
-            f"{FACT_SECTION} (bindings/common.h); none does"
+            f"{FACT_SECTION} (bindings/build_facts.h); none does"
         )
     tools = [
         _tool(

@@ -826,7 +826,7 @@ PLANTED_FACTS = [
     pytest.param(
         b"robin_map=1.4.0",
         b"\0" * 15,
-        "expected the facts ['robin_map'] (bindings/common.h)",
+        "expected the facts ['robin_map'] (bindings/build_facts.h)",
         id="fact-missing",
     ),
 ]

@@ -1,5 +1,5 @@
 """What a native module says it links in: the `name=value` facts its code recorded in the ELF
-section `.activekv_sbom` (engine/common/sbom_facts.h, bindings/common.h), read here from the
+section `.activekv_sbom` (engine/common/sbom_facts.h, bindings/build_facts.h), read here from the
 module's bytes independently of cmake/write_sbom.py, the components (name -> version) they
 imply, and how each is linked (its `DT_NEEDED` entries). The SBOM gate (release/gates/sbom.py)
 judges a wheel's SBOM against them."""
@@ -28,7 +28,7 @@ FACT_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
     "nanobind": (_VERSION, "<major>.<minor>.<patch>"),
     "robin_map": (_VERSION, "<major>.<minor>.<patch>"),
 }
-# bindings/common.h, compiled into every module, records these.
+# bindings/build_facts.h, compiled into every module, records these.
 REQUIRED_FACTS = ("cxx_runtime", "nanobind", "robin_map")
 # The shared libraries that carry each component when a module does not link it in (libc++'s
 # own library loads libc++abi and libunwind). nanobind and robin-map are header code, always
@@ -66,7 +66,7 @@ def module_facts(data: bytes) -> dict[str, str]:
             if facts.setdefault(name, value) != value:
                 raise FactError(f"{name}: expected one value; got {facts[name]!r} and {value!r}")
     if missing := [name for name in REQUIRED_FACTS if name not in facts]:
-        raise FactError(f"expected the facts {missing} (bindings/common.h); missing")
+        raise FactError(f"expected the facts {missing} (bindings/build_facts.h); missing")
     return facts
 
 
