@@ -17,14 +17,11 @@ import html
 import re
 import socket
 import tarfile
-import threading
-import time
 import uuid
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import requests
@@ -41,7 +38,7 @@ from release.errors import PublishError
 from release.manifest import NetworkLimits
 from release.trust import twine_config
 from release.trust.twine_config import Tls
-from release.util.http import too_large, too_slow
+from release.util.http import Deadline, too_large, too_slow
 
 _REDACTED = "********"
 _MAX_ANSWER_CHARS = 400
@@ -50,61 +47,7 @@ _PRE = re.compile(r"<pre>(.*?)</pre>", re.DOTALL | re.IGNORECASE)
 _TAG = re.compile(r"<(style|script|title)\b.*?</\1>|<[^>]+>", re.DOTALL | re.IGNORECASE)
 
 
-class _Deadline:
-    """One upload's wall-clock deadline: at it, every socket its requests opened is shut down."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._end = time.monotonic() + seconds
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self.expired = False
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._timer.cancel()
-
-    def left(self) -> float:
-        return self._end - time.monotonic()
-
-    @property
-    def passed(self) -> bool:
-        return self.expired or self.left() <= 0
-
-    def watch(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._sockets.append(sock)
-            expired = self.expired
-        if expired:
-            _shut(sock)
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shut(sock)
-
-
-def _shut(sock: socket.socket) -> None:
-    # The plain socket's shutdown, a TLS socket's too: it wakes a call blocked in another thread.
-    try:
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:
-        pass  # closed, or detached when TLS wrapped it (the TLS socket is watched instead)
-
-
-def _watched_pools(deadline: _Deadline) -> dict[str, type[HTTPConnectionPool]]:
+def _watched_pools(deadline: Deadline) -> dict[str, type[HTTPConnectionPool]]:
     """urllib3 pool classes whose connections' sockets ``deadline`` shuts down."""
 
     class Connection(HTTPConnection):
@@ -137,7 +80,7 @@ class _BoundedAdapter(HTTPAdapter):
     the deadline, its reply's body read here within ``limits.page_bytes``."""
 
     def __init__(
-        self, deadline: _Deadline, limits: NetworkLimits, slow: str, cacert: str | None,
+        self, deadline: Deadline, limits: NetworkLimits, slow: str, cacert: str | None,
         **kwargs: Any,
     ) -> None:  # fmt: skip
         self._deadline, self._limits, self._slow = deadline, limits, slow
@@ -214,7 +157,7 @@ def repository(
         twine_repository = settings.create_repository()
     except twine_exceptions.TwineException as exc:
         raise PublishError(f"twine refuses {url}: {_one_line(str(exc))}") from None
-    with _Deadline(float(limits.deadline_s)) as deadline:
+    with Deadline(float(limits.deadline_s)) as deadline:
         for prefix in ("http://", "https://"):
             twine_adapter = twine_repository.session.get_adapter(prefix)
             retries = getattr(twine_adapter, "max_retries", 0)

@@ -30,8 +30,9 @@ _CHUNK = 1 << 16
 _SCHEMES = ("http", "https", "file")
 
 
-class _Deadline:
-    """One request's wall-clock deadline: at it, every socket the request opened is shut down."""
+class Deadline:
+    """One request's (or one upload's) wall-clock deadline: at it, every socket it watches is
+    shut down, which wakes a read blocked in another thread."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -42,7 +43,7 @@ class _Deadline:
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
 
-    def __enter__(self) -> _Deadline:
+    def __enter__(self) -> Deadline:
         self._timer.start()
         return self
 
@@ -54,23 +55,30 @@ class _Deadline:
     ) -> None:
         self._timer.cancel()
 
+    def left(self) -> float:
+        return self._end - time.monotonic()
+
     @property
     def passed(self) -> bool:
-        return self.expired or time.monotonic() >= self._end
+        return self.expired or self.left() <= 0
 
-    def connect(
-        self, address: tuple[str, int], timeout: object = None, source_address: object = None
-    ) -> socket.socket:
-        """``socket.create_connection``, given at most the time left and watched."""
-        left = self._end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the deadline passed before connecting")
-        sock = socket.create_connection(address, left, source_address)  # type: ignore[arg-type]
+    def watch(self, sock: socket.socket) -> None:
+        """Shut `sock` down at the deadline (at once if it has passed)."""
         with self._lock:
             self._sockets.append(sock)
             expired = self.expired
         if expired:
             _shut(sock)
+
+    def connect(
+        self, address: tuple[str, int], timeout: object = None, source_address: object = None
+    ) -> socket.socket:
+        """``socket.create_connection``, given at most the time left and watched."""
+        left = self.left()
+        if left <= 0:
+            raise TimeoutError("the deadline passed before connecting")
+        sock = socket.create_connection(address, left, source_address)  # type: ignore[arg-type]
+        self.watch(sock)
         return sock
 
     def _expire(self) -> None:
@@ -82,14 +90,14 @@ class _Deadline:
 
 
 def _shut(sock: socket.socket) -> None:
-    # The plain socket's shutdown, under TLS too: it wakes a read blocked in another thread.
+    # The plain socket's shutdown, a TLS socket's too: it wakes a call blocked in another thread.
     try:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
-        pass  # already closed
+        pass  # closed, or detached when TLS wrapped it (the TLS socket is watched instead)
 
 
-def _handlers(deadline: _Deadline) -> list[urllib.request.BaseHandler]:
+def _handlers(deadline: Deadline) -> list[urllib.request.BaseHandler]:
     """HTTP(S) handlers whose connections are opened through ``deadline``."""
 
     class Watched(http.client.HTTPConnection):
@@ -156,7 +164,7 @@ class Reply:
         self,
         response: http.client.HTTPResponse,
         url: str,
-        deadline: _Deadline,
+        deadline: Deadline,
         limits: NetworkLimits,
         error: ErrorType,
     ) -> None:
@@ -212,7 +220,7 @@ def opened(
     scheme = url.partition(":")[0].lower()
     if scheme not in _SCHEMES:
         raise error(f"{masked_url(url)}: expected an http(s) URL; got scheme {scheme!r}")
-    deadline = _Deadline(float(limits.deadline_s))
+    deadline = Deadline(float(limits.deadline_s))
     redirects = (
         []
         if any(isinstance(h, urllib.request.HTTPRedirectHandler) for h in handlers)
