@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from release import catalogue
 from release.gates import registry
 from release.gates.contract import Judges
 from release.util.paths import REFERENCE_DIR, REPO_ROOT
@@ -25,7 +26,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     for key, value in {
         "release": "",
         "release.errors": "",
-        "release.catalogue": "",  # data only: the gates a manifest may name
+        "release.catalogue": "release.util",  # the gates a manifest may name, and their models
         "release.util": "release.errors",
         "release.manifest": "release.errors release.util release.catalogue",
         "release.records": "release.errors release.util",
@@ -294,7 +295,7 @@ def test_each_registered_gate_keeps_the_contract(name: str) -> None:
 
 
 def test_a_registry_line_that_disagrees_with_its_gate_is_refused(monkeypatch) -> None:
-    monkeypatch.setitem(registry._GATES, "payload", ("release.gates.payload", "gpu"))
+    monkeypatch.setitem(registry._GATES, "payload", catalogue.Entry("release.gates.payload", "gpu"))
     with pytest.raises(AssertionError, match="registry says 'payload' on 'gpu'"):
         registry.load("payload")
 
@@ -363,7 +364,7 @@ def test_a_new_gate_is_one_module_and_one_catalogue_line(monkeypatch, tmp_path: 
     manifest_path.write_text(DEFAULT_MANIFEST.read_text() + '\n[gates.non-empty]\nrunner = "cpu"\n')
     with pytest.raises(ManifestError, match=r"gates\.non-empty: expected a gate the pipeline has"):
         load_manifest(manifest_path)
-    monkeypatch.setitem(registry._GATES, "non-empty", ("fixtures_gate", "cpu"))
+    monkeypatch.setitem(registry._GATES, "non-empty", catalogue.Entry("fixtures_gate", "cpu"))
     manifest = load_manifest(manifest_path)
     context = Context(manifest, REPO_ROOT, tmp_path / "out", tmp_path / "state")
     wheels = wheel_set(build_wheel(tmp_path / "dist", tag="py3-none-any"))

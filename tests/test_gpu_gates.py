@@ -15,18 +15,19 @@ import pytest
 from release_cli import run_release
 
 from release import gpu
+from release.catalogue import WarmupSettings
 from release.evidence import read_evidence
 from release.gates import parity, per_wheel, registry
 from release.gates import warmup as gpu_gates
 from release.gates.contract import GateInputs, Judges
 from release.gpu import NO_GPU_RUNNER, detect_gpu
-from release.manifest import GateSpec, load_manifest
+from release.manifest import load_manifest
 from release.trust.attestation import read_attestation
 from release.trust.sign import load_public_key, load_signer
 from release.util.paths import DEFAULT_MANIFEST
 
 REPO = Path(__file__).resolve().parent.parent
-SPEC = GateSpec(runner="gpu", warmup_steps=4, steady_steps=1000)
+SPEC = WarmupSettings(runner="gpu", warmup_steps=4, steady_steps=1000)
 
 
 def _count(phase: str, category: str, calls: int = 1, runtime_stream: bool = False,
@@ -195,7 +196,7 @@ def test_each_other_rule_fails_the_gate(change, problem: str) -> None:
 def test_zero_steady_steps_are_never_a_pass_even_without_a_manifest_minimum() -> None:
     report = clean_report()
     report["timings"]["latency"].update(steps=0)
-    judgement = gpu_gates.judge(report, GateSpec(runner="gpu"))
+    judgement = gpu_gates.judge(report, WarmupSettings(runner="gpu"))
     assert judgement.problems == ["latency: 0 steady steps; the manifest requires 1"]
 
 

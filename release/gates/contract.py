@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Protocol
 from release.catalogue import Runner
 
 if TYPE_CHECKING:
+    from release.catalogue import GateSettings
     from release.evidence import Evidence
-    from release.manifest import GateSpec, Manifest
+    from release.manifest import Manifest
     from release.wheelset import WheelSet
 
 
@@ -52,7 +53,7 @@ class GateInputs:
     gpu: str | None  # this runner's GPU, detected once; None on a machine without one
     options: GateOptions = field(default_factory=GateOptions)
 
-    def spec(self, name: str) -> GateSpec:
+    def spec(self, name: str) -> GateSettings:
         return self.manifest.gates[name]
 
 

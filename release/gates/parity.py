@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from release import gpu
+from release.catalogue import ParityCell
 from release.errors import GateError
 from release.evidence import Evidence, runner_identity, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.per_wheel import PerWheel
 from release.gates.trace import generate
-from release.manifest import Manifest, ParityCell
+from release.manifest import Manifest
 from release.util.paths import PYPROJECT, REPO_ROOT
 from release.util.pins import pinned_version
 from release.util.private_site import install_private, numpy_for

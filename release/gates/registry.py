@@ -26,7 +26,8 @@ runner_of = catalogue.runner_of
 
 def load(name: str) -> Gate:
     """The gate called `name` (KeyError for a name the registry does not hold)."""
-    module, runner = _GATES[name]
+    entry = _GATES[name]
+    module, runner = entry.module, entry.runner
     gate: Gate = importlib.import_module(module).GATE
     if (gate.name, gate.runner) != (name, runner):
         raise AssertionError(f"{module}.GATE declares {gate.name!r} on {gate.runner!r}; the "

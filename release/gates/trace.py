@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from release.catalogue import ParityCell
 from release.errors import GateError
-from release.manifest import ParityCell
 
 FORMAT = "activekv-trace"
 VERSION = 1

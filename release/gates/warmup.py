@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from release import gpu
+from release.catalogue import WarmupSettings
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.per_wheel import PerWheel
-from release.manifest import GateSpec, Manifest
+from release.manifest import Manifest
 from release.scripts.cupti_warmup import BOUNDARY_REQUESTS, CONTROLS, PROBE_CONTROLS
 from release.util.paths import REPO_ROOT
 from release.util.private_site import install_private
@@ -100,7 +101,7 @@ class Judgement:
     figures: dict[str, Any]
 
 
-def judge(report: dict[str, Any], spec: GateSpec) -> Judgement:
+def judge(report: dict[str, Any], spec: WarmupSettings) -> Judgement:
     """The verdict on one measured run; every problem is named."""
     problems: list[str] = []
     counts = report["counts"]
@@ -187,7 +188,7 @@ def judge(report: dict[str, Any], spec: GateSpec) -> Judgement:
     return Judgement(not problems, problems, figures)
 
 
-def _measure(wheel: Wheel, spec: GateSpec, workdir: Path, python: Path) -> dict[str, Any]:
+def _measure(wheel: Wheel, spec: WarmupSettings, workdir: Path, python: Path) -> dict[str, Any]:
     site = workdir / "site"
     install_private(python, wheel.path, site)
     report_path = workdir / "report.json"
@@ -208,7 +209,9 @@ def _measure(wheel: Wheel, spec: GateSpec, workdir: Path, python: Path) -> dict[
     return json.loads(report_path.read_text())
 
 
-def _judge_wheel(wheel: Wheel, spec: GateSpec, python: Path) -> tuple[list[str], dict[str, Any]]:
+def _judge_wheel(
+    wheel: Wheel, spec: WarmupSettings, python: Path
+) -> tuple[list[str], dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="activekv-warmup-") as workdir:
         try:
             report = _measure(wheel, spec, Path(workdir), python)

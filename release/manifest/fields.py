@@ -1,88 +1,36 @@
 """The manifest's field checks: each returns the value or raises with the phrase that follows
-"expected" in its error line; the constants they check against; the strict base model."""
+"expected" in its error line, and the constants they check against (the generic ones, and the
+strict base model, are release/util/schema.py's)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictInt,
-    StrictStr,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, Field, StrictInt, StrictStr
 
 from release.manifest.messages import choices
+from release.util.schema import pattern, require
 from release.util.urls import url_secrets
 
 SCHEMA_VERSION = 1
-
-
 CUDA_ARCHITECTURES = ("75", "80", "86", "89", "90", "100", "103", "120")
-
-
 REQUIRED_ARCHITECTURES = ("80", "90")
-
-
 REQUIRED_CHANNELS = ("dev", "stable")
-
-
 # The private key URI schemes securesystemslib signs with (SIGNER_FOR_URI_SCHEME; its "envvar:" is a
 # CryptoSigner option for a key's location, not a signer, and fails at sign).
 SIGNER_SCHEMES = ("gcpkms", "awskms", "azurekms", "hsm", "file2", "hv", "gnupg", "tkey")
-
-
 MAX_MANIFEST_BYTES = 1 << 20
-
-
-MAX_CELL_BYTES = 4 << 30
-
-
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
-
-
 MIN_ABI3_PYTHON = (3, 12)
-
-
-def require(ok: bool, expected: str) -> None:
-    if not ok:
-        raise PydanticCustomError("manifest", expected)
 
 
 def schema_version(value: int) -> int:
     require(value == SCHEMA_VERSION, f"{SCHEMA_VERSION} (the only schema this pipeline reads)")
     return value
-
-
-def pattern(regex: str, expected: str, flags: int = 0) -> Callable[[str], str]:
-    compiled = re.compile(regex, flags)
-
-    def matches(value: str) -> str:
-        require(compiled.fullmatch(value) is not None, expected)
-        return value
-
-    return matches
-
-
-def non_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
-    require(len(value) > 0, "a non-empty array")
-    return value
-
-
-def unique(what: str) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    def distinct(value: tuple[Any, ...]) -> tuple[Any, ...]:
-        require(len(set(value)) == len(value), f"{what} without duplicates")
-        return value
-
-    return distinct
 
 
 def _python_tuple(version: str) -> tuple[int, int]:
@@ -255,12 +203,3 @@ PythonVersion = Annotated[StrictStr, AfterValidator(_python_version)]
 
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
-
-
-def bounded(high: int) -> Any:
-    """A positive integer no larger than `high` (what the engine and a gate's run can hold)."""
-    return Annotated[StrictInt, Field(gt=0, le=high)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)

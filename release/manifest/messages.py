@@ -55,7 +55,8 @@ def from_pydantic(error: Any, root: type[BaseModel]) -> Issue:
     elif kind == "missing":
         expected, got = "this key (it is required)", "nothing"
     elif kind == "extra_forbidden":
-        keys = _known_keys(root, loc[:-1])
+        # A table validated by a model of its own (a gate's) carries the keys that model allows.
+        keys = (error.get("ctx") or {}).get("keys") or known_keys(root, loc[:-1])
         expected = "one of the keys " + ", ".join(keys) if keys else "no such key"
         got = "an unknown key"
     elif kind in ("less_than_equal", "less_than"):
@@ -71,7 +72,7 @@ def from_pydantic(error: Any, root: type[BaseModel]) -> Issue:
     return Issue(loc, expected, got)
 
 
-def _known_keys(root: type[BaseModel], loc: Loc) -> list[str]:
+def known_keys(root: type[BaseModel], loc: Loc) -> list[str]:
     """The keys the schema of `root` allows in the table at ``loc`` (empty if it cannot tell)."""
     node: Any = root
     for part in loc:

@@ -5,48 +5,56 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    BaseModel,
     Field,
     PrivateAttr,
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     model_validator,
 )
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
+from release import catalogue
+from release.catalogue import GateSettings
 from release.errors import ManifestError
 from release.manifest.fields import (
     CUDA_ARCHITECTURES,
-    MAX_CELL_BYTES,
     DistributionName,
     Name,
     PythonVersion,
-    StrictModel,
     abi3_version,
     architectures,
-    bounded,
     exact_version,
     folder_name,
     index_root,
     index_url,
     no_control_characters,
-    non_empty,
-    pattern,
     python_list,
     relative_dir,
-    require,
     schema_version,
     shim_path,
     signing_key,
     state_dir,
-    unique,
     web_url,
 )
-from release.manifest.messages import Issue, choices, dotted, error_line, from_pydantic, shown
+from release.manifest.messages import (
+    Issue,
+    choices,
+    dotted,
+    error_line,
+    from_pydantic,
+    known_keys,
+    shown,
+)
 from release.util.limits import NetworkLimits
+from release.util.schema import StrictModel, non_empty, pattern, require, unique
 
 
 def _shims(value: tuple[Shim, ...]) -> tuple[Shim, ...]:
@@ -274,73 +282,6 @@ class PayloadPolicy(StrictModel):
         return self
 
 
-def _unique_cells(value: tuple[ParityCell, ...]) -> tuple[ParityCell, ...]:
-    names = [cell.name for cell in value]
-    require(len(set(names)) == len(names), "cells with distinct names")
-    return value
-
-
-class ParityCell(StrictModel):
-    """One ``[[gates.<name>.cells]]`` entry: a trace configuration the parity gate replays."""
-
-    name: Annotated[
-        StrictStr, AfterValidator(pattern(r"[a-z0-9][a-z0-9._-]*", "a cell name of [a-z0-9._-]"))
-    ]
-    mode: Literal["exact", "int8", "fp8_e4m3"]
-    dtype: Literal["fp16", "bf16", "fp32"]
-    num_layers: bounded(512)
-    block_size: bounded(1024)
-    num_kv_heads: bounded(256)
-    head_dim: bounded(1024)
-    # Host pool size in blocks: below the trace's working set, it forces eviction and refusal.
-    pool_blocks: bounded(1 << 20)
-    num_regions: bounded(1024)
-    region_blocks: bounded(4096)
-    steps: bounded(100_000)
-    # Fence faults the trace injects (each quarantines a region for good).
-    fence_faults: Annotated[StrictInt, Field(ge=0, le=1024)]
-    seed: Annotated[StrictInt, Field(ge=0, lt=1 << 63)]
-    # How the trace's steps are made (release/gates/trace.py): "random", one request per step;
-    # "requests", several requests per step with chains of blocks and shared prefixes, after a
-    # warm-up that fills and fragments the pool (the extent allocator's splitting and eviction).
-    trace: Literal["random", "requests"] = "random"
-
-    @property
-    def num_device_blocks(self) -> int:
-        """The device KV's blocks the trace addresses: room for two regions' leases at once
-        (a step's loads and the next one's), and two more."""
-        return 2 * self.region_blocks + 2
-
-    @model_validator(mode="after")
-    def _fits_in_memory(self) -> ParityCell:
-        # Each implementation replaying the cell holds the pool and the device KV at once.
-        words = 4 if self.dtype == "fp32" else 2
-        block = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * words
-        blocks = self.pool_blocks + self.num_device_blocks
-        require(block * blocks <= MAX_CELL_BYTES,
-               f"a host pool and device KV of at most {MAX_CELL_BYTES >> 30} GiB together "
-               f"((pool_blocks + 2 x region_blocks + 2) x {block} bytes per block)")  # fmt: skip
-        return self
-
-
-class GateSpec(StrictModel):
-    """``[gates.<name>]``: where a gate runs and its parameters."""
-
-    runner: Literal["cpu", "gpu"]
-    warmup_steps: bounded(100_000) | None = None
-    steady_steps: bounded(1_000_000) | None = None
-    cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
-    # Cells the parity gate replays only on the CUDA route (parity --device cuda), besides `cells`.
-    gpu_cells: Annotated[tuple[ParityCell, ...], AfterValidator(_unique_cells)] | None = None
-
-    @model_validator(mode="after")
-    def _cells_apart(self) -> GateSpec:
-        # A CUDA replay runs both lists, one trace file per name: a shared name would overwrite.
-        shared = {c.name for c in self.cells or ()} & {c.name for c in self.gpu_cells or ()}
-        require(not shared, f"gpu_cells named apart from cells; {sorted(shared)} are in both")
-        return self
-
-
 class SignSpec(StrictModel):
     """``[sign.<name>]``: a key reference (never the key itself)."""
 
@@ -465,6 +406,40 @@ class CiSettings(StrictModel):
     release: CiRelease | None = None
 
 
+def _gate_tables(value: Any, handler: ValidatorFunctionWrapHandler) -> dict[str, GateSettings]:
+    """``[gates.<name>]``, each validated by the model its gate declares in the catalogue; the
+    errors of all of them at once, each at ``gates.<name>.<key>``."""
+    if not isinstance(value, dict):
+        return handler(value)
+    tables: dict[Any, Any] = {}
+    errors: list[InitErrorDetails] = []
+    for name, table in value.items():
+        if not isinstance(name, str) or not isinstance(table, dict):
+            tables[name] = table  # the handler names it
+            continue
+        model = catalogue.settings_of(name)
+        try:
+            tables[name] = model.model_validate(table)
+        except ValidationError as error:
+            errors += [_at_gate(name, model, e) for e in error.errors()]
+    if errors:
+        raise ValidationError.from_exception_data("gates", errors)
+    return handler(tables)
+
+
+def _at_gate(name: str, model: type[BaseModel], error: ErrorDetails) -> InitErrorDetails:
+    """`error` of validating `model` as one of ``[gates.<name>]``'s, at its place in the
+    manifest; an unknown key's error carries the keys that table allows."""
+    ctx = dict(error.get("ctx") or {})
+    if error["type"] == "extra_forbidden":
+        ctx["keys"] = known_keys(model, tuple(error["loc"][:-1]))
+    return InitErrorDetails(
+        type=PydanticCustomError(error["type"], error["msg"], ctx),
+        loc=(name, *error["loc"]),
+        input=error["input"],
+    )
+
+
 class Manifest(StrictModel):
     """A whole release manifest. Build it with ``load_manifest``."""
 
@@ -472,7 +447,8 @@ class Manifest(StrictModel):
     release: ReleaseSettings
     build: BuildSettings
     payload: PayloadPolicy
-    gates: dict[Name, GateSpec]
+    # Each table is checked against its own gate's model (release/catalogue.py).
+    gates: Annotated[dict[Name, GateSettings], WrapValidator(_gate_tables)]
     sign: dict[Name, SignSpec]
     publish: PublishSettings
     ci: CiSettings | None = None
