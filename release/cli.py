@@ -12,13 +12,13 @@ from rich.text import Text
 from release.cli_options import (
     DEFAULT_OUT,
     GATE_COMMANDS,
-    GATE_OPTION_ARGS,
     PUBLISH_TARGET_OPTIONS,
     parser,
 )
 from release.context import Context
 from release.errors import ManifestError, ReleaseError, VerifyError
-from release.gates.contract import GateOptions
+from release.gates import options as gate_options
+from release.gates.options import GateOptions
 from release.manifest import Manifest, load_manifest
 from release.util.paths import REPO_ROOT
 from release.util.pins import project_version
@@ -37,10 +37,8 @@ def _with_publish_target(manifest: Manifest, args: argparse.Namespace) -> Manife
 
 
 def _gate_options(args: argparse.Namespace) -> GateOptions:
-    """What a gate's command line gave (`--cell`, `--device`, `--vllm-python`, ...)."""
-    given = vars(args)
-    options = {option: given[arg] for arg, option in GATE_OPTION_ARGS.items() if arg in given}
-    return GateOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+    """What a gate's command line gave (`--cell`, `--vllm-python`, ...: gates/options.py)."""
+    return gate_options.given(vars(args))
 
 
 def _dispatch(args: argparse.Namespace, context: Context) -> int:

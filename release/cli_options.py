@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from release.errors import ReleaseError
+from release.gates.options import add_flags, count
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
 from release.util.pins import project_version
 
@@ -17,29 +18,6 @@ GATE_COMMANDS = {
     "payload": "payload", "audit": "payload", "policy": "policy", "casters": "casters",
     "served-path": "served-path", "parity": "parity", "reproduce": "reproducible",
 }  # fmt: skip
-
-
-# Command-line arguments of the gate commands, and the GateOptions field each fills.
-GATE_OPTION_ARGS = {"cell": "cells", "vllm_python": "vllm_python", "layers": "layers",
-                     "steps": "steps", "python": "python",
-                     "interpreters": "interpreters"}  # fmt: skip
-
-
-def _count(high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from 1 to ``high`` (argparse names the option)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if not 1 <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"expected a whole number from 1 to {high}; got {text!r}"
-            )
-        return value
-
-    return parse
 
 
 class _VersionAction(argparse.Action):
@@ -185,7 +163,7 @@ def parser() -> argparse.ArgumentParser:
         help="replay the manifest's parity cells: reference against engine",
     )
     _wheels_option(parity)
-    _interpreters_option(parity)
+    add_flags(parity, "parity")
     parity.add_argument(
         "--device",
         choices=["cpu", "cuda"],
@@ -193,33 +171,20 @@ def parser() -> argparse.ArgumentParser:
         help="engine route: cpu, or cuda (this machine's GPU: the gpu-parity gate, with the GPU "
         "cells)",
     )
-    parity.add_argument(
-        "--cell",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="run only this cell (repeatable)",
-    )
     bench = sub.add_parser(
         "bench",
         parents=_PARENTS["bench"],
         help="engine against reference: bookkeeping per layer-step",
     )
     _wheel_option(bench)
-    bench.add_argument("--blocks", type=_count(1 << 20), default=256,
+    bench.add_argument("--blocks", type=count(1 << 20), default=256,
                        help="blocks per step (default 256)")  # fmt: skip
     reproduce = sub.add_parser(
         "reproduce",
         parents=_PARENTS["reproduce"],
         help="build twice from two source copies; wheels must be identical",
     )
-    reproduce.add_argument(
-        "--python",
-        action="append",
-        default=[],
-        metavar="X.Y",
-        help="only this declared version (repeatable)",
-    )
+    add_flags(reproduce, "reproduce")
     ci = sub.add_parser(
         "ci",
         parents=_PARENTS["ci"],
@@ -242,7 +207,7 @@ def parser() -> argparse.ArgumentParser:
         'interpreter of its version ("not run: no GPU runner" without a GPU)',
     )
     _wheels_option(gpu_gates)
-    _interpreters_option(gpu_gates)
+    add_flags(gpu_gates, "gpu-gates")
     sub.add_parser(
         "record-build",
         parents=_PARENTS["record-build"],
@@ -284,15 +249,7 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="wheels to choose from (default: those <out>/build.json records)",
     )
-    served.add_argument(
-        "--vllm-python",
-        type=Path,
-        default=None,
-        help="Python 3.12+ that has vLLM (default: $ACTIVEKV_VLLM_PYTHON, else this one)",
-    )
-    served.add_argument("--layers", type=_count(512), default=4, help="model layers (default 4)")
-    served.add_argument("--steps", type=_count(100_000), default=6,
-                        help="scheduler steps (default 6)")  # fmt: skip
+    add_flags(served, "served-path")
     for name, text in (
         ("sign", "sign the provenance of the built wheels"),
         ("publish", "publish signed, gated wheels to the index"),
@@ -448,17 +405,4 @@ def _wheels_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="wheel under test (repeatable; default: the wheels <out>/build.json records)",
-    )
-
-
-def _interpreters_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--python",
-        dest="interpreters",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="an interpreter to judge the wheels of its version with (repeatable; default: "
-        "this one, or one found on PATH or under pyenv)",
     )

@@ -18,7 +18,8 @@ from release import records
 from release.context import Context
 from release.errors import BuildError, GateError
 from release.evidence import Evidence
-from release.gates.contract import GateInputs, GateOptions
+from release.gates.contract import GateInputs
+from release.gates.options import GateOptions
 from release.gates.registry import run_gate
 from release.gpu import detect_gpu
 from release.manifest import ChannelSpec

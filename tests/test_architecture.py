@@ -61,7 +61,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.ci_workflow": "release.ci",
         "release.steps": "release",
         "release.cli": "release",
-        "release.cli_options": "release.errors release.util",
+        "release.cli_options": "release.errors release.util release.gates.options",
         "release.__main__": "release.cli",
         "reference": "",  # the Python reference: numpy and the standard library only
     }.items()

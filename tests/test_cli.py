@@ -217,3 +217,24 @@ def test_check_manifest_refuses_a_version_that_is_not_a_release_version(
     err = " ".join(capsys.readouterr().err.split())
     assert f"{pyproject}: project.version: expected a PEP 440 version in normal form" in err
     assert repr(version) in err
+
+
+def test_each_gate_option_is_declared_once_and_reaches_the_gate() -> None:
+    """A gate's command-line options come from GateOptions' fields alone
+    (release/gates/options.py): the parser takes each on the commands it names, and the parsed
+    line fills the field of its name."""
+    import dataclasses
+
+    from release import cli_options
+    from release.gates import options
+
+    declared = {f.name: f.metadata["flag"] for f in dataclasses.fields(options.GateOptions)}
+    for name, flag in declared.items():
+        for command in flag.commands:
+            parsed = cli_options.parser().parse_args([command, flag.flag, "3"])
+            value = getattr(options.given(vars(parsed)), name)
+            assert value in (("3",), (Path("3"),), 3, Path("3")), (command, name, value)
+    parsed = cli_options.parser().parse_args(["parity"])
+    assert options.given(vars(parsed)) == options.GateOptions()  # the defaults, untouched
+    with pytest.raises(SystemExit):  # an option its command does not take
+        cli_options.parser().parse_args(["reproduce", "--cell", "x"])

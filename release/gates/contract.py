@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from release.catalogue import Runner
+from release.gates.options import GateOptions
 
 if TYPE_CHECKING:
     from release.catalogue import GateSettings
@@ -29,18 +30,6 @@ class Judges(Enum):
     EVERY_WHEEL_IN_ITS_INTERPRETER = "every wheel, each in an interpreter of its Python version"
     RUNNING_INTERPRETER_WHEEL = "the wheel of the interpreter running the gate"
     SHARED_FILE = "one file every wheel carries"
-
-
-@dataclass(frozen=True)
-class GateOptions:
-    """What a gate's own command line may add; the whole release runs with the defaults."""
-
-    cells: tuple[str, ...] = ()  # parity, gpu-parity: only these cells
-    interpreters: tuple[Path, ...] = ()  # per-wheel gates: interpreters to judge wheels with
-    vllm_python: Path | None = None  # served-path: an interpreter that has vLLM
-    layers: int = 4  # served-path: model layers
-    steps: int = 6  # served-path: scheduler steps
-    python: tuple[str, ...] = ()  # reproducible: only these declared versions
 
 
 @dataclass(frozen=True)
