@@ -92,3 +92,32 @@ def test_another_backend_than_the_pinned_one_is_refused(
         and "install pyproject's build dependency group" in (message)
     )
     assert not (tmp_path / "out" / "sdist").exists()
+
+
+def test_the_groups_the_release_installs_hold_the_sdists_frontend_and_pinned_backend() -> None:
+    """`nox -s release` and the workflow's release job install the build and release groups
+    only, and the sdist is built there without isolation: those groups must pin PyPA's build
+    and scikit-build-core at build-system.requires' version (a fresh clone failed here once)."""
+    import ast
+
+    from packaging.requirements import Requirement
+
+    from release.util.pins import pyproject
+
+    noxfile = ast.parse((REPO_ROOT / "noxfile.py").read_text())
+    (release,) = [n for n in noxfile.body if isinstance(n, ast.FunctionDef) and n.name == "release"]
+    first = next(
+        node
+        for node in ast.walk(release)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_install"
+    )
+    groups = {arg.value for arg in first.args if isinstance(arg, ast.Constant)}
+    assert groups == {"build", "release"}
+    pinned = {
+        Requirement(text).name: str(Requirement(text).specifier)
+        for group in sorted(groups)
+        for text in pyproject()["dependency-groups"][group]
+        if isinstance(text, str)
+    }
+    assert pinned.get(sdist_build.FRONTEND, "").startswith("==")
+    assert pinned.get(sdist_build.BACKEND) == f"=={sdist_build.backend_pin()}"
