@@ -284,7 +284,7 @@ def test_every_subpackage_says_what_it_owns_and_may_import(package: str) -> None
     assert "import" in doc, f"{package}: its docstring should say what it may import"
 
 
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name", catalogue.names())
 def test_each_registered_gate_keeps_the_contract(name: str) -> None:
     gate = registry.load(name)
     assert gate.name == name

@@ -16,8 +16,8 @@ import pytest
 from fixtures_sign import TAGS, attest_passing_gates
 from fixtures_wheels import build_wheel
 
+from release import catalogue
 from release.errors import PublishError
-from release.gates import registry
 from release.manifest import load_manifest
 from release.statement import read_statement_unverified
 from release.trust.attestation import (
@@ -73,7 +73,7 @@ def _sign(wheels: list[Path], state: Path, out: Path) -> Signing:
         manifest_sha256="0" * 64, source_commit=None, source_date_epoch=1_700_000_000,
         toolchain={"python": "3"}, started=started, finished=started + timedelta(seconds=1),
         gates=GATES,
-        attestations=[provenance_entry(a, registry.runner_of(g)) for g, a in read.items()],
+        attestations=[provenance_entry(a, catalogue.runner_of(g)) for g, a in read.items()],
     )  # fmt: skip
     envelope = out / "provenance" / "activekv-0.1.0.intoto.json"
     envelope.parent.mkdir(parents=True, exist_ok=True)

@@ -19,11 +19,10 @@ import pytest
 from fixtures_sign import TAGS, attest_passing_gates
 from fixtures_wheels import build_wheel, wheel_set
 
-from release import records
+from release import catalogue, records
 from release.builder.record_build import record_build
 from release.builder.sdist import StagedSdist
 from release.errors import PublishError, VerifyError
-from release.gates import registry
 from release.manifest import load_manifest
 from release.records import SdistEntry
 from release.trust.attestation import (
@@ -188,7 +187,7 @@ def test_the_consumer_refuses_an_sdist_no_gate_judged(tmp_path: Path) -> None:
         manifest_path=Path("manifests/activekv.toml"), manifest_sha256="0" * 64,
         source_commit=None, source_date_epoch=EPOCH, toolchain={"python": "3"},
         started=started, finished=started + timedelta(seconds=1), gates=gates,
-        attestations=[provenance_entry(a, registry.runner_of(g)) for g, a in read.items()],
+        attestations=[provenance_entry(a, catalogue.runner_of(g)) for g, a in read.items()],
     )  # fmt: skip
     envelope = built.out / "provenance" / "activekv-0.1.0.intoto.json"
     envelope.parent.mkdir(parents=True)

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
 # The catalogue's own table: a gate added there is loaded here.
 _GATES = catalogue.GATES
-names = catalogue.names
-runner_of = catalogue.runner_of
 
 
 def load(name: str) -> Gate:
