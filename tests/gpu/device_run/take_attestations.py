@@ -3,8 +3,8 @@ gates' attestations of this commit's wheels and the runner key that signed them.
 
     python tests/gpu/device_run/take_attestations.py RESULTS.tar.gz
 
-Checked before anything is written: the carry (.activekv/gpu-carry) was made from HEAD of a
-clean tree; each attestation verifies with the public key that came back; each gate passed on
+Checked before anything is written: the carry (.activekv/gpu-carry) holds the wheels a clone
+of HEAD builds; each attestation verifies with the public key that came back; each gate passed on
 exactly the carry's wheels (every one, by digest). Then the attestations and the run's log go to
 the manifest's attestation folder as `<gate>-<abi3 digest[:12]>.intoto.json` (the gates' older
 attestations there are removed: they name wheels no commit builds), the public key beside the
@@ -14,6 +14,7 @@ keeps the manifest's comments; the edit is loaded before it replaces the file). 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -39,19 +40,21 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(f"take_attestations: {message}")
 
 
-def _check_carry_is_head() -> dict[str, str]:
-    """The carry's wheels by name and sha256, after checking it was made from this clean HEAD."""
-    head = subprocess.run(["git", "-C", str(ROOT), "log", "--oneline", "-1"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    made_from = (CARRY / "COMMIT").read_text().strip() if (CARRY / "COMMIT").is_file() else ""
-    if made_from != head:
-        _fail(f"{CARRY / 'COMMIT'}: expected the carry of HEAD ({head}); got {made_from!r}")
-    if subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"]).returncode != 0:
-        _fail("the tree has uncommitted changes: the wheels would not be HEAD's")
-    wheels = {path.name: sha256_file(path) for path in sorted(CARRY.glob("activekv-*.whl"))}
-    if not wheels:
-        _fail(f"{CARRY}: expected the wheels prepare_carry.sh --attest put there; found none")
-    return wheels
+def _head_wheels() -> dict[str, str]:
+    """HEAD's wheels by name and sha256, built in a clone of HEAD (the wheel cache makes it quick
+    when the carry was built from the same sources), after checking the carry holds the same."""
+    with tempfile.TemporaryDirectory() as work:
+        clone, out = Path(work) / "clone", Path(work) / "out"
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        env = {**os.environ, "ACTIVEKV_CACHE_DIR": str(ROOT / ".activekv" / "cache")}
+        subprocess.run([sys.executable, "-m", "release", "build", "--out", str(out),
+                        "--state-dir", ".activekv"], cwd=clone, env=env, check=True)  # fmt: skip
+        head = {path.name: sha256_file(path) for path in sorted(out.glob("wheels/*.whl"))}
+    carried = {path.name: sha256_file(path) for path in sorted(CARRY.glob("activekv-*.whl"))}
+    if carried != head:
+        _fail(f"{CARRY}: expected HEAD's wheels {head}; got {carried} (prepare_carry.sh "
+              "--attest again, and carry that)")  # fmt: skip
+    return head
 
 
 def _gpu_gates() -> list[str]:
@@ -70,7 +73,7 @@ def _attestation_folder(manifest: Manifest) -> Path:
 
 
 def take(results: Path) -> None:
-    wheels = _check_carry_is_head()
+    wheels = _head_wheels()
     manifest = load_manifest(MANIFEST)
     with tempfile.TemporaryDirectory() as unpacked:
         with tarfile.open(results) as tar:
