@@ -142,11 +142,16 @@ attest() {
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' |
         grep -oE '[a-z]+[0-9]+[a-z]*' | grep -vE '^(nvidia|pcie|sxm[0-9]*|nvl|hbm[0-9a-z]*)$' | head -1)
   name=${gpu:-gpu}-runner-$(date -u +%Y%m%d-%H%M)
-  step keygen 60 "$PY" -m release keygen --runner "$name" "$keys"
+  # The gates run from HEAD's tree (head.tar.gz), not the checkout that travelled beside it.
+  local head=$ROOT/.activekv/gpu-head
+  rm -rf "$head" && mkdir -p "$head" && tar -xzf "$HERE/head.tar.gz" -C "$head" ||
+    { note "unpacking head.tar.gz failed"; exit 1; }
+  cp "$HERE/COMMIT" "$WORK/"
+  (cd "$head" && step keygen 60 "$PY" -m release keygen --runner "$name" "$keys")
   [ -f "$keys/$name.pub.json" ] || { note "keygen made no key"; exit 1; }
   cp "$keys/$name.pub.json" "$WORK/"
-  step gpu-gates 520 "$PY" -m release gpu-gates "${wheels[@]}" "${pythons[@]}" \
-    --attest-key "$keys/$name.pem" --out "$WORK/gates"
+  (cd "$head" && step gpu-gates 520 "$PY" -m release gpu-gates "${wheels[@]}" "${pythons[@]}" \
+    --attest-key "$keys/$name.pem" --out "$WORK/gates" --state-dir "$ROOT/.activekv/gpu-state")
 }
 
 setup

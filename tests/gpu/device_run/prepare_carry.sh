@@ -77,6 +77,9 @@ PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: \
   --platform manylinux2014_x86_64 --dest "$CARRY/wheelhouse" --group gpu-runner pip
 
 cp tests/gpu/device_run/gpu_run.sh "$CARRY/"
+# The pipeline of HEAD, which `gpu_run.sh attest` runs the gates with: the checkout that travels
+# beside the carry may hold uncommitted edits, and an attestation must come from committed code.
+[ "$ATTEST" = 1 ] && git archive --format=tar.gz -o "$CARRY/head.tar.gz" HEAD
 (cd "$CARRY" && find . -type f ! -name SHA256SUMS ! -name COMMIT | sort | xargs sha256sum > SHA256SUMS)
 git log --oneline -1 > "$CARRY/COMMIT"
 du -sh "$CARRY"

@@ -24,14 +24,16 @@ from typing import NoReturn
 
 import tomlkit
 
-from release.manifest import Manifest, load_manifest
-from release.statement import attested_gate
-from release.trust.attestation import read_attestation
-from release.trust.sign import load_public_key
-from release.util.atomic import atomic_write
-from release.util.digests import sha256_file
-
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the checkout's release package
+
+from release.manifest import Manifest, load_manifest  # noqa: E402
+from release.statement import attested_gate  # noqa: E402
+from release.trust.attestation import read_attestation  # noqa: E402
+from release.trust.sign import load_public_key  # noqa: E402
+from release.util.atomic import atomic_write  # noqa: E402
+from release.util.digests import sha256_file  # noqa: E402
+
 MANIFEST = ROOT / "manifests" / "activekv.toml"
 CARRY = ROOT / ".activekv" / "gpu-carry"
 
