@@ -91,9 +91,10 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
         by_channel = {"sign": trust.step_sign, "publish": trust.step_publish,
                       "verify": trust.step_verify}  # fmt: skip
         return by_channel[command](context, args.channel)
-    if command in ("run", "report"):
-        step = steps.step_run if command == "run" else steps.step_report
-        return step(context, args.channel)
+    if command == "run":
+        return steps.step_run(context, args.channel, fresh=args.fresh)
+    if command == "report":
+        return steps.step_report(context, args.channel)
     others: dict[str, Callable[[], int]] = {
         "ci": lambda: steps.step_ci(context, check=args.check),
         "record-build": lambda: steps.step_record_build(context),

@@ -276,6 +276,11 @@ def parser() -> argparse.ArgumentParser:
     _add_rebuild_arguments(sub.choices["rebuild"])
     for name in ("publish", "run"):
         _add_publish_target_arguments(sub.choices[name])
+    sub.choices["run"].add_argument(
+        "--fresh", action="store_true",
+        help="reuse nothing found before (gate verdicts, the signature, verify's installs: "
+        "docs/reuse.md) and build as `build --fresh` does",
+    )  # fmt: skip
     return parser  # fmt: skip
 
 

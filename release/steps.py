@@ -9,44 +9,126 @@ steps that use them, not here: a GPU runner judging its gates has neither instal
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
 from release import records
 from release.context import Context
-from release.errors import BuildError, GateError
-from release.evidence import Evidence
+from release.errors import BuildError, GateError, ReleaseError, SigningError
+from release.evidence import Evidence, write_evidence
 from release.gates.contract import GateInputs
 from release.gates.options import GateOptions
 from release.gates.registry import run_gate
 from release.gpu import detect_gpu
 from release.manifest import ChannelSpec
 from release.records import BuildRecord, BuiltWheelEntry, SdistEntry, SkippedEntry
+from release.util.atomic import atomic_write
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 from release.util.progress import VERDICT_STYLE, console
+from release.util.reuse import Hit, ReuseStore, changed, refusal, reuse_key
 from release.util.set_aside import SetAside
 from release.wheelset import Sdist, Wheel, WheelSet
 
 
-def judge(context: Context, name: str, inputs: GateInputs) -> Evidence:
+@dataclass(frozen=True)
+class Judged:
+    """A gate's verdict as a step found it: run now, or taken from the reuse store."""
+
+    evidence: Evidence
+    reused: str = ""  # how it was taken ("reused: key …, from the run at …"); "" when run
+    ran_again: str = ""  # what changed since the gate last passed, where it had
+
+
+def judge(
+    context: Context, name: str, inputs: GateInputs, reuse: ReuseStore | None = None
+) -> Judged:
     """Runs one gate through the registry and signs its evidence as an in-toto attestation
     (`<out>/evidence/<gate>.intoto.json`) with the runner's key; the key is loaded first, so a
-    long gate never runs to have its verdict refused for want of a key."""
+    long gate never runs to have its verdict refused for want of a key.
+
+    With `reuse`, a passing verdict is stored by its key (release/gates/reuse.py: everything it
+    depends on, and the key that signed it); where the store is read and holds that key, the
+    stored attestation is taken instead of running the gate, once its signature verifies with
+    this run's key and it names exactly these wheels (docs/reuse.md)."""
     from release.trust.attestation import attest
     from release.trust.keys import attesting_signer
 
-    signer, _ = attesting_signer(context)
+    signer, public_key = attesting_signer(context)
+    key_inputs = _gate_key(name, inputs, public_key.keyid) if reuse and reuse.reads else None
+    if reuse is not None and key_inputs is not None:
+        hit = reuse.get("gate", name, reuse_key(key_inputs))
+        if hit is not None and (taken := _take_reused(context, name, inputs, hit, public_key)):
+            return Judged(taken, reused=hit.note())
     evidence = run_gate(name, inputs)
-    attest(evidence, signer, context.out_dir)
-    return evidence
+    path = attest(evidence, signer, context.out_dir)
+    if reuse is None or evidence.verdict != "pass":
+        return Judged(evidence)  # only a pass is kept: anything else runs again next time
+    if key_inputs is None:
+        key_inputs = _gate_key(name, inputs, public_key.keyid)
+    if key_inputs is None:
+        return Judged(evidence)
+    before = reuse.latest("gate", name)
+    stored = {"attestation": path.read_text(encoding="utf-8")}
+    problem = reuse.put("gate", name, reuse_key(key_inputs), key_inputs, stored)
+    if problem:
+        console.print(f"  reuse: not stored ({escape(problem)})")
+    ran_again = ", ".join(changed(before.inputs, key_inputs)[:6]) if before and reuse.reads else ""
+    return Judged(evidence, ran_again=ran_again)
 
 
-def print_verdict(evidence: Evidence) -> int:
+def _gate_key(name: str, inputs: GateInputs, signer: str) -> dict[str, Any] | None:
+    """The gate's key inputs and the key its attestations are signed with; None where it is
+    never reused, or where they cannot be found (the gate then runs, and says why)."""
+    from release.gates.reuse import gate_key_inputs
+
+    try:
+        key_inputs = gate_key_inputs(name, inputs)
+    except ReleaseError:
+        return None
+    return None if key_inputs is None else {**key_inputs, "signer": signer}
+
+
+def _take_reused(
+    context: Context, name: str, inputs: GateInputs, hit: Hit, public_key: Any
+) -> Evidence | None:
+    """The stored attestation, put in place as this run's and its evidence written beside it,
+    once its signature verifies with `public_key` and it passed on exactly `inputs`' wheels; None
+    (and nothing left in place) otherwise, for the gate to run again."""
+    from release.trust.attestation import attestation_path, read_attestation
+
+    path = attestation_path(context.out_dir, name)
+    text = hit.payload.get("attestation")
+    try:
+        if not isinstance(text, str):
+            raise SigningError("it holds no attestation")
+        atomic_write(path, text.encode("utf-8"))
+        attestation = read_attestation(path, {public_key.keyid: public_key},
+                                       "the key that signs this run's attestations")  # fmt: skip
+        found = attestation.evidence
+        if (found.gate, found.verdict, found.artefacts) != (name, "pass", inputs.wheels.digests):
+            raise SigningError(f"it says {found.gate} {found.verdict} on other wheels")
+        write_evidence(context.out_dir, found)
+    except ReleaseError as error:
+        path.unlink(missing_ok=True)
+        console.print(f"  {name}: the stored verdict {hit.key[:12]} is not taken "
+                      f"({escape(str(error))}); running the gate")  # fmt: skip
+        return None
+    return found
+
+
+def print_verdict(judged: Judged) -> int:
+    evidence = judged.evidence
     colour = VERDICT_STYLE[evidence.verdict]
-    console.print(f"[{colour}]{evidence.gate}: {evidence.verdict}[/]")
+    how = f" ({judged.reused})" if judged.reused else ""
+    console.print(f"[{colour}]{evidence.gate}: {evidence.verdict}[/]{escape(how)}")
+    if judged.ran_again:
+        changes = escape(judged.ran_again)
+        console.print(f"  [dim]ran again: changed since it last passed: {changes}[/]")
     if evidence.reason:
         console.print("  " + escape(evidence.reason.replace("; ", "\n  ")))
     return 0 if evidence.verdict == "pass" else 1
@@ -117,7 +199,8 @@ def step_build(
     """`build`: the wheels, then the policy gate on exactly them (the policy is part of the
     build: auditwheel's verdict on the wheels just made)."""
     wheels = build(context, only, toolchain_kind, fresh=fresh)
-    return print_verdict(judge(context, "policy", gate_inputs(context, wheels)))
+    inputs = gate_inputs(context, wheels)
+    return print_verdict(judge(context, "policy", inputs, stored_only(context, "a build")))
 
 
 def gate_inputs(
@@ -131,25 +214,39 @@ def gate_inputs(
 
 
 def step_gate(context: Context, name: str, wheels: WheelSet, options: GateOptions) -> int:
-    """One gate alone (`python -m release <gate>`), declared in the manifest or not."""
-    return print_verdict(judge(context, name, gate_inputs(context, wheels, options)))
+    """One gate alone (`python -m release <gate>`), declared in the manifest or not: it runs,
+    and a pass is stored for a later `run` to reuse."""
+    inputs = gate_inputs(context, wheels, options)
+    return print_verdict(judge(context, name, inputs, stored_only(context, "a gate run alone")))
 
 
 def step_gpu_gates(context: Context, wheels: WheelSet, options: GateOptions) -> int:
     """Every GPU gate of the manifest on `wheels`: 0 on pass or "not run", 1 on a failure."""
     inputs = gate_inputs(context, wheels, options)
     gpu_gates = [name for name, spec in context.manifest.gates.items() if spec.runner == "gpu"]
-    verdicts = [judge(context, name, inputs) for name in gpu_gates]
-    for evidence in verdicts:
-        print_verdict(evidence)
-    return 1 if any(evidence.verdict == "fail" for evidence in verdicts) else 0
+    store = stored_only(context, "the GPU gates run alone")
+    verdicts = [judge(context, name, inputs, store) for name in gpu_gates]
+    for judged in verdicts:
+        print_verdict(judged)
+    return 1 if any(judged.evidence.verdict == "fail" for judged in verdicts) else 0
 
 
-def run_gates(context: Context, wheels: WheelSet) -> None:
-    """Every gate the manifest declares, in its order, each through the registry."""
+def run_gates(context: Context, wheels: WheelSet, reuse: ReuseStore | None = None) -> None:
+    """Every gate the manifest declares, in its order, each through the registry (a verdict
+    found before on the same inputs taken from `reuse`, where it is read)."""
     inputs = gate_inputs(context, wheels)
     for name in context.manifest.gates:
-        print_verdict(judge(context, name, inputs))
+        print_verdict(judge(context, name, inputs, reuse))
+
+
+def reuse_store(context: Context, refused: str = "") -> ReuseStore:
+    """The reuse store of the run's state directory; `refused`: why it is not read."""
+    return ReuseStore(context.state_dir / "reuse", refused)
+
+
+def stored_only(context: Context, why: str) -> ReuseStore:
+    """The store, written but never read: a step asked for by name runs."""
+    return reuse_store(context, why)
 
 
 # --- the whole release ---
@@ -158,8 +255,13 @@ def run_gates(context: Context, wheels: WheelSet) -> None:
 RUN_RECORDS = (records.SignRecord, records.PublishRecord, records.VerifyRecord)
 
 
-def step_run(context: Context, channel_name: str | None) -> int:
+def step_run(context: Context, channel_name: str | None, *, fresh: bool = False) -> int:
     """The main job: build, every declared gate, sign, publish, verify, then the summary.
+
+    What was found before on the same inputs is reused (docs/reuse.md): a gate's verdict, the
+    signature of the same statement, verify's installs of the same files from the same index.
+    `fresh` reuses nothing and builds afresh (as `build --fresh`); neither do the stable channel
+    (an operator-signed one) and a CI job read the store.
 
     Every input that can be checked in a moment is checked first (check_run_inputs): a run
     refused there leaves `<out>` as it was, byte for byte. The earlier run's evidence, records
@@ -169,21 +271,26 @@ def step_run(context: Context, channel_name: str | None) -> int:
     """
     from release.report.document import REPORT_HTML, REPORT_MD, STAGING_PLOT, write_report
     from release.report.terminal import print_summary
+    from release.trust.pins import operator_signed
     from release.trust.steps import sign_publish_verify
 
     channel, spec = context.channel(channel_name)
     check_run_inputs(context, channel, spec)
+    refused = refusal(fresh=fresh, operator_signed=operator_signed(context.manifest, spec))
+    reuse = reuse_store(context, refused)
     # Records of an earlier run must not speak for this one.
     earlier = ["evidence", REPORT_MD, REPORT_HTML, STAGING_PLOT]
     earlier += [records.record_path(context.out_dir, kind).name for kind in RUN_RECORDS]
     console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
+    if refused:
+        console.print(f"reuse: nothing found before is reused ({refused})")
     with SetAside(context.out_dir, earlier) as aside:
-        wheels = build(context, [])
+        wheels = build(context, [], fresh=fresh)
         aside.discard()
     try:
         console.rule("gates")
-        run_gates(context, wheels)
-        sign_publish_verify(context, channel, spec)
+        run_gates(context, wheels, reuse)
+        sign_publish_verify(context, channel, spec, reuse)
     finally:
         print_summary(context.out_dir, context.manifest, channel, context.source_dir)
         for path in write_report(context.out_dir, context.manifest, channel, context.source_dir):

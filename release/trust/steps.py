@@ -38,6 +38,7 @@ from release.trust.pins import ChannelPins, channel_pins, operator_signed
 from release.trust.publish import publish
 from release.trust.rebuild import rebuild_release
 from release.trust.remote_index import RemoteIndex, find_credentials
+from release.trust.reuse import signed_or_reused, verified_or_reused
 from release.trust.sign import (
     Key,
     build_statement,
@@ -45,20 +46,19 @@ from release.trust.sign import (
     is_file_key,
     load_public_key,
     read_and_verify_envelope,
-    sign_statement,
     signing_key_name,
-    write_envelope,
     write_public_key,
 )
 from release.trust.statement_store import envelope_path_for
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
-from release.trust.verify import verify_attestations, verify_from_index, verify_release
+from release.trust.verify import verify_attestations, verify_release
 from release.util.atomic import atomic_write
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.pins import project_version
 from release.util.progress import console
+from release.util.reuse import ReuseStore
 from release.util.urls import masked_url
 from release.wheelset import Sdist, WheelSet, judged_sdist
 
@@ -149,9 +149,15 @@ def _check_sdist_judged(
 
 
 def _sign(
-    context: Context, channel: str, spec: ChannelSpec, signer: Any, public_key: Key
+    context: Context,
+    channel: str,
+    spec: ChannelSpec,
+    signer: Any,
+    public_key: Key,
+    reuse: ReuseStore | None = None,
 ) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
-    """Signs the provenance of the wheels, naming the attestations it rests on."""
+    """Signs the provenance of the wheels, naming the attestations it rests on (the envelope of
+    a statement of the same content signed before by the same key is taken from `reuse`)."""
     build_record = records.read(context.out_dir, BuildRecord)
     source = checked_built_from(build_record.source, context.source_dir,
                         records.record_path(context.out_dir, BuildRecord))  # fmt: skip
@@ -179,7 +185,7 @@ def _sign(
     public_path = envelope.parent / f"{signing_key_name(channel)}.pub.json"
     try:  # a full disk: one line naming the step and the file
         envelope.parent.mkdir(parents=True, exist_ok=True)
-        write_envelope(sign_statement(statement, signer), envelope)
+        reused = signed_or_reused(statement, channel, signer, public_key, envelope, reuse)
         write_public_key(public_key, public_path)
         records.write(context.out_dir, records.SignRecord(
             channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
@@ -191,9 +197,10 @@ def _sign(
     except WriteError as error:
         raise SigningError(f"sign: {error}; the release is not signed") from None
     sdist = f", the sdist {wheels.sdist.name}" if wheels.sdist else ""
+    how = f"; {reused}" if reused else ""
     console.print(f"signed {len(wheels)} wheel(s){sdist} and the {len(attestations)} gate "
                   f"attestations they rest on: {envelope} "
-                  f"(key {public_key.keyid[:16]})")  # fmt: skip
+                  f"(key {public_key.keyid[:16]}{how})", markup=False)  # fmt: skip
     if source.dirty:
         console.print(f"  built from commit {source.commit} with {len(source.changed)} "
                       f"uncommitted change(s) to wheel inputs (sha256 {source.change_sha256}); "
@@ -371,7 +378,9 @@ def declared_interpreters(
     return [path for path in found.values() if path is not None]
 
 
-def _verify_with(context: Context, index: Index, channel: str, public_key: Any) -> None:
+def _verify_with(
+    context: Context, index: Index, channel: str, public_key: Any, reuse: ReuseStore | None = None
+) -> None:
     # A verify.json of an earlier pass must not stand for this verify if it fails.
     records.discard(context.out_dir, records.VerifyRecord)
     version = project_version()
@@ -395,13 +404,18 @@ def _verify_with(context: Context, index: Index, channel: str, public_key: Any) 
             markup=False,
         )
     with console.status("checking every file, then installing from the index into fresh venvs"):
-        verified = verify_from_index(
-            simple_url=index.simple_url, project=context.manifest.release.name, version=version,
-            statement=statement, interpreters=interpreters, imports=MODULES,
-            workdir=context.out_dir / "verify", file_check=trusted.check_file, limits=limits,
+        verified, reused = verified_or_reused(
+            index, trusted, stored, statement, channel=channel,
+            project=context.manifest.release.name, version=version, interpreters=interpreters,
+            imports=MODULES, workdir=context.out_dir / "verify",
+            limits=context.manifest.publish.limits, reuse=reuse,
         )  # fmt: skip
     checks = verified.checks
     _print_served(verified.files)
+    if reused:
+        console.print(f"  the installs below are those of a verify of the same files from the "
+                      f"same index and TUF metadata ({reused})", markup=False,
+                      soft_wrap=True)  # fmt: skip
     for check in checks:
         console.print(f"  python {check.python_version}: {check.wheel} digest matches its TUF "
                       f"target and the signed statement; imported "
@@ -549,15 +563,18 @@ def step_rebuild(context: Context, args: Any) -> int:
     return 0
 
 
-def sign_publish_verify(context: Context, channel: str, spec: ChannelSpec) -> None:
+def sign_publish_verify(
+    context: Context, channel: str, spec: ChannelSpec, reuse: ReuseStore | None = None
+) -> None:
     """The trust half of `run`, after the gates: refuse unless the channel's evidence names
-    exactly the wheels as they lie now; sign them; publish; verify from the index."""
+    exactly the wheels as they lie now; sign them; publish; verify from the index (the signature
+    and verify's installs taken from `reuse` where they were made before on the same inputs)."""
     console.rule("sign")
     signer, public_key = channel_signer(context, channel, spec)
-    published, attestations = _sign(context, channel, spec, signer, public_key)
+    published, attestations = _sign(context, channel, spec, signer, public_key, reuse)
     tuf = open_publish(context, channel, public_key, attestations)
     with _index(context, upload=True) as index:
         console.rule(f"publish to {index.simple_url}")
         _publish_with(context, index, channel, published, tuf, attestations)
         console.rule("verify")
-        _verify_with(context, index, channel, public_key)
+        _verify_with(context, index, channel, public_key, reuse)
