@@ -8,7 +8,9 @@ steps that use them, not here: a GPU runner judging its gates has neither instal
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -249,6 +251,17 @@ def stored_only(context: Context, why: str) -> ReuseStore:
     return reuse_store(context, why)
 
 
+def run_store(
+    context: Context, spec: ChannelSpec, *, fresh: bool, environ: Mapping[str, str] = os.environ
+) -> ReuseStore:
+    """The store `run` reads, unless it is `fresh`, the channel signs with an operator's key
+    (stable) or it runs in CI (docs/reuse.md); it is written all the same."""
+    from release.trust.pins import operator_signed
+
+    operator = operator_signed(context.manifest, spec)
+    return reuse_store(context, refusal(fresh=fresh, operator_signed=operator, environ=environ))
+
+
 # --- the whole release ---
 
 # The records a run makes after its build; an earlier run's are set aside when it starts.
@@ -271,19 +284,17 @@ def step_run(context: Context, channel_name: str | None, *, fresh: bool = False)
     """
     from release.report.document import REPORT_HTML, REPORT_MD, STAGING_PLOT, write_report
     from release.report.terminal import print_summary
-    from release.trust.pins import operator_signed
     from release.trust.steps import sign_publish_verify
 
     channel, spec = context.channel(channel_name)
     check_run_inputs(context, channel, spec)
-    refused = refusal(fresh=fresh, operator_signed=operator_signed(context.manifest, spec))
-    reuse = reuse_store(context, refused)
+    reuse = run_store(context, spec, fresh=fresh)
     # Records of an earlier run must not speak for this one.
     earlier = ["evidence", REPORT_MD, REPORT_HTML, STAGING_PLOT]
     earlier += [records.record_path(context.out_dir, kind).name for kind in RUN_RECORDS]
     console.rule(f"release {context.manifest.release.name} {project_version()} ({channel})")
-    if refused:
-        console.print(f"reuse: nothing found before is reused ({refused})")
+    if reuse.refused:
+        console.print(f"reuse: nothing found before is reused ({reuse.refused})")
     with SetAside(context.out_dir, earlier) as aside:
         wheels = build(context, [], fresh=fresh)
         aside.discard()
