@@ -89,10 +89,15 @@ def parity(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmark the engine's bookkeeping per layer-step against the reference, as a ratio."""
+    """Benchmark the engine's bookkeeping, and warm releases against a cold one, as ratios.
+
+    The bookkeeping per layer-step against the reference (`-- --blocks N` goes to it); then
+    `python -m release run` cold (fresh caches and state in a temporary folder), again with
+    nothing changed and after a README-only change (release/bench/warm_runs.py, docs/reuse.md)."""
     _install(session, "build", "release")
     session.run("python", "-m", "release", "build")
     session.run("python", "-m", "release", "bench", *session.posargs)
+    session.run("python", "-m", "release.bench.warm_runs")
 
 
 @nox.session

@@ -474,3 +474,32 @@ def test_a_stored_attestation_that_does_not_verify_is_not_taken(
     again = _judge(gate_context, wheels, store)
     assert spy.runs == 2 and again.reused == "" and again.evidence.verdict == "pass"
     assert "is not taken" in capsys.readouterr().out
+
+
+# --- the bench's reading of a run ---
+
+
+def test_the_warm_run_bench_reads_what_a_run_reused_and_ran(tmp_path: Path) -> None:
+    from release.bench.warm_runs import Run
+
+    output = "\n".join([
+        "policy: pass (reused: key f84824b0092c, from the run at 2026-12-06T22:06:42+00:00)",
+        "payload: pass",
+        "  ran again: changed since it last passed: files.checkout",
+        "served-path: not-run",
+        "signed 3 wheel(s), the sdist activekv-0.1.0.tar.gz and the 3 gate attestations they rest "
+        "on: out/provenance/activekv-0.1.0.intoto.json (key ff63ff86e7f27654)",
+        "  python 3.10.13: activekv-0.1.0-cp310.whl digest matches its TUF target and the signed "
+        "statement; imported activekv._engine",
+    ])  # fmt: skip
+    run = Run("README-only change", 1.0, 0, tmp_path / "log")
+    run.read(output)
+    assert run.reused == ["policy"]
+    assert run.ran == ["payload", "served-path (not-run)", "the signature", "verify's installs"]
+    again = Run("no-change re-run", 1.0, 0, tmp_path / "log")
+    again.read(
+        "signed 3 wheel(s) … (key ff63; reused: key 1600352994a5, from the run at x)\n"
+        "  the installs below are those of a verify of the same files (reused: key 6e)\n"
+        "  python 3.10.13: a.whl digest matches its TUF target and the signed statement"
+    )
+    assert again.reused == ["the signature", "verify's installs"] and again.ran == []

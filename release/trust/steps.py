@@ -200,7 +200,8 @@ def _sign(
     how = f"; {reused}" if reused else ""
     console.print(f"signed {len(wheels)} wheel(s){sdist} and the {len(attestations)} gate "
                   f"attestations they rest on: {envelope} "
-                  f"(key {public_key.keyid[:16]}{how})", markup=False)  # fmt: skip
+                  f"(key {public_key.keyid[:16]}{how})", markup=False,
+                  soft_wrap=True)  # fmt: skip
     if source.dirty:
         console.print(f"  built from commit {source.commit} with {len(source.changed)} "
                       f"uncommitted change(s) to wheel inputs (sha256 {source.change_sha256}); "
