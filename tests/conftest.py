@@ -29,14 +29,26 @@ def zig_binary() -> Path | None:
         return None
 
 
+REPO = Path(__file__).resolve().parent.parent
+# The compilers' caches the wheel builds of the tests share (built_wheel, the release run).
+BUILD_CACHE = REPO / ".activekv" / "cache"
+
+
 def run_tool(*command: str | Path) -> str:
-    """Runs a compiler or binutils command; its stdout, or an assertion naming its stderr."""
-    result = subprocess.run([str(c) for c in command], capture_output=True, text=True)
+    """Runs a compiler or binutils command; its stdout, or an assertion naming its stderr.
+
+    zig keeps the libc++ and libc stubs it builds for a target in its caches: these are the wheel
+    builds' (toolchain.environment), so they are built once per run, not again for each test
+    (a cold zig cache costs about a minute of two cores). Caches already set are kept."""
+    caches = {"ZIG_GLOBAL_CACHE_DIR": str(BUILD_CACHE / "zig-global"),
+              "ZIG_LOCAL_CACHE_DIR": str(BUILD_CACHE / "zig-local")}  # fmt: skip
+    result = subprocess.run(
+        [str(c) for c in command], capture_output=True, text=True, env={**caches, **os.environ}
+    )
     assert result.returncode == 0, f"{command}: {result.stderr}"
     return result.stdout
 
 
-REPO = Path(__file__).resolve().parent.parent
 # Fixtures that build, install or import the real wheel, or compile a native module: a test using
 # one is an integration test.
 WHEEL_FIXTURES = frozenset(
