@@ -20,6 +20,7 @@ toolchain of this machine.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,11 @@ def _manifest(inputs: GateInputs, name: str) -> dict[str, Any]:
 
 def _interpreters(inputs: GateInputs) -> list[dict[str, Any]]:
     """Every interpreter the gate may judge a wheel in: the one chosen for the Pythons each wheel
-    serves, and one of the wheel's own version; vLLM's, where it is named."""
+    serves, and one of the wheel's own version; vLLM's, where it is named (--vllm-python,
+    $ACTIVEKV_VLLM_PYTHON; else it is this one)."""
     options = inputs.options
-    paths: list[Path | None] = [options.vllm_python]
+    named = os.environ.get("ACTIVEKV_VLLM_PYTHON")
+    paths: list[Path | None] = [options.vllm_python, Path(named) if named else None]
     for wheel in inputs.wheels:
         paths.append(interpreter_for(wheel.serves, options.interpreters))
         paths.append(find_interpreter(wheel.python))
