@@ -381,6 +381,9 @@ def gate_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
     """A context whose manifest declares the fixture gate `non-empty` (tests/fixtures_gate.py),
     registered as a newcomer would register one."""
     monkeypatch.setitem(registry._GATES, "non-empty", catalogue.Entry("fixtures_gate", "cpu"))
+    # Its code, held still: the checkout may be edited while the tests run.
+    monkeypatch.setattr(gate_reuse, "module_sources", lambda modules: {"fixtures_gate.py": "1"})
+    monkeypatch.setattr(gate_reuse, "folder_sources", dict)
     path = tmp_path / "activekv.toml"
     path.write_text(DEFAULT_MANIFEST.read_text() + '\n[gates.non-empty]\nrunner = "cpu"\n')
     _checkout(tmp_path / "checkout")

@@ -20,6 +20,7 @@ from release.context import Context
 from release.errors import VerifyError
 from release.gates import reuse as gate_reuse
 from release.manifest import NetworkLimits, load_manifest
+from release.trust import reuse as trust_reuse
 from release.trust.index import EmbeddedIndex
 from release.trust.reuse import signed_or_reused, verified_or_reused
 from release.trust.sign import key_paths, load_public_key, load_signer, read_and_verify_envelope
@@ -100,9 +101,11 @@ def _verify(state: Path, work: Path, store: ReuseStore, interpreters: list[Path]
 
 
 def test_verify_is_reused_for_the_same_files_and_never_for_other_ones(
-    published: tuple[Path, Path], tmp_path: Path
+    published: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, state = published
+    # verify's code, held still: the checkout may be edited while the tests run.
+    monkeypatch.setattr(trust_reuse, "module_sources", lambda modules: {"verify.py": "1"})
     store = ReuseStore(tmp_path / "reuse")
     python = [Path(sys.executable)]
     assert _verify(state, tmp_path / "v1", store, python) == ""
