@@ -441,6 +441,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "between runs: state, TUF folder, devpi, tool cache (default: "
         ".activekv/ci-replay/runner)",
     )
+    p.add_argument(
+        "--tool-cache",
+        type=Path,
+        help="the self-hosted runners' tool cache: setup-python's interpreters and what the "
+        "jobs pip-installed into them (default: <runner-dir>/toolcache)",
+    )
 
 
 def replay_from_arguments(args: argparse.Namespace) -> int:
@@ -500,6 +506,7 @@ def replay_from_arguments(args: argparse.Namespace) -> int:
         inputs,
         wheels=args.wheels.resolve() if args.wheels else None,
         gpu_records=args.gpu_records.resolve() if args.gpu_records else None,
+        tool_cache_dir=args.tool_cache.resolve() if args.tool_cache else None,
     )
     from_run = args.from_run.resolve() if args.from_run else None
     runner = WorkflowReplay(replay, workflow, origin, secrets, index, args.job, from_run)

@@ -75,6 +75,7 @@ class Replay:
     inputs: dict[str, str]  # the manual run's inputs (channel)
     wheels: Path | None = None  # --wheels: the wheels the cibuildwheel step stands in with
     gpu_records: Path | None = None  # --gpu-records: the GPU job's packed records
+    tool_cache_dir: Path | None = None  # --tool-cache, else the runner folder's
 
     @property
     def artifacts(self) -> Path:
@@ -87,7 +88,7 @@ class Replay:
     @property
     def tool_cache(self) -> Path:
         """A self-hosted runner's tool cache (setup-python's interpreters), kept between runs."""
-        return self.runner_dir / "toolcache"
+        return self.tool_cache_dir or self.runner_dir / "toolcache"
 
 
 Printer = Callable[[str], None]
