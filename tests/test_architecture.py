@@ -58,6 +58,18 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.wheelset release.builder release.gpu release.scripts",
         "release.ci": "release.errors release.util release.manifest release.catalogue "
         "release.records release.wheelset release.builder release.trust release.report",
+        # The replay of the workflow (ci --replay): each part only what its job needs.
+        "release.ci.replay": "release.errors release.util release.manifest",
+        "release.ci.replay_context": "release.errors",
+        "release.ci.replay_expressions": "release.errors",
+        "release.ci.replay_envfiles": "release.errors",
+        "release.ci.replay_secrets": "release.errors",
+        "release.ci.replay_process": "",
+        "release.ci.replay_plan": "",
+        "release.ci.replay_job": "",
+        "release.ci.replay_standins": "release.util",
+        "release.ci.replay_cibuildwheel": "release.util release.gates.policy",
+        "release.ci.replay_services": "release.trust.remote_index release.trust.server_process",
         "release.ci_workflow": "release.ci",
         "release.steps": "release",
         "release.cli": "release",
