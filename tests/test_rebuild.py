@@ -25,6 +25,7 @@ import pytest
 from fixtures_sign import attest_passing_gates
 
 from release.builder.reproduce import snapshot
+from release.builder.wheels import source_date_epoch
 from release.errors import VerifyError
 from release.manifest import load_manifest
 from release.trust import steps as trust_steps
@@ -49,20 +50,27 @@ def _release(cwd: Path, *args: str | Path, env: dict[str, str] | None = None):
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
 
 
-def _git(*args: str | Path) -> str:
+def _git(*args: str | Path, env: dict[str, str] | None = None) -> str:
     command = ["git", "-c", "user.name=publisher", "-c", "user.email=publisher@example.org"]
     return subprocess.run(
-        [*command, *map(str, args)], check=True, capture_output=True, text=True
-    ).stdout.strip()
+        [*command, *map(str, args)], check=True, capture_output=True, text=True,
+        env={**os.environ, **(env or {})},
+    ).stdout.strip()  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def source_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A git repository holding these sources in one commit: where the consumer rebuilds from."""
+    """A git repository holding these sources in one commit: where the consumer rebuilds from.
+
+    The commit is dated at the checkout's SOURCE_DATE_EPOCH, so the publisher's build of it is
+    the checkout's own wheel (the same sources, epoch and toolchain: the wheel cache's key) and
+    costs no compilation once built_wheel has run; the consumer's rebuild stays cold."""
     source = snapshot(REPO, tmp_path_factory.mktemp("upstream") / "activekv")
     _git("-C", source, "init", "--quiet")
     _git("-C", source, "add", "--all")
-    _git("-C", source, "commit", "--quiet", "--message", "the released sources")
+    date = f"@{source_date_epoch(REPO)}"
+    _git("-C", source, "commit", "--quiet", "--message", "the released sources",
+         env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
     return source
 
 
