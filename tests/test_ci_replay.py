@@ -290,20 +290,18 @@ def _repository(tmp_path: Path) -> tuple[Path, str]:
 
 
 def _replay(
-    tmp_path: Path, jobs: dict[str, Any], secrets: dict[str, str] | None = None, **options: Any
+    tmp_path: Path,
+    jobs: dict[str, Any],
+    secrets: dict[str, str] | None = None,
+    only_job: str | None = None,
+    from_run: Path | None = None,
+    **options: Any,
 ) -> tuple[WorkflowReplay, int]:
     repo, head = _repository(tmp_path)
     workflow = {"name": "t", "on": {"workflow_dispatch": {}}, "jobs": jobs}
-    replay = Replay(
-        repo,
-        head,
-        tmp_path / "work",
-        tmp_path / "runner",
-        "workflow_dispatch",
-        {"channel": "dev"},
-        **options,
-    )
-    runner = WorkflowReplay(replay, workflow, "t.yml", secrets or {}, None, None, None)
+    replay = Replay(repo, head, tmp_path / "work", tmp_path / "runner", "workflow_dispatch",
+                    {"channel": "dev"}, **options)  # fmt: skip
+    runner = WorkflowReplay(replay, workflow, "t.yml", secrets or {}, None, only_job, from_run)
     try:
         return runner, runner.run()
     finally:
@@ -498,3 +496,28 @@ def test_a_readable_secrets_file_stops_the_command_line(tmp_path: Path) -> None:
     path = _secrets_file(tmp_path, "PASS=hunter2\n", 0o644)
     assert main(["--secrets", str(path), "--work", str(tmp_path / "w")]) == 2
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_one_job_runs_from_the_artifacts_of_an_earlier_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upload = {"uses": UPLOAD.ref, "with": {"name": "w", "path": "sub/a.whl"}}
+    jobs = {
+        "build": {"runs-on": "u", "steps": [CHECKOUT_STEP, upload]},
+        "take": {"needs": "build", "runs-on": "u", "steps": [
+            {"uses": DOWNLOAD.ref, "with": {"name": "w"}}, {"run": "cat a.whl"}]},
+        "other": {"runs-on": "u", "steps": [{"run": "echo other ran"}]},
+    }  # fmt: skip
+    _, status = _replay(tmp_path / "first", jobs)
+    assert status == 0
+    capsys.readouterr()
+    runner, status = _replay(tmp_path / "second", jobs, only_job="take",
+                             from_run=tmp_path / "first" / "work")  # fmt: skip
+    assert status == 0
+    assert [(r.job_id, r.result) for r in runner.results] == [("build", "success"),
+                                                              ("take", "success")]  # fmt: skip
+    out = capsys.readouterr().out
+    assert "== job build: not replayed (--job take); its artifacts are those of" in out
+    assert "| a" in out and "other ran" not in out
+    with pytest.raises(RefusedError, match="give its folder with --from-run DIR"):
+        _replay(tmp_path / "third", jobs, only_job="take")

@@ -158,6 +158,9 @@ class WorkflowReplay:
             f"replaying {self.origin} at {self.replay.commit} as {self.replay.event} "
             f"{self.replay.inputs} in {self.replay.work}"
         )
+        if self.only_job is not None:  # the job and the jobs it needs, those from --from-run
+            wanted = _with_needs(jobs, self.only_job)
+            order = [job_id for job_id in order if job_id in wanted]
         needs: dict[str, dict[str, Any]] = {}
         try:
             for job_id in order:
@@ -379,10 +382,19 @@ class WorkflowReplay:
         self.out(f"summary: {self.replay.work / 'summary.md'}; logs: {self.replay.logs}")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m release.ci.replay", description=__doc__.split("\n\n")[0]
-    )
+def _with_needs(jobs: Mapping[str, Any], job_id: str) -> set[str]:
+    """``job_id`` and every job it needs, directly or not."""
+    found, todo = set(), [job_id]
+    while todo:
+        current = todo.pop()
+        if current not in found:
+            found.add(current)
+            todo.extend(replay_plan.needs_of(jobs[current]))
+    return found
+
+
+def parser(prog: str = "python -m release.ci.replay") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     add_arguments(p)
     return p
 
@@ -522,8 +534,9 @@ def replay_from_arguments(args: argparse.Namespace) -> int:
         runner.out.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m release.ci.replay") -> int:
+    """The replay's command line (also `python -m release ci --replay`'s, with its `prog`)."""
+    args = parser(prog).parse_args(argv)
     try:
         return replay_from_arguments(args)
     except (ReleaseError, RefusedError, StandInError) as error:
