@@ -10,17 +10,19 @@ Below trust and report, which both read statements: may import ``release.errors`
 from __future__ import annotations
 
 import binascii
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import FormatError
+from securesystemslib.signer import Key
 
 from release.errors import SigningError
 from release.evidence import Evidence, evidence_from_fields
-from release.util.jsonfile import JsonFileError, parse_json, read_json
+from release.util.jsonfile import JsonFileError, parse_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -36,7 +38,74 @@ def subject_digests(statement: Mapping[str, Any]) -> dict[str, str]:
         raise SigningError(f"statement subjects are malformed (missing {exc})") from None
 
 
-def read_statement_unverified(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True, eq=False)
+class Statement(Mapping[str, Any]):
+    """An in-toto v1 Statement as it was read: the fields the pipeline reads, typed, and the
+    document itself (a read-only mapping, as signed) for keys and for what no field covers.
+
+    Its shape was checked once, when it was read (:meth:`from_dict`); a field another reader
+    needs is checked where it is first read, with the message that reader gave before."""
+
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def from_dict(cls, path: Path, data: object) -> Statement:
+        """`data` (decoded from `path`) as a Statement; SigningError naming the file else."""
+        if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE:
+            raise SigningError(f"{path}: the payload is not an in-toto v1 Statement")
+        if not isinstance(data.get("subject"), list):
+            raise SigningError(f"{path}: the statement has no subject list")
+        return cls(data)
+
+    @classmethod
+    def of(cls, statement: Mapping[str, Any]) -> Statement:
+        """`statement` itself when it is one, else a typed view of that document."""
+        return statement if isinstance(statement, Statement) else cls(statement)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @cached_property
+    def subjects(self) -> dict[str, str]:
+        """File name to sha256 of every subject (SigningError when one is malformed)."""
+        return subject_digests(self.raw)
+
+    @property
+    def version(self) -> object:
+        """The version a release's provenance says it is of (None when it says none)."""
+        try:
+            return self.raw["predicate"]["buildDefinition"]["externalParameters"]["version"]
+        except (KeyError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class SignedStatement:
+    """A statement whose envelope's signature verified: the file, the sha256 of the bytes that
+    verified, and the key whose signature they carry."""
+
+    statement: Statement
+    path: Path
+    sha256: str
+    key: Key
+
+    def at(self, path: Path, sha256: str) -> SignedStatement | None:
+        """This statement as the file at `path` holds it, when that file's bytes (`sha256`) are
+        the very ones that verified: a copy carries the same signature. None for other bytes."""
+        return (
+            SignedStatement(self.statement, path, sha256, self.key)
+            if sha256 == self.sha256
+            else None
+        )
+
+
+def read_statement_unverified(path: Path) -> Statement:
     """The statement inside the envelope at ``path`` WITHOUT checking its signature.
 
     For consistency checks only (e.g. that an envelope names the files being published);
@@ -47,10 +116,21 @@ def read_statement_unverified(path: Path) -> dict[str, Any]:
 
 def read_envelope(path: Path) -> Envelope:
     """The DSSE envelope at ``path`` of an in-toto payload; SigningError naming the file."""
+    return read_envelope_bytes(path)[0]
+
+
+def read_envelope_bytes(path: Path) -> tuple[Envelope, bytes]:
+    """The DSSE envelope at ``path`` and the bytes it was read from; SigningError naming the
+    file."""
     try:
-        data = read_json(path)
-    except OSError as exc:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
         raise SigningError(f"{path}: cannot read the envelope ({exc.strerror})") from None
+    except OSError as exc:  # as read_json says it: a folder, an unreadable file
+        raise SigningError(f"{path}: the envelope is not JSON (expected a readable file; got "
+                           f"{exc.strerror or exc})") from None  # fmt: skip
+    try:
+        data = parse_json(raw)
     except JsonFileError as exc:
         raise SigningError(f"{path}: the envelope is not JSON ({exc})") from None
     try:
@@ -61,20 +141,16 @@ def read_envelope(path: Path) -> Envelope:
         raise SigningError(
             f"{path}: payload type is {envelope.payload_type!r}, expected {PAYLOAD_TYPE!r}"
         )
-    return envelope
+    return envelope, raw
 
 
-def decode_statement(path: Path, envelope: Envelope) -> dict[str, Any]:
+def decode_statement(path: Path, envelope: Envelope) -> Statement:
     """The in-toto v1 Statement `envelope` carries (its signatures unchecked)."""
     try:
         statement = parse_json(envelope.payload)
     except JsonFileError as exc:
         raise SigningError(f"{path}: the payload is not JSON ({exc})") from None
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise SigningError(f"{path}: the payload is not an in-toto v1 Statement")
-    if not isinstance(statement.get("subject"), list):
-        raise SigningError(f"{path}: the statement has no subject list")
-    return statement
+    return Statement.from_dict(path, statement)
 
 
 # --- a gate's verdict

@@ -76,8 +76,9 @@ class Attestation:
 def read_attestation(path: Path, trusted: Mapping[str, Key], listed: str) -> Attestation:
     """The attestation at `path`, its signature verified by one of `trusted` (keyid to key;
     `listed` says where they are listed). SigningError names the file and what is wrong."""
-    statement, key = read_and_verify_by_any(path, trusted, listed)
-    return Attestation(path, sha256_file(path), key, gate_evidence(path, statement))
+    signed = read_and_verify_by_any(path, trusted, listed)
+    # The digest of the very bytes that verified: the provenance names the attestation by it.
+    return Attestation(path, signed.sha256, signed.key, gate_evidence(path, signed.statement))
 
 
 @dataclass(frozen=True)

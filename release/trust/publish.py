@@ -45,7 +45,7 @@ from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from release.errors import PublishError, ReleaseError
 from release.manifest import NetworkLimits
-from release.statement import read_statement_unverified, subject_digests
+from release.statement import SignedStatement, Statement, read_statement_unverified
 from release.trust import twine_upload
 from release.trust.attestation import attestation_target
 from release.trust.index import list_project_files, normalize_project
@@ -53,7 +53,6 @@ from release.trust.release_version import (
     of_version,
     project_and_version,
     same_version,
-    statement_version,
     version_key,
 )
 from release.trust.statement_store import (
@@ -69,6 +68,7 @@ from release.trust.statement_store import (
     stored_statement,
 )
 from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository, TufUpdate
+from release.util.digests import sha256_file
 from release.util.progress import tracked
 
 UPLOADED = "uploaded"
@@ -137,13 +137,15 @@ def publish(
     attachments: Mapping[str, Path] | None = None,
     limits: NetworkLimits = NetworkLimits(),  # noqa: B008 (frozen: the manifest's defaults)
     sdist: Path | None = None,
+    signed: SignedStatement | None = None,
 ) -> PublishReport:
     """Upload the ``wheels`` and the ``sdist`` not yet on ``index``, store ``envelope`` for their
     version and make all of them TUF targets of ``tuf``. ``digests`` are the files' sha256 as
     the caller hashed them (the bytes its gates judged): the copies published must still have
     them. ``attachments`` (name -> file: the gate attestations the statement names) are stored
     beside the statement, as targets too. ``limits`` bound every read from the index
-    (``[publish.limits]``)."""
+    (``[publish.limits]``). ``signed``: ``envelope`` as the caller read and verified it, taken
+    for the private copy when the copy's bytes are those very bytes (else the copy is read)."""
     project, version = project_and_version(wheels)
     files = list(wheels)
     if sdist is not None:
@@ -153,7 +155,7 @@ def publish(
         copies = PrivateCopies.make(Path(private), files, envelope, attachments or {})
         if digests is not None:
             _check_unchanged(files, copies.digests, digests)
-        _check_envelope(envelope, copies, version)
+        _check_envelope(envelope, copies, version, signed)
         return _publish_copies(copies, index, project, version, metadata_dir, tuf, limits)
 
 
@@ -344,24 +346,33 @@ def _tuf_targets(
     }
 
 
-def _check_envelope(envelope: Path, copies: PrivateCopies, version: str) -> None:
+def _check_envelope(
+    envelope: Path, copies: PrivateCopies, version: str, signed: SignedStatement | None = None
+) -> None:
     """PublishError unless the statement to publish is of ``version`` and names exactly the
     wheels and the attestations given, with their digests."""
     try:
-        statement = read_statement_unverified(copies.statement)
-        named = subject_digests(statement)
+        statement = _statement_of_copy(copies.statement, signed)
+        named = statement.subjects
     except ReleaseError as exc:
         raise PublishError(f"the envelope to publish cannot be read: {exc}") from None
     problems = _mismatches(named, copies.digests)
     problems += _mismatches(named_attestations(statement, envelope), copies.attachment_digests)
-    signed = statement_version(statement)
-    if not same_version(signed, version):
-        problems.append(f"it is of version {signed!r}, not {version}")
+    if not same_version(statement.version, version):
+        problems.append(f"it is of version {statement.version!r}, not {version}")
     if problems:
         raise PublishError(
             f"the envelope to publish ({envelope}) does not cover exactly the files to publish: "
             f"{'; '.join(problems)}. Nothing was uploaded"
         )
+
+
+def _statement_of_copy(copy: Path, signed: SignedStatement | None) -> Statement:
+    """The statement of the private copy to publish: `signed`'s where the copy holds the bytes
+    that verified, else read from the copy."""
+    if signed is not None and signed.at(copy, sha256_file(copy)) is not None:
+        return signed.statement
+    return read_statement_unverified(copy)
 
 
 def _mismatches(named: Mapping[str, str], given: Mapping[str, str]) -> list[str]:

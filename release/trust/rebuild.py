@@ -27,7 +27,6 @@ from packaging.utils import parse_wheel_filename
 
 from release.errors import BuildError, ReleaseError, VerifyError
 from release.manifest import NetworkLimits
-from release.statement import subject_digests
 from release.trust.build_inputs import build_inputs
 from release.trust.rebuild_workdir import check_apart, check_workdir, fresh_workdir, git_source
 from release.trust.tuf_client import TrustedIndex
@@ -89,7 +88,7 @@ def rebuild_release(
     published = _download(index_url, pinned, interpreter, workdir / "published")
     trusted.check_file(published)
     try:
-        signed = subject_digests(statement)
+        signed = statement.subjects
     except ReleaseError as error:
         raise VerifyError(f"the signed statement's subject: {error}") from None
     published_sha256 = sha256_file(published)

@@ -23,7 +23,7 @@ from securesystemslib.signer import Key, Signer
 
 from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import NetworkLimits
-from release.statement import subject_digests
+from release.statement import Statement
 from release.trust.index import EmbeddedIndex
 from release.trust.remote_index import RemoteIndex
 from release.trust.served_files import check_served_files
@@ -155,7 +155,7 @@ def verified_or_reused(
     index: EmbeddedIndex | RemoteIndex,
     trusted: TrustedIndex,
     stored: Path,
-    statement: dict[str, Any],
+    statement: Statement,
     *,
     channel: str,
     project: str,
@@ -180,7 +180,7 @@ def verified_or_reused(
 
     if reuse is not None and reuse.reads:
         try:
-            signed = subject_digests(statement)
+            signed = statement.subjects
         except ReleaseError as exc:
             raise VerifyError(f"the signed statement cannot be read: {exc}") from None
         served = check_served_files(

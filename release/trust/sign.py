@@ -16,6 +16,7 @@ Private key material never appears in a message, a log or an output file of this
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -32,7 +33,14 @@ from securesystemslib.exceptions import FormatError, UnverifiedSignatureError
 from securesystemslib.signer import SIGNER_FOR_URI_SCHEME, CryptoSigner, Key, Signer
 
 from release.errors import SigningError
-from release.statement import PAYLOAD_TYPE, STATEMENT_TYPE, decode_statement, read_envelope
+from release.statement import (
+    PAYLOAD_TYPE,
+    STATEMENT_TYPE,
+    SignedStatement,
+    Statement,
+    decode_statement,
+    read_envelope_bytes,
+)
 from release.util.atomic import atomic_write
 from release.util.digests import sha256_file
 from release.util.jsonfile import read_json
@@ -359,7 +367,7 @@ def _default_source_uri(manifest_path: Path) -> str:
 
 def sign_statement(statement: Mapping[str, Any], signer: Signer) -> Envelope:
     """A DSSE envelope over the canonical JSON of ``statement``, signed by ``signer``."""
-    payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    payload = json.dumps(dict(statement), sort_keys=True, separators=(",", ":")).encode("utf-8")
     envelope = Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
     envelope.sign(signer)
     return envelope
@@ -371,20 +379,25 @@ def write_envelope(envelope: Envelope, path: Path) -> None:
     atomic_write(path, text.encode("utf-8"))
 
 
-def read_and_verify_envelope(path: Path, public_key: Key) -> dict[str, Any]:
+def read_and_verify_envelope(path: Path, public_key: Key) -> Statement:
     """The statement of the DSSE envelope at ``path``, after its signature by ``public_key``
     verified."""
-    return read_and_verify_by_any(path, {public_key.keyid: public_key}, "the expected key")[0]
+    return read_and_verify(path, public_key).statement
 
 
-def read_and_verify_by_any(
-    path: Path, trusted: Mapping[str, Key], listed: str
-) -> tuple[dict[str, Any], Key]:
-    """The statement of the envelope at ``path`` and the key that signed it, after that key's
-    signature verified; ``trusted`` maps keyid to key, ``listed`` says in messages where those
-    keys come from. SigningError for an unsigned envelope, one signed by no trusted key, or one
-    whose signature does not verify (the payload or the signature was altered)."""
-    envelope = read_envelope(path)
+def read_and_verify(path: Path, public_key: Key) -> SignedStatement:
+    """The envelope at ``path`` as a signed statement, after its signature by ``public_key``
+    verified: read and checked once, then passed along."""
+    return read_and_verify_by_any(path, {public_key.keyid: public_key}, "the expected key")
+
+
+def read_and_verify_by_any(path: Path, trusted: Mapping[str, Key], listed: str) -> SignedStatement:
+    """The statement of the envelope at ``path``, the sha256 of the bytes read and the key that
+    signed it, after that key's signature verified; ``trusted`` maps keyid to key, ``listed``
+    says in messages where those keys come from. SigningError for an unsigned envelope, one
+    signed by no trusted key, or one whose signature does not verify (the payload or the
+    signature was altered)."""
+    envelope, raw = read_envelope_bytes(path)
     if not envelope.signatures:
         raise SigningError(f"{path}: the envelope has no signature")
     signers = [keyid for keyid in sorted(envelope.signatures) if keyid in trusted]
@@ -402,7 +415,9 @@ def read_and_verify_by_any(
             f"{path}: the signature of key {key.keyid} does not verify "
             "(the payload or the signature was altered)"
         ) from None
-    return decode_statement(path, envelope), key
+    return SignedStatement(
+        decode_statement(path, envelope), path, hashlib.sha256(raw).hexdigest(), key
+    )
 
 
 # --------------------------------------------------------------------------- files

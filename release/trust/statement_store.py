@@ -20,7 +20,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from release.errors import PublishError, ReleaseError, WriteError
-from release.statement import read_statement_unverified, subject_digests
+from release.statement import read_statement_unverified
 from release.trust.attestation import release_folder
 from release.trust.index import normalize_project
 from release.trust.release_version import version_key
@@ -204,7 +204,7 @@ def named_attestations(statement: Mapping[str, Any], where: Path) -> dict[str, s
 def check_same_files(stored: Path, local: Mapping[str, str], *, release: str) -> None:
     """PublishError unless the statement stored first for ``release`` names exactly ``local``."""
     try:
-        named = subject_digests(read_statement_unverified(stored))
+        named = read_statement_unverified(stored).subjects
     except ReleaseError as exc:
         raise PublishError(f"the stored statement of {release} cannot be read: {exc}") from None
     if named == dict(local):

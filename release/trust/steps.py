@@ -25,6 +25,7 @@ from release.errors import PublishError, SigningError, VerifyError, WriteError
 from release.manifest import SIGNING_KEY_ATTESTER, ChannelSpec, Manifest
 from release.records import BuildRecord
 from release.source_state import checked_built_from, refuse_dirty, source_state
+from release.statement import SignedStatement
 from release.trust.attestation import (
     Attestation,
     GateKeys,
@@ -45,7 +46,7 @@ from release.trust.sign import (
     file_key_path,
     is_file_key,
     load_public_key,
-    read_and_verify_envelope,
+    read_and_verify,
     signing_key_name,
     write_public_key,
 )
@@ -155,9 +156,10 @@ def _sign(
     signer: Any,
     public_key: Key,
     reuse: ReuseStore | None = None,
-) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
+) -> tuple[WheelSet, list[tuple[Attestation, str]], SignedStatement]:
     """Signs the provenance of the wheels, naming the attestations it rests on (the envelope of
-    a statement of the same content signed before by the same key is taken from `reuse`)."""
+    a statement of the same content signed before by the same key is taken from `reuse`); the
+    envelope as written, read and verified once, is passed on to publish and verify."""
     build_record = records.read(context.out_dir, BuildRecord)
     source = checked_built_from(build_record.source, context.source_dir,
                         records.record_path(context.out_dir, BuildRecord))  # fmt: skip
@@ -186,9 +188,10 @@ def _sign(
     try:  # a full disk: one line naming the step and the file
         envelope.parent.mkdir(parents=True, exist_ok=True)
         reused = signed_or_reused(statement, channel, signer, public_key, envelope, reuse)
+        signed = read_and_verify(envelope, public_key)
         write_public_key(public_key, public_path)
         records.write(context.out_dir, records.SignRecord(
-            channel=channel, envelope=str(envelope), envelope_sha256=sha256_file(envelope),
+            channel=channel, envelope=str(envelope), envelope_sha256=signed.sha256,
             keyid=public_key.keyid, public_key=str(public_path), subjects=wheels.release_digests,
             attestations={a.evidence.gate: str(a.path) for a, _ in attestations},
             source_commit=source.commit, uncommitted=source.changed,
@@ -209,7 +212,7 @@ def _sign(
     for attestation, runner in attestations:
         console.print(f"  {attestation.evidence.gate} ({runner}): {attestation.path}, signed by "
                       f"{attestation.key.keyid[:16]}", markup=False, soft_wrap=True)  # fmt: skip
-    return wheels, attestations
+    return wheels, attestations, signed
 
 
 def step_sign(context: Context, channel_name: str | None) -> int:
@@ -256,11 +259,16 @@ def _index(context: Context, *, upload: bool = False) -> Index:
 
 
 def open_publish(
-    context: Context, channel: str, public_key: Key, attestations: list[tuple[Attestation, str]]
+    context: Context,
+    channel: str,
+    public_key: Key,
+    attestations: list[tuple[Attestation, str]],
+    signed: SignedStatement | None = None,
 ) -> TufRepository:
     """The signature and key checks, made before any index is started or contacted; the TUF
-    repository to publish with (its keys loaded: stable has no generated ones)."""
-    statement = read_and_verify_envelope(context.envelope_path, public_key)
+    repository to publish with (its keys loaded: stable has no generated ones). `signed`: the
+    envelope as sign verified it, taken while the file still holds those bytes."""
+    statement = stored_statement(context.envelope_path, public_key, signed).statement
     named = {entry["digest"]["sha256"] for entry in statement["predicate"]["runDetails"].get(
         "byproducts", [])}  # fmt: skip
     if named != {a.sha256 for a, _ in attestations}:
@@ -340,10 +348,12 @@ def _publish_with(
     wheels: WheelSet,
     tuf: TufRepository,
     attestations: list[tuple[Attestation, str]],
+    signed: SignedStatement | None = None,
 ) -> None:
     attached = {published_name(a.evidence.gate): a.path for a, _ in attestations}
     report = publish(
         wheels.paths, index, envelope=context.envelope_path, metadata_dir=index.provenance_dir,
+        signed=signed,
         tuf=tuf, digests=wheels.release_digests, attachments=attached,
         limits=context.manifest.publish.limits, sdist=wheels.sdist.path if wheels.sdist else None,
     )  # fmt: skip
@@ -380,14 +390,22 @@ def declared_interpreters(
 
 
 def _verify_with(
-    context: Context, index: Index, channel: str, public_key: Any, reuse: ReuseStore | None = None
+    context: Context,
+    index: Index,
+    channel: str,
+    public_key: Any,
+    reuse: ReuseStore | None = None,
+    signed: SignedStatement | None = None,
 ) -> None:
+    """Verify what `index` serves. The statement stored on the index is checked in any case: it
+    is taken for `signed` (the envelope `run` signed and verified) only when its bytes are those
+    very bytes, else it is read and its signature verified again."""
     # A verify.json of an earlier pass must not stand for this verify if it fails.
     records.discard(context.out_dir, records.VerifyRecord)
     version = project_version()
     interpreters = declared_interpreters(context.manifest)
     stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
-    statement = read_and_verify_envelope(stored, public_key)
+    statement = stored_statement(stored, public_key, signed)
     pins = channel_pins(context.manifest, channel, context.channel(channel)[1])
     _require_pinned_root(pins, TufRepository(index.tuf_dir).trusted_root_path)
     # What pip downloads must also be the TUF target the publisher signed (the cache in the
@@ -397,7 +415,7 @@ def _verify_with(
                            context.state_dir / "verify-tuf-cache", limits=limits)  # fmt: skip
     trusted.refresh()
     project = context.manifest.release.name
-    for attestation in verify_attestations(statement, trusted, project, version,
+    for attestation in verify_attestations(statement.statement, trusted, project, version,
                                            context.out_dir / "verify"):  # fmt: skip
         console.print(
             f"  {attestation.evidence.gate}: attestation signed by "
@@ -406,7 +424,7 @@ def _verify_with(
         )
     with console.status("checking every file, then installing from the index into fresh venvs"):
         verified, reused = verified_or_reused(
-            index, trusted, stored, statement, channel=channel,
+            index, trusted, stored, statement.statement, channel=channel,
             project=context.manifest.release.name, version=version, interpreters=interpreters,
             imports=MODULES, workdir=context.out_dir / "verify",
             limits=context.manifest.publish.limits, reuse=reuse,
@@ -427,6 +445,21 @@ def _verify_with(
                                          digest_ok=c.digest_ok, imported=tuple(c.imported))
                      for c in checks),
     ))  # fmt: skip
+
+
+def stored_statement(
+    stored: Path, public_key: Key, signed: SignedStatement | None = None
+) -> SignedStatement:
+    """The statement stored at `stored`, its signature by `public_key` verified: `signed` itself
+    where the stored bytes are those that verified (a copy carries the same signature)."""
+    if signed is not None and signed.key.keyid == public_key.keyid:
+        try:
+            same = signed.at(stored, sha256_file(stored))
+        except OSError:
+            same = None  # the read below names the file and why
+        if same is not None:
+            return same
+    return read_and_verify(stored, public_key)
 
 
 def _print_served(files: dict[str, str]) -> None:
@@ -572,10 +605,10 @@ def sign_publish_verify(
     and verify's installs taken from `reuse` where they were made before on the same inputs)."""
     console.rule("sign")
     signer, public_key = channel_signer(context, channel, spec)
-    published, attestations = _sign(context, channel, spec, signer, public_key, reuse)
-    tuf = open_publish(context, channel, public_key, attestations)
+    published, attestations, signed = _sign(context, channel, spec, signer, public_key, reuse)
+    tuf = open_publish(context, channel, public_key, attestations, signed)
     with _index(context, upload=True) as index:
         console.rule(f"publish to {index.simple_url}")
-        _publish_with(context, index, channel, published, tuf, attestations)
+        _publish_with(context, index, channel, published, tuf, attestations, signed)
         console.rule("verify")
-        _verify_with(context, index, channel, public_key, reuse)
+        _verify_with(context, index, channel, public_key, reuse, signed)

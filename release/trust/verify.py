@@ -40,10 +40,10 @@ from packaging.version import InvalidVersion, Version
 
 from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import NetworkLimits, index_root
-from release.statement import subject_digests
+from release.statement import Statement
 from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
-from release.trust.release_version import same_version, statement_version, version_spellings
+from release.trust.release_version import same_version, version_spellings
 from release.trust.served_files import check_served_files
 from release.trust.sign import load_public_key, read_and_verify_envelope
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
@@ -108,7 +108,7 @@ def verify_from_index(
     if not interpreters:
         raise VerifyError("no interpreters to verify with")
     try:
-        signed = subject_digests(statement)
+        signed = Statement.of(statement).subjects
     except ReleaseError as exc:
         raise VerifyError(f"the signed statement cannot be read: {exc}") from None
     files = check_served_files(
@@ -215,7 +215,7 @@ def verify_release(
 
 def verified_statement(
     trusted: TrustedIndex, project: str, version: str, provenance_key: Path, workdir: Path
-) -> dict[str, Any]:
+) -> Statement:
     """The release's signed statement: TUF metadata refreshed, the statement fetched as a TUF
     target, its signature checked with ``provenance_key``, its version the one asked for."""
     try:
@@ -235,7 +235,7 @@ def verified_statement(
         statement = read_and_verify_envelope(statement_path, public_key)
     except ReleaseError as exc:
         raise VerifyError(f"the signed statement {statement_target}: {exc}") from None
-    signed_version = statement_version(statement)
+    signed_version = statement.version
     if not same_version(signed_version, version):
         raise VerifyError(
             f"the signed statement {statement_target} is for version {signed_version!r}, "
@@ -258,7 +258,7 @@ def published_version(trusted: TrustedIndex, project: str, version: str) -> str:
 
 
 def verify_attestations(
-    statement: Mapping[str, Any], trusted: TrustedIndex, project: str, version: str, workdir: Path
+    statement: Statement, trusted: TrustedIndex, project: str, version: str, workdir: Path
 ) -> list[Attestation]:
     """The gate attestations the verified statement rests on, each fetched as a TUF target and
     checked (release/trust/attestation.py: check_release) against the statement's wheels, which
@@ -287,10 +287,10 @@ def verify_attestations(
     return checked
 
 
-def _split_subjects(statement: Mapping[str, Any]) -> tuple[list[Any], dict[str, str]]:
+def _split_subjects(statement: Statement) -> tuple[list[Any], dict[str, str]]:
     """The statement's wheel subjects as it lists them, and every other subject (name to
     sha256): an sdist, or SigningError naming what else it is."""
-    others = {name: digest for name, digest in subject_digests(statement).items()
+    others = {name: digest for name, digest in statement.subjects.items()
               if not name.endswith(".whl")}  # fmt: skip
     for name in others:
         try:
