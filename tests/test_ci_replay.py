@@ -299,8 +299,15 @@ def _replay(
 ) -> tuple[WorkflowReplay, int]:
     repo, head = _repository(tmp_path)
     workflow = {"name": "t", "on": {"workflow_dispatch": {}}, "jobs": jobs}
-    replay = Replay(repo, head, tmp_path / "work", tmp_path / "runner", "workflow_dispatch",
-                    {"channel": "dev"}, **options)  # fmt: skip
+    replay = Replay(
+        repo,
+        head,
+        tmp_path / "work",
+        tmp_path / "runner",
+        "workflow_dispatch",
+        {"channel": "dev"},
+        **options,
+    )
     runner = WorkflowReplay(replay, workflow, "t.yml", secrets or {}, None, only_job, from_run)
     try:
         return runner, runner.run()
@@ -504,20 +511,54 @@ def test_one_job_runs_from_the_artifacts_of_an_earlier_run(
     upload = {"uses": UPLOAD.ref, "with": {"name": "w", "path": "sub/a.whl"}}
     jobs = {
         "build": {"runs-on": "u", "steps": [CHECKOUT_STEP, upload]},
-        "take": {"needs": "build", "runs-on": "u", "steps": [
-            {"uses": DOWNLOAD.ref, "with": {"name": "w"}}, {"run": "cat a.whl"}]},
+        "take": {
+            "needs": "build",
+            "runs-on": "u",
+            "steps": [{"uses": DOWNLOAD.ref, "with": {"name": "w"}}, {"run": "cat a.whl"}],
+        },
         "other": {"runs-on": "u", "steps": [{"run": "echo other ran"}]},
-    }  # fmt: skip
+    }
     _, status = _replay(tmp_path / "first", jobs)
     assert status == 0
     capsys.readouterr()
-    runner, status = _replay(tmp_path / "second", jobs, only_job="take",
-                             from_run=tmp_path / "first" / "work")  # fmt: skip
+    runner, status = _replay(
+        tmp_path / "second", jobs, only_job="take", from_run=tmp_path / "first" / "work"
+    )
     assert status == 0
-    assert [(r.job_id, r.result) for r in runner.results] == [("build", "success"),
-                                                              ("take", "success")]  # fmt: skip
+    assert [(r.job_id, r.result) for r in runner.results] == [
+        ("build", "success"),
+        ("take", "success"),
+    ]
     out = capsys.readouterr().out
     assert "== job build: not replayed (--job take); its artifacts are those of" in out
     assert "| a" in out and "other ran" not in out
     with pytest.raises(RefusedError, match="give its folder with --from-run DIR"):
         _replay(tmp_path / "third", jobs, only_job="take")
+
+
+def test_the_index_and_the_tuf_server_are_where_ci_release_names_them() -> None:
+    from release.ci.replay_context import StandInError
+    from release.ci.replay_services import IndexPlace, index_place
+
+    place = index_place("http://127.0.0.1:3141/activekv/release/+simple/", "http://127.0.0.1:8141/")
+    assert place == IndexPlace(3141, "activekv", "release", 8141)
+    with pytest.raises(
+        StandInError, match=r"ci\.release\.index: expected an http URL of 127\.0\.0\.1"
+    ):
+        index_place("https://index.example/activekv/release/+simple/", "http://127.0.0.1:8141/")
+    with pytest.raises(StandInError, match=r"expected devpi's /<user>/<index>/\+simple/"):
+        index_place("http://127.0.0.1:3141/simple/", "http://127.0.0.1:8141/")
+
+
+def test_a_job_gets_a_fresh_runners_environment_not_this_shells() -> None:
+    from release.ci.replay_context import RUNNER_PATH, runner_base_env
+
+    shell = {
+        "HOME": "/root",
+        "PATH": "/venv/bin:/usr/bin",
+        "VIRTUAL_ENV": "/venv",
+        "ACTIVEKV_STATE_DIR": "/mine",
+        "PYTHONPATH": "/src",
+        "PIP_FIND_LINKS": "/w",
+    }
+    assert runner_base_env(shell) == {"HOME": "/root", "PIP_FIND_LINKS": "/w", "PATH": RUNNER_PATH}
