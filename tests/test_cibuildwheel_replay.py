@@ -63,6 +63,7 @@ from cibuildwheel.util.helpers import prepare_command
 from fixtures_wheels import wheel_set
 
 from release.builder.reproduce import snapshot
+from release.ci.replay_cibuildwheel import CONTAINER_PREFIX, on_host
 from release.gates.payload import run_payload_gate
 from release.gates.policy import run_policy_gate, shown_policy
 from release.manifest import Manifest, load_manifest
@@ -71,8 +72,6 @@ from release.util.private_site import clean_pip_env, install_private
 
 pytestmark = pytest.mark.integration  # installs the NVIDIA compiler wheels, builds, repairs
 
-CONTAINER_PREFIX = "/opt/nvidia-cuda"
-_PREFIX = re.compile(re.escape(CONTAINER_PREFIX) + r"(?![\w.-])")
 # Paths of the host's system; before-all must write to none of them once the prefix is rewritten.
 _SYSTEM_PATH = re.compile(r"(?<![\w.~-])/(?:opt|usr|etc|lib|lib64|var|bin|sbin)(?:/|\b)")
 IDENTIFIER = f"cp{sys.version_info.major}{sys.version_info.minor}-manylinux_x86_64"
@@ -107,11 +106,6 @@ def declared(source: Path, config_file: Path | None = None) -> BuildOptions:
     ]
     assert IDENTIFIER in selected, f"the table builds {selected}; run the replay under one of them"
     return options.build_options(IDENTIFIER)
-
-
-def on_host(text: str, prefix: Path) -> str:
-    """A container path as it is here: only the before-all prefix moves (module docstring)."""
-    return _PREFIX.sub(str(prefix), text)
 
 
 def build_environment(options: BuildOptions, prefix: Path) -> dict[str, str]:

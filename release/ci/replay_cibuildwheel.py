@@ -68,6 +68,8 @@ def output_dir(command: str, where: str) -> str:
 
 
 def on_host(text: str, prefix: Path) -> str:
+    """A container path as it is here: only the before-all prefix moves (also the replay test's,
+    tests/test_cibuildwheel_replay.py)."""
     return _PREFIX.sub(str(prefix), text)
 
 
