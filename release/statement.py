@@ -12,7 +12,6 @@ from __future__ import annotations
 import binascii
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +70,19 @@ class Statement(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self.raw)
 
-    @cached_property
+    @property  # not cached: the document is a caller's mapping, which may change
     def subjects(self) -> dict[str, str]:
         """File name to sha256 of every subject (SigningError when one is malformed)."""
         return subject_digests(self.raw)
+
+    @property
+    def gate(self) -> str | None:
+        """The gate a gate statement claims to attest; None for another kind of statement."""
+        predicate = self.raw.get("predicate")
+        if self.raw.get("predicateType") != GATE_PREDICATE_TYPE or not isinstance(predicate, dict):
+            return None
+        gate = predicate.get("gate")
+        return gate if isinstance(gate, str) else None
 
     @property
     def version(self) -> object:
@@ -195,12 +203,7 @@ def attested_gate(path: Path) -> str | None:
     """The gate an envelope claims to attest, read WITHOUT checking its signature (to sort
     candidates only; None for the envelope of another kind of statement). SigningError for a
     file that is not a DSSE envelope of an in-toto Statement."""
-    statement = read_statement_unverified(path)
-    predicate = statement.get("predicate")
-    if statement.get("predicateType") != GATE_PREDICATE_TYPE or not isinstance(predicate, dict):
-        return None
-    gate = predicate.get("gate")
-    return gate if isinstance(gate, str) else None
+    return read_statement_unverified(path).gate
 
 
 def other_wheels(judged: Mapping[str, str], digests: Mapping[str, str]) -> str | None:

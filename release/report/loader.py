@@ -23,7 +23,13 @@ from release.records import (
     SignRecord,
     VerifyRecord,
 )
-from release.statement import SUFFIX, attested_evidence, attested_gate, other_wheels
+from release.statement import (
+    SUFFIX,
+    attested_evidence,
+    gate_evidence,
+    other_wheels,
+    read_statement_unverified,
+)
 from release.wheelset import judged_sdist
 
 OTHER_STATEMENT = "another kind of statement: it attests no gate"
@@ -80,9 +86,10 @@ def _optional(out_dir: Path, kind: type[R], unreadable: list[str]) -> R | None:
 
 def _committed(path: Path) -> Committed:
     try:
-        if attested_gate(path) is None:
+        statement = read_statement_unverified(path)  # once: its kind, then its evidence
+        if statement.gate is None:
             return Committed(path, None, OTHER_STATEMENT)
-        return Committed(path, attested_evidence(path))
+        return Committed(path, gate_evidence(path, statement))
     except ReleaseError as error:
         return Committed(path, None, str(error))
 

@@ -21,22 +21,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from securesystemslib.dsse import Envelope
 from securesystemslib.signer import Key, Signer
 
 from release.errors import SigningError
 from release.evidence import Evidence
 from release.statement import (
     SUFFIX,
-    attested_gate,
+    SignedStatement,
+    decode_statement,
     gate_evidence,
     gate_statement,
     other_wheels,
+    read_envelope_bytes,
     subject_digests,
 )
 from release.trust.sign import (
     UnlistedSignerError,
     read_and_verify_by_any,
     sign_statement,
+    verify_read,
     write_envelope,
 )
 from release.util.digests import sha256_file
@@ -76,8 +80,12 @@ class Attestation:
 def read_attestation(path: Path, trusted: Mapping[str, Key], listed: str) -> Attestation:
     """The attestation at `path`, its signature verified by one of `trusted` (keyid to key;
     `listed` says where they are listed). SigningError names the file and what is wrong."""
-    signed = read_and_verify_by_any(path, trusted, listed)
+    return _attestation(read_and_verify_by_any(path, trusted, listed))
+
+
+def _attestation(signed: SignedStatement) -> Attestation:
     # The digest of the very bytes that verified: the provenance names the attestation by it.
+    path = signed.path
     return Attestation(path, signed.sha256, signed.key, gate_evidence(path, signed.statement))
 
 
@@ -96,19 +104,22 @@ def choose(
     """For each gate, an attestation by one of its keys that passed on exactly `digests`; and,
     for each gate without one, why each candidate was not taken. An altered, unsigned or
     unreadable candidate raises SigningError at once: nothing it could say is taken."""
-    candidates: dict[str, list[Path]] = {g.gate: [] for g in gates}
+    # Each candidate is read once: the bytes sorted by gate are the bytes whose signature counts.
+    candidates: dict[str, list[tuple[Path, Envelope, bytes]]] = {g.gate: [] for g in gates}
     for folder in folders:
         for path in sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else ():
-            gate = attested_gate(path)
+            envelope, raw = read_envelope_bytes(path)
+            gate = decode_statement(path, envelope).gate
             if gate in candidates:
-                candidates[gate].append(path)
+                candidates[gate].append((path, envelope, raw))
     chosen: dict[str, Attestation] = {}
     problems: list[str] = []
     for spec in gates:
         reasons: list[str] = []
-        for path in candidates[spec.gate]:
+        for path, envelope, raw in candidates[spec.gate]:
             try:
-                attestation = read_attestation(path, spec.keys, spec.listed)
+                signed = verify_read(path, envelope, raw, spec.keys, spec.listed)
+                attestation = _attestation(signed)
             except UnlistedSignerError as error:  # signed, but by a key that does not count
                 reasons.append(str(error))
                 continue

@@ -155,7 +155,7 @@ def verified_or_reused(
     index: EmbeddedIndex | RemoteIndex,
     trusted: TrustedIndex,
     stored: Path,
-    statement: Statement,
+    statement: Mapping[str, Any],
     *,
     channel: str,
     project: str,
@@ -180,7 +180,7 @@ def verified_or_reused(
 
     if reuse is not None and reuse.reads:
         try:
-            signed = statement.subjects
+            signed = Statement.of(statement).subjects
         except ReleaseError as exc:
             raise VerifyError(f"the signed statement cannot be read: {exc}") from None
         served = check_served_files(

@@ -37,7 +37,6 @@ from release.statement import (
     PAYLOAD_TYPE,
     STATEMENT_TYPE,
     SignedStatement,
-    Statement,
     decode_statement,
     read_envelope_bytes,
 )
@@ -379,10 +378,10 @@ def write_envelope(envelope: Envelope, path: Path) -> None:
     atomic_write(path, text.encode("utf-8"))
 
 
-def read_and_verify_envelope(path: Path, public_key: Key) -> Statement:
-    """The statement of the DSSE envelope at ``path``, after its signature by ``public_key``
-    verified."""
-    return read_and_verify(path, public_key).statement
+def read_and_verify_envelope(path: Path, public_key: Key) -> dict[str, Any]:
+    """The statement of the DSSE envelope at ``path`` as a plain document (a copy to change),
+    after its signature by ``public_key`` verified; the pipeline takes :func:`read_and_verify`."""
+    return dict(read_and_verify(path, public_key).statement.raw)
 
 
 def read_and_verify(path: Path, public_key: Key) -> SignedStatement:
@@ -397,7 +396,14 @@ def read_and_verify_by_any(path: Path, trusted: Mapping[str, Key], listed: str) 
     says in messages where those keys come from. SigningError for an unsigned envelope, one
     signed by no trusted key, or one whose signature does not verify (the payload or the
     signature was altered)."""
-    envelope, raw = read_envelope_bytes(path)
+    return verify_read(path, *read_envelope_bytes(path), trusted, listed)
+
+
+def verify_read(
+    path: Path, envelope: Envelope, raw: bytes, trusted: Mapping[str, Key], listed: str
+) -> SignedStatement:
+    """:func:`read_and_verify_by_any` of an envelope already read from ``path`` (as ``raw``):
+    the bytes that were looked at are the bytes whose signature is checked."""
     if not envelope.signatures:
         raise SigningError(f"{path}: the envelope has no signature")
     signers = [keyid for keyid in sorted(envelope.signatures) if keyid in trusted]

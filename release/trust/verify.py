@@ -45,7 +45,7 @@ from release.trust.attestation import Attestation, check_release, release_folder
 from release.trust.index import normalize_project
 from release.trust.release_version import same_version, version_spellings
 from release.trust.served_files import check_served_files
-from release.trust.sign import load_public_key, read_and_verify_envelope
+from release.trust.sign import load_public_key, read_and_verify
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.trust.tuf_metadata import PROVENANCE_PREFIX
 from release.util.digests import sha256_file
@@ -232,7 +232,7 @@ def verified_statement(
         "for that version)",
     )
     try:
-        statement = read_and_verify_envelope(statement_path, public_key)
+        statement = read_and_verify(statement_path, public_key).statement
     except ReleaseError as exc:
         raise VerifyError(f"the signed statement {statement_target}: {exc}") from None
     signed_version = statement.version
