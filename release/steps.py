@@ -343,12 +343,24 @@ def _check_toolchain(context: Context) -> None:
 
 
 def step_record_build(context: Context) -> int:
+    """The record of wheels built elsewhere (cibuildwheel in CI), with the sdist of the checkout
+    this runs in, built here as `build` builds it: a release from CI publishes it beside the
+    wheels, as a local `run` does."""
     from release.builder.record_build import record_build
+    from release.builder.sdist import StagedSdist
+    from release.builder.wheels import source_date_epoch
 
     paths = context.wheel_files()
-    records.write(context.out_dir, record_build(WheelSet.from_files(context.manifest, paths),
-                                                context.source_dir))  # fmt: skip
-    console.print(f"recorded the build of {len(paths)} wheel(s) in {context.out_dir}")
+    wheels = WheelSet.from_files(context.manifest, paths)  # a wrong wheel is refused first
+    with StagedSdist(context.source_dir, context.out_dir,
+                     source_date_epoch(context.source_dir)) as staged:  # fmt: skip
+        pass
+    built = staged.built
+    sdist = SdistEntry(file=built.path.name, seconds=round(built.seconds, 1), size=built.size,
+                       sha256=sha256_file(built.path))  # fmt: skip
+    records.write(context.out_dir, record_build(wheels, context.source_dir, sdist))
+    console.print(f"recorded the build of {len(paths)} wheel(s) and {sdist.file} in "
+                  f"{context.out_dir}")  # fmt: skip
     return 0
 
 

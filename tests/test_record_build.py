@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from release.cli import main
 from release.context import Context
 from release.errors import GateError, ReleaseError
 from release.manifest import load_manifest
+from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST
 from release.wheelset import WheelSet
 
@@ -40,6 +43,21 @@ def test_records_each_wheel_with_what_it_serves_and_its_digest(tmp_path: Path) -
     assert len(abi3["sha256"]) == 64
 
 
+def test_the_sdist_of_the_checkout_is_built_and_recorded_beside_the_wheels(
+    recorded: tuple[Path, dict],
+) -> None:
+    """A release from CI (record-build after cibuildwheel) publishes the sdist, as `run` does: it
+    is built from the checkout with the wheels' SOURCE_DATE_EPOCH and named in the record."""
+    out, record = recorded
+    sdist = out / "sdist" / record["sdist"]["file"]
+    assert record["sdist"]["file"] == "activekv-0.1.0.tar.gz"
+    assert record["sdist"]["sha256"] == sha256_file(sdist)
+    assert record["sdist"]["size"] == sdist.stat().st_size
+    with tarfile.open(sdist) as archive:
+        assert {m.mtime for m in archive.getmembers()} == {record["source_date_epoch"]}
+    assert _read_back(out).sdist is not None
+
+
 def test_a_wheel_for_an_undeclared_python_is_refused_and_nothing_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -51,10 +69,20 @@ def test_a_wheel_for_an_undeclared_python_is_refused_and_nothing_is_written(
     assert not (out / "build.json").exists()
 
 
-def _recorded(tmp_path: Path) -> tuple[Path, dict]:
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def recorded_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One record-build's output (it builds the checkout's sdist, so once per module)."""
+    out = tmp_path_factory.mktemp("recorded") / "out"
     _wheels(out, f"activekv-0.1.0-cp312-abi3-{PLATFORM}.whl")
     assert main(["record-build", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, recorded_once: Path) -> tuple[Path, dict]:
+    """A copy of that output for one test to change, and its build record."""
+    out = tmp_path / "out"
+    shutil.copytree(recorded_once, out)
     return out, json.loads((out / "build.json").read_text())
 
 
@@ -77,9 +105,9 @@ def _read_back(out: Path) -> WheelSet:
     ],
 )
 def test_a_build_record_entry_of_another_shape_is_refused_naming_its_key(
-    tmp_path: Path, key: str, value: object, named: str
+    recorded: tuple[Path, dict], key: str, value: object, named: str
 ) -> None:
-    out, record = _recorded(tmp_path)
+    out, record = recorded
     record["wheels"][0][key] = value
     (out / "build.json").write_text(json.dumps(record))
     with pytest.raises(ReleaseError, match=named) as raised:
@@ -88,16 +116,20 @@ def test_a_build_record_entry_of_another_shape_is_refused_naming_its_key(
 
 
 @pytest.mark.parametrize("epoch", [0, 10**20, 1.5, True])
-def test_a_source_date_epoch_the_build_cannot_take_is_refused(tmp_path: Path, epoch: object):
-    out, record = _recorded(tmp_path)
+def test_a_source_date_epoch_the_build_cannot_take_is_refused(
+    recorded: tuple[Path, dict], epoch: object
+) -> None:
+    out, record = recorded
     record["source_date_epoch"] = epoch
     (out / "build.json").write_text(json.dumps(record))
     with pytest.raises(ReleaseError, match="source_date_epoch"):
         _read_back(out)
 
 
-def test_a_wheel_changed_after_its_build_record_is_refused_by_digest(tmp_path: Path) -> None:
-    out, record = _recorded(tmp_path)
+def test_a_wheel_changed_after_its_build_record_is_refused_by_digest(
+    recorded: tuple[Path, dict],
+) -> None:
+    out, record = recorded
     assert [w.sha256 for w in _read_back(out)] == [record["wheels"][0]["sha256"]]
     wheel = out / "wheels" / record["wheels"][0]["file"]
     wheel.write_bytes(wheel.read_bytes().upper())  # the same size, other bytes

@@ -3,7 +3,8 @@
 In CI the wheels are built by cibuildwheel in a matrix and handed to the release job as files;
 signing needs the record `python -m release build` would have written: each wheel, the Python
 versions it serves, its size and sha256, SOURCE_DATE_EPOCH and the toolchain. This step writes
-it from the wheels themselves, refusing a wheel for a Python version the manifest does not declare.
+it from the wheels themselves, refusing a wheel for a Python version the manifest does not declare,
+with the sdist the step builds from the checkout it runs in (release/steps.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from release.builder.wheels import source_date_epoch
-from release.records import BuildRecord, BuiltWheelEntry
+from release.records import BuildRecord, BuiltWheelEntry, SdistEntry
 from release.source_state import source_state
 from release.util.pins import pinned_version
 from release.wheelset import WheelSet
 
 
-def record_build(wheels: WheelSet, source_dir: Path) -> BuildRecord:
+def record_build(
+    wheels: WheelSet, source_dir: Path, sdist: SdistEntry | None = None
+) -> BuildRecord:
     now = datetime.now(timezone.utc)
     cibuildwheel = pinned_version("build", "cibuildwheel") or "unknown"
     return BuildRecord(
@@ -40,4 +43,5 @@ def record_build(wheels: WheelSet, source_dir: Path) -> BuildRecord:
             )
             for w in wheels
         ),
+        sdist=sdist,
     )
