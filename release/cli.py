@@ -96,12 +96,25 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
     if command == "report":
         return steps.step_report(context, args.channel)
     others: dict[str, Callable[[], int]] = {
-        "ci": lambda: steps.step_ci(context, check=args.check),
+        "ci": lambda: _ci(context, args),
         "record-build": lambda: steps.step_record_build(context),
         "bench": lambda: steps.step_bench(context, args.wheel, args.blocks),
         "gpu-staging": lambda: steps.step_gpu_staging(context, args.wheel),
     }
     return others[command]()
+
+
+def _ci(context: Context, args: argparse.Namespace) -> int:
+    """`ci`, `ci --check`, or `ci --replay ...` (the replay parses its own options)."""
+    from release import steps
+
+    if args.replay is None:
+        return steps.step_ci(context, check=args.check)
+    if args.check:
+        raise ReleaseError("ci: --check and --replay: expected one of them; got both")
+    from release.ci.replay import main as replay
+
+    return replay(args.replay, prog="python -m release ci --replay")
 
 
 def _manifest_state_dir(manifest: Manifest) -> Path:

@@ -195,6 +195,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write nothing; exit 1 when the committed workflow differs from the manifest's",
     )
+    ci.add_argument(
+        "--replay",
+        nargs=argparse.REMAINDER,
+        metavar="OPTION",
+        help="run the committed workflow's jobs on this machine; the options after it are "
+        "python -m release.ci.replay's (--channel, --job, --secrets, --wheels, --gpu-records, "
+        "--from-run, --commit, --repo, --work, --runner-dir, --tool-cache; docs/ci.md)",
+    )
     sub.add_parser(
         "report",
         parents=_PARENTS["report"],

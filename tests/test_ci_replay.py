@@ -505,6 +505,24 @@ def test_a_readable_secrets_file_stops_the_command_line(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
+def test_ci_replay_on_the_release_command_line_is_the_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m release ci --replay ...` hands the options after it to the replay: its refusal
+    of a readable secrets file, under the release command's name; and --check with it is named."""
+    from release.cli import main
+
+    path = _secrets_file(tmp_path, "PASS=hunter2\n", 0o644)
+    assert main(["ci", "--replay", "--secrets", str(path), "--work", str(tmp_path / "w")]) == 2
+    error = capsys.readouterr().err
+    assert str(path) in error and "hunter2" not in error
+    assert main(["ci", "--check", "--replay", "--job", "wheels"]) == 2
+    assert "ci: --check and --replay: expected one of them; got both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["ci", "--replay", "--help"])
+    assert "usage: python -m release ci --replay" in capsys.readouterr().out
+
+
 def test_one_job_runs_from_the_artifacts_of_an_earlier_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
