@@ -14,7 +14,6 @@ SOURCE_DATE_EPOCH), and a PKG-INFO or file name of another project or version.
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import tarfile
 from collections import Counter
 from email.parser import Parser
@@ -24,27 +23,11 @@ from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist
 from packaging.version import Version
 
 from release.gates.payload_names import member_name_problem, path_spellings
+from release.util.sources import handed_on
 from release.wheelset import SDIST_FIGURE, Sdist
 
 PKG_INFO = "PKG-INFO"
 _MODES = (0o644, 0o755)  # what scikit-build-core's reproducible sdist writes
-
-
-def expected_files(source_dir: Path) -> tuple[list[str], str]:
-    """The files an sdist of `source_dir` must hold besides PKG-INFO (the files git hands on,
-    that exist), and a problem where git cannot list them."""
-    listed = subprocess.run(
-        ["git", "-C", str(source_dir), "ls-files", "-z", "--cached", "--others",
-         "--exclude-standard"],
-        capture_output=True,
-    )  # fmt: skip
-    if listed.returncode != 0:
-        why = listed.stderr.decode(errors="replace").strip().splitlines()
-        got = why[-1] if why else "no repository"
-        return [], (f"{source_dir}: expected a git checkout, whose files (git ls-files) are "
-                    f"what the sdist must hold; got {got}")  # fmt: skip
-    names = listed.stdout.decode("utf-8", "surrogateescape").split("\0")
-    return sorted(n for n in names if n and (source_dir / n).is_file()), ""
 
 
 def sdist_figure(sdist: Sdist, source_dir: Path, project: str, version: str) -> dict[str, object]:
@@ -56,7 +39,7 @@ def sdist_figure(sdist: Sdist, source_dir: Path, project: str, version: str) -> 
     try:
         with tarfile.open(sdist.path, "r:gz") as archive:
             members = archive.getmembers()
-            expected, problem = expected_files(source_dir)
+            expected, problem = handed_on(source_dir)
             problems += [problem] if problem else []
             _member_problems(archive, members, root, sdist.epoch, problems)
             if not problem:

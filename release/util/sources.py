@@ -95,18 +95,29 @@ def folder_sources(folders: Iterable[str] = BY_PATH, root: Path = REPO_ROOT) -> 
     return found
 
 
-def checkout_digest(source_dir: Path) -> str:
-    """The sha256 over every file git hands on from `source_dir` (tracked, and untracked ones no
-    ignore rule covers: what the sdist must hold), each by name and content; or why git could not
-    list them (a key that never matches a real listing)."""
+def handed_on(source_dir: Path) -> tuple[list[str], str]:
+    """The files git hands on from `source_dir` (tracked, and untracked ones no ignore rule
+    covers: what an sdist of it must hold), those that exist, sorted; and a problem where git
+    cannot list them."""
     listed = subprocess.run(
         ["git", "-C", str(source_dir), "ls-files", "-z", "--cached", "--others",
          "--exclude-standard"],
         capture_output=True,
     )  # fmt: skip
     if listed.returncode != 0:
-        return "unlisted: " + listed.stderr.decode(errors="replace").strip()[-200:]
-    names = sorted(n for n in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if n)
-    lines = [f"{_digest(source_dir / name)}  {name}" for name in names
-             if (source_dir / name).is_file()]  # fmt: skip
+        why = listed.stderr.decode(errors="replace").strip().splitlines()
+        got = why[-1] if why else "no repository"
+        return [], (f"{source_dir}: expected a git checkout, whose files (git ls-files) are "
+                    f"what the sdist must hold; got {got}")  # fmt: skip
+    names = listed.stdout.decode("utf-8", "surrogateescape").split("\0")
+    return sorted(n for n in names if n and (source_dir / n).is_file()), ""
+
+
+def checkout_digest(source_dir: Path) -> str:
+    """The sha256 over every file git hands on from `source_dir` (`handed_on`), each by name and
+    content; or why git could not list them (a key that never matches a real listing)."""
+    names, problem = handed_on(source_dir)
+    if problem:
+        return "unlisted: " + problem
+    lines = [f"{_digest(source_dir / name)}  {name}" for name in names]
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
