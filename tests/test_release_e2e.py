@@ -1,7 +1,12 @@
 """The main job end to end: real builds, real gates, a real pypiserver, fresh venvs.
 
-The wheels are built once for the module (compiler caches are shared with the repository's
-`.activekv/cache`, so a warm machine rebuilds nothing); every test reads that one release.
+The release is made once for the module, in a copy of this checkout committed as one commit
+(`checkout`), and every test reads that one release. Kept cheap for CI, said where it is made:
+the copy's manifest keeps two of the parity gate's CPU cells (dev does not require parity, and
+its 29 cells on three wheels were ~70 s of CI; no test here reads parity's verdict). The copy's
+commit is dated at this checkout's SOURCE_DATE_EPOCH and the compiler and wheel caches are the
+repository's `.activekv/cache`, so its wheels are this checkout's (a warm machine rebuilds
+nothing).
 """
 
 from __future__ import annotations
@@ -18,33 +23,68 @@ from pathlib import Path
 
 import pytest
 
+from release.builder.reproduce import snapshot
+from release.builder.wheels import source_date_epoch
 from release.gates.policy import tag_glibc
 from release.util.digests import sha256_file
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
+CPU_CELL = '  { name = "'  # a line of gates.parity's cells; gpu_cells' names begin "gpu-" (kept)
+KEPT_CELLS = 2
 
 
-def _release(*args: str, out: Path | None, state: Path | None) -> subprocess.CompletedProcess[str]:
-    """`python -m release` with `--out` and `--state-dir` where given (a step refuses an option
-    it does not read)."""
+def _release(
+    *args: str, cwd: Path, out: Path | None, state: Path | None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m release` in `cwd`, with `--out` and `--state-dir` where given (a step refuses
+    an option it does not read)."""
     env = {**os.environ, "ACTIVEKV_CACHE_DIR": str(REPO / ".activekv" / "cache")}
     where = [*(("--out", str(out)) if out else ()), *(("--state-dir", str(state)) if state else ())]
     return subprocess.run(
         [sys.executable, "-m", "release", *args, *where],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=3000,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=3000,
     )  # fmt: skip
 
 
+def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    identity = ["-c", "user.name=e2e", "-c", "user.email=e2e@localhost"]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    subprocess.run(["git", "-C", str(repo), *identity, *args], check=True, capture_output=True,
+                   env={**clean, **(env or {})})  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def release_run(tmp_path_factory: pytest.TempPathFactory):
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's files (tracked and untracked, as a build reads them) committed in a new
+    repository, its manifest less all but the first KEPT_CELLS of parity's CPU cells (module
+    docstring)."""
+    repo = snapshot(REPO, tmp_path_factory.mktemp("checkout") / "activekv")
+    manifest = repo / "manifests" / "activekv.toml"
+    lines = manifest.read_text().splitlines(keepends=True)
+    cells = [line for line in lines
+             if line.startswith(CPU_CELL) and not line.startswith(f"{CPU_CELL}gpu-")]  # fmt: skip
+    assert len(cells) > KEPT_CELLS
+    manifest.write_text("".join(line for line in lines if line not in cells[KEPT_CELLS:]))
+    date = f"@{source_date_epoch(REPO)}"  # the wheels' epoch: the wheel cache's key
+    _git(repo, "init", "--quiet")
+    _git(repo, "add", "--all")
+    _git(repo, "commit", "--quiet", "--message", "the e2e release: two parity cells",
+         env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+    return repo
+
+
+@pytest.fixture(scope="module")
+def release_run(checkout: Path, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("release")
     out, state = root / "out", root / "state"
-    result = _release("run", out=out, state=state)
+    result = _release("run", cwd=checkout, out=out, state=state)
     print(result.stdout[-6000:], result.stderr[-6000:])
     assert result.returncode == 0, result.stderr[-4000:]
     # The earlier outputs a run sets aside are gone once its own stand (release/util/set_aside.py).
     assert not [p for p in out.iterdir() if p.name.startswith((".set-aside-", ".discarded-"))]
+    parity = json.loads((out / "evidence" / "parity.json").read_text())
+    assert parity["verdict"] == "pass", parity  # the kept cells ran, on every wheel
     return result, out, state
 
 
@@ -116,16 +156,16 @@ def test_published_wheels_install_from_the_index_and_import(release_run):
         assert check["imported"] == ["activekv._engine", "activekv._fabric"]
 
 
-def test_second_publish_says_the_version_exists_and_changes_nothing(release_run):
+def test_second_publish_says_the_version_exists_and_changes_nothing(release_run, checkout):
     _, out, state = release_run
     before = _index_files(state)
-    again = _release("publish", out=out, state=state)
+    again = _release("publish", cwd=checkout, out=out, state=state)
     assert again.returncode == 0, again.stderr
     assert "activekv 0.1.0 already exists on the index; nothing uploaded" in again.stdout
     assert _index_files(state) == before
 
 
-def test_a_wheel_changed_after_its_gates_is_refused(release_run, tmp_path):
+def test_a_wheel_changed_after_its_gates_is_refused(release_run, checkout, tmp_path):
     _, out, state = release_run
     tampered_out = tmp_path / "out"
     shutil.copytree(out, tampered_out)
@@ -133,7 +173,7 @@ def test_a_wheel_changed_after_its_gates_is_refused(release_run, tmp_path):
     with wheel.open("ab") as stream:
         stream.write(b"\0")
     before = _index_files(state)
-    refused = _release("publish", out=tampered_out, state=state)
+    refused = _release("publish", cwd=checkout, out=tampered_out, state=state)
     assert refused.returncode == 2
     assert "refuses to publish; nothing was uploaded" in refused.stderr
     assert re.search(
@@ -160,13 +200,14 @@ def test_the_published_release_names_its_gate_attestations(release_run):
 
 
 def test_stable_refuses_dev_attestations_and_gpu_attestations_of_other_wheels(
-    release_run, tmp_path
+    release_run, checkout, tmp_path
 ):
     _, out, state = release_run
     keys, manifest = tmp_path / "keys", tmp_path / "manifests" / "activekv.toml"
-    shutil.copytree(REPO / "manifests", manifest.parent)  # keygen --pin edits the copy
+    # The checkout's own manifest, every parity cell kept; keygen --pin edits the copy.
+    shutil.copytree(REPO / "manifests", manifest.parent)
     made = _release("keygen", "--manifest", str(manifest), "--channel", "stable", str(keys),
-                    "--pin", out=None, state=None)  # fmt: skip
+                    "--pin", cwd=checkout, out=None, state=None)  # fmt: skip
     assert made.returncode == 0, made.stderr
     # One wheel changed after the GPU runner judged this commit's wheels (tests/gpu/evidence).
     changed_out = tmp_path / "out"
@@ -176,7 +217,8 @@ def test_stable_refuses_dev_attestations_and_gpu_attestations_of_other_wheels(
         stream.write(b"\0")
     before = _index_files(state)
     refused = _release("publish", "--manifest", str(manifest), "--channel", "stable",
-                       "--key-dir", str(keys), out=changed_out, state=state)  # fmt: skip
+                       "--key-dir", str(keys), cwd=checkout, out=changed_out,
+                       state=state)  # fmt: skip
     assert refused.returncode == 2
     text = " ".join(refused.stderr.split())
     assert "channel 'stable' refuses to publish; nothing was uploaded" in text
