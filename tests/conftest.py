@@ -19,6 +19,12 @@ import pytest
 from release.builder.toolchain import find_zig
 from release.errors import BuildError
 from release.util.private_site import wheel_for_this_interpreter
+from tests.ci_manifests import (  # noqa: F401 (fixtures of the CI tests)
+    dev_manifest,
+    dev_workflow,
+    stable_ready,
+    stable_workflow,
+)
 
 
 def zig_binary() -> Path | None:

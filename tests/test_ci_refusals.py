@@ -13,7 +13,7 @@ import pytest
 from release import ci_workflow, cli
 from release.errors import ManifestError
 from release.manifest import Manifest, load_manifest
-from tests.test_ci_workflow import REAL, ROOT, STABLE, variant_text, write_variant
+from tests.ci_manifests import REAL, ROOT, STABLE, variant_text, write_variant
 
 HOSTED = (REAL.read_text()[REAL.read_text().index("\n[ci.release]") :], "\n")
 KEYS_FROM_MANIFEST = ('keys = "secrets"', 'keys = "manifest"')

@@ -31,7 +31,7 @@ from release.ci.replay_expressions import (
 )
 from release.ci.replay_secrets import Masker, SecretsError, read_secrets
 from release.manifest import load_manifest
-from tests.test_ci_workflow import REAL, STABLE, variant_text, write_variant
+from tests.ci_manifests import REAL
 
 CONTEXTS: dict[str, Any] = {
     "github": {"event_name": "workflow_dispatch", "ref": "refs/heads/main"},
@@ -46,12 +46,6 @@ CONTEXTS: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def committed() -> dict[str, Any]:
     return ci_workflow.generate(load_manifest(REAL))
-
-
-@pytest.fixture(scope="module")
-def stable_workflow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    path = write_variant(tmp_path_factory.mktemp("stable"), variant_text(*STABLE))
-    return ci_workflow.generate(load_manifest(path))
 
 
 # --- expressions ---
@@ -155,9 +149,9 @@ def test_a_bad_line_is_named_by_number_never_by_value(text: str, said: str) -> N
 
 
 def test_jobs_run_in_needs_order(
-    committed: dict[str, Any], stable_workflow: dict[str, Any]
+    dev_workflow: dict[str, Any], stable_workflow: dict[str, Any]
 ) -> None:
-    assert replay_plan.job_order(committed["jobs"], "w") == ["wheels", "release"]
+    assert replay_plan.job_order(dev_workflow["jobs"], "w") == ["wheels", "release"]
     jobs = stable_workflow["jobs"]
     assert replay_plan.job_order(jobs, "w") == ["wheels", "gpu-gates", "release"]
     reordered = {
@@ -211,11 +205,11 @@ def test_a_key_the_replay_does_not_run_is_refused(committed: dict[str, Any]) -> 
 
 
 def test_a_channel_the_workflow_does_not_offer_is_refused_saying_how(
-    committed: dict[str, Any], stable_workflow: dict[str, Any]
+    dev_workflow: dict[str, Any], stable_workflow: dict[str, Any]
 ) -> None:
-    assert replay_plan.dispatch_inputs(committed, None, "w") == {"channel": "dev"}
+    assert replay_plan.dispatch_inputs(dev_workflow, None, "w") == {"channel": "dev"}
     with pytest.raises(RefusedError) as raised:
-        replay_plan.dispatch_inputs(committed, "stable", "w")
+        replay_plan.dispatch_inputs(dev_workflow, "stable", "w")
     said = str(raised.value)
     assert "--channel stable: expected one of the workflow's choices ['dev']" in said
     assert "ci.channels" in said and "--commit" in said

@@ -19,18 +19,12 @@ from release.manifest import load_manifest
 from release.trust.keys import channel_signing_spec, make_channel_keys, tuf_keys_spec
 from release.trust.sign import load_signer
 from release.util.pins import project_version
-from tests.test_ci_workflow import REAL, ROOT, STABLE, variant_text, write_variant
+from tests.ci_manifests import REAL, ROOT
 
 
 @pytest.fixture(scope="module")
 def committed() -> dict[str, Any]:
     return ci_workflow.generate(load_manifest(REAL))
-
-
-@pytest.fixture(scope="module")
-def stable_workflow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    path = write_variant(tmp_path_factory.mktemp("stable"), variant_text(*STABLE))
-    return ci_workflow.generate(load_manifest(path))
 
 
 def step(workflow: dict[str, Any], name: str) -> dict[str, Any]:

@@ -303,7 +303,7 @@ CASES = [
         id="default-channel",
     ),
     pytest.param(
-        replace("[release.channels.stable]", "[release.channels.beta]"),
+        lambda text: text.replace("[release.channels.stable", "[release.channels.beta"),
         "release.channels",
         'channels that include "dev" and "stable"',
         id="no-stable-channel",

@@ -20,13 +20,17 @@ from release.trust.sign import key_paths, load_public_key, load_signer
 from release.trust.steps import _require_pinned_root, _require_pinned_tuf_keys
 from release.trust.tuf_metadata import TufRepository, repository_for
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
+from tests.ci_manifests import unpinned
 
 
 def _manifest_copy(tmp_path: Path) -> Path:
-    """The default manifest and its key folder, copied: keygen --pin edits the copy."""
+    """The default manifest and its key folder, copied, stable not pinned yet (as before its
+    operator's first `keygen --pin`): keygen --pin edits the copy."""
     folder = tmp_path / "manifests"
     shutil.copytree(DEFAULT_MANIFEST.parent, folder)
-    return folder / DEFAULT_MANIFEST.name
+    copy = folder / DEFAULT_MANIFEST.name
+    copy.write_text(unpinned(DEFAULT_MANIFEST.read_text()))
+    return copy
 
 
 def _pinned(tmp_path: Path) -> tuple[Path, Path]:
@@ -56,7 +60,9 @@ def test_keygen_pin_writes_the_public_keys_beside_the_manifest_and_pins_them(tmp
         assert load_public_key(manifest.parent / entry) == made
         assert made.keyid[:12] in entry
     text = manifest.read_text()
-    assert text.startswith(DEFAULT_MANIFEST.read_text().split("[release.channels.stable]")[0])
+    assert text.startswith(
+        unpinned(DEFAULT_MANIFEST.read_text()).split("[release.channels.stable]")[0]
+    )
     assert "# Whose signed gate attestations count" in text  # comments stay
     assert "commit that change" in capsys.readouterr().out
 
@@ -117,10 +123,11 @@ def test_a_key_keygen_just_made_is_refused_until_it_is_pinned(tmp_path):
     assert main(["keygen", "--manifest", str(manifest), "--channel", "stable", str(fresh)]) == 0
     with pytest.raises(SigningError, match=r"pinned\.signing: expected a pinned key"):
         _stable(_context(manifest, tmp_path, key_dir=fresh))
-    # The default manifest pins nothing for stable: every key is refused, saying how to pin.
+    # A manifest that pins nothing for stable: every key is refused, saying how to pin.
+    unpinned_copy = _manifest_copy(tmp_path / "unpinned")
     with pytest.raises(SigningError, match=r"release\.channels\.stable\.pinned: expected the "
                        r"public keys .* got none.*keygen --channel stable DIR --pin"):  # fmt: skip
-        _stable(_context(DEFAULT_MANIFEST, tmp_path, key_dir=fresh))
+        _stable(_context(unpinned_copy, tmp_path, key_dir=fresh))
 
 
 def test_a_pin_that_is_not_a_public_key_is_named(tmp_path):

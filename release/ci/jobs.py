@@ -187,9 +187,9 @@ def _vllm_python(manifest: Manifest) -> dict[str, Any]:
     )
 
 
-def _pythons_last(manifest: Manifest, last: str) -> list[str]:
-    """Every declared version for setup-python, `last` last (it becomes the default python)."""
-    return [*(v for v in manifest.build.python if v != last), last]
+def _pythons_last(versions: list[str], last: str) -> list[str]:
+    """`versions` for setup-python, `last` last (it becomes the default python)."""
+    return [*(v for v in versions if v != last), last]
 
 
 def gpu_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
@@ -205,8 +205,12 @@ def gpu_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
     job["env"] = _channel_env(ci)
     job["steps"] = [
         checkout(history=False),
-        # Each wheel is judged in an interpreter of its version; the last one runs the gates.
-        uses(SETUP_PYTHON, python_version=block(_pythons_last(manifest, ci.gpu_python))),
+        # Each wheel is judged in an interpreter of its version (the abi3 one in the oldest it
+        # serves, or in gpu_python); the last one runs the gates.
+        uses(
+            SETUP_PYTHON,
+            python_version=block(_pythons_last(wheel_pythons(manifest), ci.gpu_python)),
+        ),
         _download_wheels(),
         _install(["gpu-runner"]),
         # The runner's own key (`python -m release keygen --runner`) signs the attestations;

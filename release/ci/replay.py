@@ -44,6 +44,14 @@ from release.util.paths import REPO_ROOT
 
 RELEASE_LABEL = "release"  # the release runner: it runs the index and the TUF web server
 CACHE_ENV = "ACTIVEKV_CACHE_DIR"  # a self-hosted runner's compiler and framework caches
+# What an operator sets in a self-hosted runner's own environment (its .env), taken from the
+# replay's: the GPU runner's attestation key, and where its CUDA profiling and BLAS libraries are
+# when no interpreter's site has them (docs/ci.md, "What each runner holds").
+RUNNER_VARIABLES = (
+    "ACTIVEKV_RUNNER_KEY",
+    "ACTIVEKV_CUPTI_LIBRARY",
+    "ACTIVEKV_CUBLAS_LIBRARY",
+)
 
 
 def _git(repository: Path, *args: str) -> str:
@@ -142,8 +150,7 @@ class WorkflowReplay:
         env = {CACHE_ENV: os.environ.get(CACHE_ENV) or str(runner / "cache")}
         if RELEASE_LABEL in replay_plan.labels(job):
             env |= {STATE_DIR: str(runner / "state"), TUF_DIR: str(runner / "tuf")}
-        if key := os.environ.get("ACTIVEKV_RUNNER_KEY"):
-            env["ACTIVEKV_RUNNER_KEY"] = key
+        env |= {name: os.environ[name] for name in RUNNER_VARIABLES if name in os.environ}
         return env
 
     def run(self) -> int:

@@ -26,6 +26,7 @@ import fnmatch
 import glob
 import os
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -119,12 +120,15 @@ def _interpreter_env(folder: Path, version: str, state: JobState) -> Path:
         )
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    quiet([str(base), "-m", "venv", str(folder)], state, cwd=folder.parent)
+    # Without pip, then pip put in by the replay's own: an interpreter built without ensurepip
+    # (a stripped runner build, as the GPU machine's) makes its environment as any other does.
+    quiet([str(base), "-m", "venv", "--without-pip", str(folder)], state, cwd=folder.parent)
     quiet(
-        [str(folder / "bin" / "python"), "-m", "pip", "install", "--quiet", f"pip=={wanted}"],
+        [sys.executable, "-m", "pip", "--python", str(folder / "bin" / "python"), "install",
+         "--quiet", f"pip=={wanted}"],
         state,
         cwd=folder,
-    )
+    )  # fmt: skip
     marker.write_text(wanted)
     return folder
 

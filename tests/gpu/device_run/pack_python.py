@@ -26,7 +26,7 @@ from pathlib import Path
 # has 64 MiB for three wheels, two interpreters and the GPU machine's wheelhouse).
 _STDLIB_LEFT_OUT = {
     "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "distutils",
-    "sqlite3", "curses", "dbm", "xmlrpc", "wsgiref", "turtle.py",
+    "sqlite3", "curses", "dbm", "wsgiref", "turtle.py",  # xmlrpc stays: pip imports it
     "site-packages",  # pip, setuptools and whatever this machine added: numpy alone goes in
 }  # fmt: skip
 _LEFT_OUT_ANYWHERE = {"__pycache__", "tests"}
