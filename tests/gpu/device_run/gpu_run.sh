@@ -6,6 +6,9 @@
 #   bash .activekv/gpu-carry/gpu_run.sh bench   C++ staging bench, then the Python-API bench
 #   bash .activekv/gpu-carry/gpu_run.sh attest  the GPU gates on every carried wheel, each in an
 #     interpreter of its version, signed by a runner key made here (prepare_carry.sh --attest)
+#   bash .activekv/gpu-carry/gpu_run.sh replay  the generated workflow's GPU job, replayed
+#     (`python -m release ci --replay --job gpu-gates`) at HEAD plus one commit made here that
+#     pins a runner key made here, on the wheels job's artifacts (prepare_carry.sh --replay)
 #   (all: both; bench-first: both, the benches first; evidence: gpu-gates and bench)
 # Each step's exit status goes to status.txt (a failing step does not stop the ones after it).
 # The device tool brings back at most 8 files from $OUT, so the results are kept in $WORK and
@@ -20,7 +23,7 @@ cd "$ROOT"
 WORK=${TMPDIR:-/tmp}/activekv-gpu-out
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
-WHEEL=$(ls "$HERE"/activekv-*-abi3-*.whl | head -1)  # the one the image's 3.12 installs
+WHEEL=$(find "$HERE" -name 'activekv-*-abi3-*.whl' | head -1)  # the one the image's 3.12 installs
 VENV=$ROOT/.activekv/gpu-venv
 SITE=$ROOT/.activekv/gpu-site
 export ACTIVEKV_WHEELHOUSE=$HERE/wheelhouse
@@ -40,7 +43,7 @@ step() {  # step NAME SECONDS COMMAND...: runs it for at most SECONDS (a hung st
   tar -czf "$OUT/results.tar.gz" -C "$WORK" .
 }
 
-setup() {
+setup_venv() {
   (cd "$HERE" && sha256sum -c --quiet SHA256SUMS) || { note "the carry's SHA256SUMS do not match"; exit 1; }
   # CUPTI and cuBLAS of the image's torch venv (the new venv below does not see its site).
   local torch_lib
@@ -64,11 +67,15 @@ setup() {
         --group "$ROOT/pyproject.toml:gpu-runner" "${ninja[@]}" ||
       { note "pip install from the wheelhouse failed"; exit 1; }
   fi
+  PY=$VENV/bin/python
+}
+
+setup() {
+  setup_venv
   export PATH=$VENV/bin:$PATH  # ninja, for building the bench here if it comes to that
   rm -rf "$SITE"
   "$VENV/bin/python" -m pip install -q --no-deps --no-index --target "$SITE" "$WHEEL" ||
     { note "installing the wheel failed"; exit 1; }
-  PY=$VENV/bin/python
   {
     nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
     (cd "$HERE" && sha256sum activekv-*.whl)
@@ -123,25 +130,37 @@ bench() {
     --wheel "$WHEEL" --out "$WORK/staging-py.json" --paths "${PY_BENCH_PATHS-}" "${ceiling[@]}" "${in_order[@]}"
 }
 
-attest() {
-  # The GPU gates (warm-up under CUPTI, GPU parity on every cell) on every carried wheel: the
-  # abi3 one in this venv's 3.12, each other in its carried CPython. Their attestations are
-  # signed by a runner key made here, whose private half never leaves this machine (it is kept
-  # outside $WORK, which is packed): the manifest then pins the public half that comes back.
-  local pythons=() wheels=() gpu name keys=$ROOT/.activekv/runner-key
-  rm -rf "$ROOT/.activekv/gpu-pythons" "$keys"
+unpack_pythons() {  # the carried CPythons under .activekv/gpu-pythons; PYTHONS: their interpreters
+  PYTHONS=()
+  rm -rf "$ROOT/.activekv/gpu-pythons"
   mkdir -p "$ROOT/.activekv/gpu-pythons"
   for archive in "$HERE"/pythons/cpython-*.tar.xz; do
     [ -f "$archive" ] || continue
     tar -xJf "$archive" -C "$ROOT/.activekv/gpu-pythons" || { note "unpacking $archive failed"; exit 1; }
   done
   for python in "$ROOT"/.activekv/gpu-pythons/cpython-*/bin/python3.*; do
-    [ -x "$python" ] && pythons+=(--python "$python")
+    [ -x "$python" ] && PYTHONS+=("$python")
   done
-  for wheel in "$HERE"/activekv-*.whl; do wheels+=(--wheel "$wheel"); done
+}
+
+runner_name() {  # h100-runner-<UTC>: the GPU's model and the time
+  local gpu
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' |
         grep -oE '[a-z]+[0-9]+[a-z]*' | grep -vE '^(nvidia|pcie|sxm[0-9]*|nvl|hbm[0-9a-z]*)$' | head -1)
-  name=${gpu:-gpu}-runner-$(date -u +%Y%m%d-%H%M)
+  echo "${gpu:-gpu}-runner-$(date -u +%Y%m%d-%H%M)"
+}
+
+attest() {
+  # The GPU gates (warm-up under CUPTI, GPU parity on every cell) on every carried wheel: the
+  # abi3 one in this venv's 3.12, each other in its carried CPython. Their attestations are
+  # signed by a runner key made here, whose private half never leaves this machine (it is kept
+  # outside $WORK, which is packed): the manifest then pins the public half that comes back.
+  local pythons=() wheels=() name keys=$ROOT/.activekv/runner-key
+  rm -rf "$keys"
+  unpack_pythons
+  for python in "${PYTHONS[@]}"; do pythons+=(--python "$python"); done
+  for wheel in "$HERE"/activekv-*.whl; do wheels+=(--wheel "$wheel"); done
+  name=$(runner_name)
   # The gates run from HEAD's tree (head.tar.gz), not the checkout that travelled beside it.
   local head=$ROOT/.activekv/gpu-head
   rm -rf "$head" && mkdir -p "$head" && tar -xzf "$HERE/head.tar.gz" -C "$head" ||
@@ -154,6 +173,70 @@ attest() {
     --attest-key "$keys/$name.pem" --out "$WORK/gates" --state-dir "$ROOT/.activekv/gpu-state")
 }
 
+replay() {
+  # The GPU runner, provisioned as an offline self-hosted runner: its tool cache's interpreters
+  # are the carried CPythons (setup-python's stand-in finds them on PATH), pip's index is the
+  # wheelhouse, and its framework cache holds each CPython's numpy (parity's children import
+  # it; the carried wheelhouse has numpy for 3.12 only). The key it signs with is made here and
+  # pinned in one commit on top of HEAD, which the GPU job is replayed at; that commit comes
+  # back as a git bundle, with the job's records, for the release job on the workstation.
+  local keys=$ROOT/.activekv/runner-key repo=$ROOT/.activekv/gpu-repo cache=$ROOT/.activekv/gpu-cache
+  local runner=$ROOT/.activekv/gpu-runner name base numpy version site
+  rm -rf "$keys" "$repo" "$cache" "$runner" "$ROOT/.activekv/gpu-replay"
+  unpack_pythons
+  git clone -q "$HERE/repo.git" "$repo" || { note "cloning the carried repository failed"; exit 1; }
+  numpy=$(cd "$repo" && "$PY" -c 'from release.util.pins import pinned_version as v; print(v("gpu-runner", "numpy"))')
+  for python in "${PYTHONS[@]}"; do
+    export PATH=$PATH:$(dirname "$python")  # after the image's: python3 stays its own
+    version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    site=$("$python" -c 'import numpy, os; print(os.path.dirname(os.path.dirname(numpy.__file__)))')
+    mkdir -p "$cache/numpy/$version-$numpy"
+    cp -r "$site"/numpy "$site"/numpy.libs "$site"/numpy-*.dist-info "$cache/numpy/$version-$numpy/"
+  done
+  base=$(git -C "$repo" rev-parse HEAD)
+  name=$(runner_name)
+  (cd "$repo" && step keygen 60 "$PY" -m release keygen --runner "$name" "$keys")
+  [ -f "$keys/$name.pub.json" ] || { note "keygen made no key"; exit 1; }
+  cp "$keys/$name.pub.json" "$WORK/"
+  (cd "$repo" && step pin 60 "$PY" tests/gpu/device_run/take_attestations.py --pin "$keys/$name.pub.json") ||
+    { note "pinning the runner key failed"; exit 1; }
+  git -C "$repo" add -A manifests &&
+    git -C "$repo" -c user.name="ActiveKV GPU runner" -c user.email=gpu-runner@activekv.invalid \
+      commit -q -m "GPU runner key $name, made on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), pinned as the gpu attester" ||
+    { note "committing the pin failed"; exit 1; }
+  git -C "$repo" bundle create "$WORK/pin.bundle" "$base..HEAD" 2>/dev/null
+  git -C "$repo" log --oneline -2 > "$WORK/COMMIT"
+  ACTIVEKV_RUNNER_KEY=$keys/$name.pem ACTIVEKV_CACHE_DIR=$cache PIP_NO_INDEX=1 \
+    PIP_FIND_LINKS=$HERE/wheelhouse PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    step replay 560 "$PY" -m release ci --replay --channel stable --job gpu-gates \
+      --from-run "$HERE/run" --repo "$repo" --commit HEAD --work "$ROOT/.activekv/gpu-replay" \
+      --runner-dir "$runner"
+  local records=$ROOT/.activekv/gpu-replay/artifacts/gpu-records/gpu-records.tar
+  mkdir -p "$WORK/gates" "$WORK/gpu-records"
+  cp "$ROOT/.activekv/gpu-replay/summary.md" "$WORK/" 2>/dev/null
+  cp -r "$ROOT/.activekv/gpu-replay/logs" "$WORK/replay-logs" 2>/dev/null
+  if [ -f "$records" ]; then
+    cp "$records" "$WORK/gpu-records/"
+    tar -xf "$records" -C "$WORK/gates"
+    cp "$WORK/replay-logs/gpu-gates.log" "$WORK/gpu-gates.log" 2>/dev/null
+  else
+    note "the GPU job left no gpu-records artifact"
+  fi
+  tar -czf "$OUT/results.tar.gz" -C "$WORK" .
+}
+
+if [ "${1:-}" = replay ]; then
+  setup_venv
+  "$PY" -m pip install -q --no-index --find-links "$HERE/wheelhouse" ruamel.yaml ||
+    { note "installing the replay's YAML reader failed"; exit 1; }
+  {
+    nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
+    find "$HERE/run" -name '*.whl' -exec sha256sum {} +
+  } > "$WORK/identity.txt" 2>&1
+  replay
+  note "done"
+  exit 0
+fi
 setup
 case "${1:-}" in
   check) check ;;

@@ -7,11 +7,16 @@
 #   bash tests/gpu/device_run/prepare_carry.sh --attest [PYTHON]   for `gpu_run.sh attest`:
 #     every wheel the manifest builds, a stripped CPython (with numpy) for each wheel of a
 #     version other than the GPU machine's 3.12 (pack_python.py), the gpu-runner group for cp312
-# PYTHON: the dev venv's, with `release`. Both carries stay under the device's 64 MiB.
+#   bash tests/gpu/device_run/prepare_carry.sh --replay RUN [PYTHON]   for `gpu_run.sh replay`:
+#     the artifacts of RUN (a replay of the workflow's wheels job here, at HEAD) instead of the
+#     wheels, HEAD as a one-commit bare repository, the interpreters as --attest, and the
+#     replay's own YAML reader beside the gpu-runner group
+# PYTHON: the dev venv's, with `release`. Every carry stays under the device's 64 MiB.
 # Then: run(command="bash .activekv/gpu-carry/gpu_run.sh attest", carry=[".activekv/gpu-carry"]).
 set -euo pipefail
-ATTEST=0
+ATTEST=0 RUN=
 if [ "${1:-}" = --attest ]; then ATTEST=1; shift; fi
+if [ "${1:-}" = --replay ]; then ATTEST=1 RUN=$(cd "$2" && pwd); shift 2; fi
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$ROOT"
 PY=${1:-$ROOT/.nox/tests/bin/python}
@@ -32,11 +37,18 @@ git clone -q "$ROOT" "$OUT/src"
 build() { (cd "$OUT/src" && ACTIVEKV_CACHE_DIR=$ROOT/.activekv/cache "$PY" -m release build \
              --state-dir .activekv --out "$OUT/out" "$@"); }
 if [ "$ATTEST" = 1 ]; then
-  build
-  cp "$OUT"/out/wheels/activekv-*.whl "$CARRY/"
+  if [ -n "$RUN" ]; then
+    # The wheels job's artifacts, as `--job gpu-gates --from-run` takes them there.
+    mkdir -p "$CARRY/run"
+    cp -r "$RUN/artifacts" "$CARRY/run/"
+    rm -rf "$CARRY/run/artifacts/gpu-records"
+  else
+    build
+    cp "$OUT"/out/wheels/activekv-*.whl "$CARRY/"
+  fi
   numpy=$("$PY" -c 'from release.util.pins import pinned_version; print(pinned_version("gpu-runner", "numpy"))')
   mkdir -p "$CARRY/pythons"
-  for wheel in "$CARRY"/activekv-*-cp3*-cp3*-*.whl; do  # per-version wheels (not abi3)
+  for wheel in $(find "$CARRY" -name 'activekv-*-cp3*-cp3*-*.whl'); do  # per-version (not abi3)
     tag=$(basename "$wheel" | cut -d- -f3)  # cp310
     version=3.${tag#cp3}
     [ "$version" = "$GPU_PYTHON" ] && continue
@@ -75,11 +87,21 @@ fi
 PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: \
   --python-version "$GPU_PYTHON" --platform manylinux_2_28_x86_64 \
   --platform manylinux2014_x86_64 --dest "$CARRY/wheelhouse" --group gpu-runner pip
+if [ -n "$RUN" ]; then  # the replay's reader of the workflow (the release group's pin)
+  ruamel=$("$PY" -c 'from release.util.pins import pinned_version; print(pinned_version("release", "ruamel.yaml"))')
+  PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: --no-deps \
+    --python-version "$GPU_PYTHON" --dest "$CARRY/wheelhouse" "ruamel.yaml==$ruamel"
+fi
 
 cp tests/gpu/device_run/gpu_run.sh "$CARRY/"
 # The pipeline of HEAD, which `gpu_run.sh attest` runs the gates with: the checkout that travels
 # beside the carry may hold uncommitted edits, and an attestation must come from committed code.
-[ "$ATTEST" = 1 ] && git archive --format=tar.gz -o "$CARRY/head.tar.gz" HEAD
+if [ -n "$RUN" ]; then  # the replay clones it there, at HEAD's own commit id
+  git clone -q --bare --depth 1 "file://$ROOT" "$CARRY/repo.git"
+  rm -rf "$CARRY/repo.git/hooks"
+elif [ "$ATTEST" = 1 ]; then
+  git archive --format=tar.gz -o "$CARRY/head.tar.gz" HEAD
+fi
 (cd "$CARRY" && find . -type f ! -name SHA256SUMS ! -name COMMIT | sort | xargs sha256sum > SHA256SUMS)
 git log --oneline -1 > "$CARRY/COMMIT"
 du -sh "$CARRY"

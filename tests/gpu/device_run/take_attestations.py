@@ -2,6 +2,8 @@
 gates' attestations of this commit's wheels and the runner key that signed them.
 
     python tests/gpu/device_run/take_attestations.py RESULTS.tar.gz
+    python tests/gpu/device_run/take_attestations.py --pin RUNNER.pub.json   (in a checkout:
+        only pins that key; gpu_run.sh replay does it there)
 
 Checked before anything is written: the carry (.activekv/gpu-carry) holds the wheels a clone
 of HEAD builds; each attestation verifies with the public key that came back; each gate passed on
@@ -53,8 +55,8 @@ def head_wheels(root: Path = ROOT) -> dict[str, str]:
         subprocess.run([sys.executable, "-m", "release", "build", "--out", str(out),
                         "--state-dir", ".activekv"], cwd=clone, env=env, check=True)  # fmt: skip
         head = {path.name: sha256_file(path) for path in sorted(out.glob("wheels/*.whl"))}
-    carry = root / CARRY
-    carried = {path.name: sha256_file(path) for path in sorted(carry.glob("activekv-*.whl"))}
+    carry = root / CARRY  # the wheels, or the wheels job's artifacts (prepare_carry --replay)
+    carried = {path.name: sha256_file(path) for path in sorted(carry.rglob("activekv-*.whl"))}
     if carried != head:
         raise TakeError(f"{carry}: expected HEAD's wheels {head}; got {carried} "
                         "(prepare_carry.sh --attest again, and carry that)")  # fmt: skip
@@ -158,10 +160,23 @@ def _write_pinned(manifest_path: Path, public: Path, pinned: tuple[str, set[str]
         (manifest_path.parent / old).unlink(missing_ok=True)
 
 
+def pin(public: Path, root: Path = ROOT) -> str:
+    """`public` (a runner's key file) as the GPU attester of every channel that has one, the
+    old key files removed: what `gpu_run.sh replay` commits there before the GPU job runs."""
+    load_public_key(public)  # a key file, or ReleaseError naming it
+    manifest_path = root / MANIFEST
+    _write_pinned(manifest_path, public, _pinned(manifest_path, public))
+    return f"pinned: {public.name} as the gpu attester in {manifest_path}"
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    arguments = sys.argv[1:]
+    if len(arguments) not in (1, 2) or (len(arguments) == 2 and arguments[0] != "--pin"):
         raise SystemExit(__doc__)
     try:
-        print(take(Path(sys.argv[1]), head_wheels()))
+        if arguments[0] == "--pin":
+            print(pin(Path(arguments[1]).resolve()))
+        else:
+            print(take(Path(arguments[0]), head_wheels()))
     except (TakeError, ReleaseError) as error:
         raise SystemExit(f"take_attestations: {error}") from None
