@@ -5,8 +5,12 @@ it to the embedded index with TUF; a consumer, knowing only the index, the trust
 provenance key and where the source lives, rebuilds it cold from the commit the statement names.
 A statement that says its tree had uncommitted changes has no commit to be rebuilt from (checked
 on the statement, below); the negative control is a publisher that lies about its tree (it builds
-with one byte of DESCRIPTION.md changed, puts the byte back and edits its build record before
-signing): the rebuild must refuse its wheel, naming the member.
+with one byte of DESCRIPTION.md changed from its commit, puts the byte back and edits its build
+record before signing): the rebuild must refuse its wheel, naming the member.
+
+Each publisher's build is the checkout's cached wheel (the honest one builds the released sources
+at their commit; the liar's commit changes one byte, which its tree has back as released); only
+the consumers' rebuilds compile, cold, as a consumer's would.
 """
 
 from __future__ import annotations
@@ -68,10 +72,16 @@ def source_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = snapshot(REPO, tmp_path_factory.mktemp("upstream") / "activekv")
     _git("-C", source, "init", "--quiet")
     _git("-C", source, "add", "--all")
-    date = f"@{source_date_epoch(REPO)}"
-    _git("-C", source, "commit", "--quiet", "--message", "the released sources",
-         env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+    _dated_commit(source, "the released sources")
     return source
+
+
+def _dated_commit(repo: Path, message: str) -> None:
+    """Commits what is staged in `repo`, dated at the checkout's SOURCE_DATE_EPOCH (the wheels'
+    epoch, a part of the wheel cache's key)."""
+    date = f"@{source_date_epoch(REPO)}"
+    _git("-C", repo, "commit", "--quiet", "--message", message,
+         env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
 
 
 def _publish_from(
@@ -145,21 +155,29 @@ def test_a_wheel_whose_statement_lies_about_its_tree_is_refused_naming_the_membe
     source_repo, tmp_path
 ):
     """A publisher that builds from a changed tree, then puts the tree back and edits the build
-    record to say it was clean: signing believes the record, only the rebuild can tell."""
+    record to say it was clean: signing believes the record, only the rebuild can tell. Its
+    commit (on top of the released sources, where the consumer rebuilds from) changes one byte
+    of DESCRIPTION.md; the tree it builds has that byte as released (module docstring)."""
     changed = tmp_path / "changed"
     _git("clone", "--quiet", source_repo, changed)
     description = changed / "DESCRIPTION.md"
-    committed = _one_byte_changed(description)
+    released = _one_byte_changed(description)
+    _git("-C", changed, "add", "DESCRIPTION.md")
+    _dated_commit(changed, "one byte of the description changed")
+    committed = description.read_bytes()
+    description.write_bytes(released)  # the byte changed from the commit, in the built tree
+    assert _git("-C", changed, "status", "--porcelain") == "M DESCRIPTION.md"
 
     def lie(out: Path) -> None:
         description.write_bytes(committed)
         record = json.loads((out / "build.json").read_text())
+        assert record["source"]["uncommitted"] == ["DESCRIPTION.md"]  # what the lie hides
         record["source"] = {"commit": _git("-C", changed, "rev-parse", "HEAD"),
                             "uncommitted": [], "uncommitted_sha256": None}  # fmt: skip
         (out / "build.json").write_text(json.dumps(record))
 
     out, state, wheel = _publish_from(changed, tmp_path / "publisher", after_build=lie)
-    done = _rebuild(out, state, source_repo, tmp_path / "consumer")
+    done = _rebuild(out, state, changed, tmp_path / "consumer")
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     message = " ".join(done.stderr.split())
     assert f"the rebuild of {wheel.name} at commit" in message
