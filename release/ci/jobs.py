@@ -25,17 +25,17 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
-from release.builder.wheels import SOURCE_ROOTS as WHEEL_SOURCES
 from release.ci.actions import DOWNLOAD, SETUP_PYTHON, UPLOAD, block, checkout, run, uses
 from release.ci.refusals import gpu_gates, release_target
 from release.errors import ReleaseError
 from release.manifest import CiSettings, Manifest
 from release.records import GPU_STAGING_RECORD as GPU_STAGING
+from release.trust.credential_names import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
 from release.trust.keys import tuf_key_name
 from release.trust.pins import operator_signed
-from release.trust.remote_index import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
 from release.trust.sign import signing_key_name
 from release.trust.tuf_metadata import ROLES, TRUSTED_ROOT
+from release.util.paths import SOURCE_ROOTS as WHEEL_SOURCES
 from release.util.pins import pinned_version
 from release.wheelset import version_tuple
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from release.ci import replay_plan
 from release.ci.jobs import GPU_RECORDS, STATE_DIR, TUF_DIR
@@ -38,9 +38,11 @@ from release.ci.replay_context import (
 from release.ci.replay_expressions import ExpressionError, Status, condition, interpolate_value
 from release.ci.replay_job import JobResult, fresh_folder, run_job
 from release.ci.replay_secrets import Masker, masker_for, read_secrets
-from release.ci.replay_services import ReleaseServices, index_place
 from release.errors import ReleaseError
 from release.util.paths import REPO_ROOT
+
+if TYPE_CHECKING:
+    from release.ci.replay_services import ReleaseServices
 
 RELEASE_LABEL = "release"  # the release runner: it runs the index and the TUF web server
 CACHE_ENV = "ACTIVEKV_CACHE_DIR"  # a self-hosted runner's compiler and framework caches
@@ -314,6 +316,9 @@ class WorkflowReplay:
                 "the release job runs on the release runner, but the manifest "
                 "names no ci.release index to serve"
             )
+        # Here, not at import: a GPU runner replaying its own job has no index client.
+        from release.ci.replay_services import ReleaseServices, index_place
+
         place = index_place(*self.index)
         services = ReleaseServices(place, self.replay.runner_dir, Path(env[TUF_DIR]), self.secrets)
         services.__enter__()

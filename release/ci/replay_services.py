@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from release.ci.replay_context import StandInError
-from release.trust.remote_index import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
+from release.trust.credential_names import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
 from release.trust.server_process import HOST, ServerProcess
 
 _STARTUP_S = 90.0

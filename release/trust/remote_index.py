@@ -36,12 +36,9 @@ import requests
 from release.errors import PublishError
 from release.manifest import NetworkLimits
 from release.trust import twine_config, twine_upload
+from release.trust.credential_names import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
 from release.trust.twine_config import Tls
 from release.util import http
-
-ENV_USERNAME = "ACTIVEKV_INDEX_USERNAME"
-ENV_PASSWORD = "ACTIVEKV_INDEX_PASSWORD"
-ENV_TOKEN = "ACTIVEKV_INDEX_TOKEN"
 
 
 @dataclass

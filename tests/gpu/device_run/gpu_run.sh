@@ -206,11 +206,12 @@ replay() {
     { note "committing the pin failed"; exit 1; }
   git -C "$repo" bundle create "$WORK/pin.bundle" "$base..HEAD" 2>/dev/null
   git -C "$repo" log --oneline -2 > "$WORK/COMMIT"
-  ACTIVEKV_RUNNER_KEY=$keys/$name.pem ACTIVEKV_CACHE_DIR=$cache PIP_NO_INDEX=1 \
+  # The replay itself runs from that commit's tree too, not the checkout that travelled.
+  (cd "$repo" && ACTIVEKV_RUNNER_KEY=$keys/$name.pem ACTIVEKV_CACHE_DIR=$cache PIP_NO_INDEX=1 \
     PIP_FIND_LINKS=$HERE/wheelhouse PIP_DISABLE_PIP_VERSION_CHECK=1 \
     step replay 560 "$PY" -m release ci --replay --channel stable --job gpu-gates \
       --from-run "$HERE/run" --repo "$repo" --commit HEAD --work "$ROOT/.activekv/gpu-replay" \
-      --runner-dir "$runner"
+      --runner-dir "$runner")
   local records=$ROOT/.activekv/gpu-replay/artifacts/gpu-records/gpu-records.tar
   mkdir -p "$WORK/gates" "$WORK/gpu-records"
   cp "$ROOT/.activekv/gpu-replay/summary.md" "$WORK/" 2>/dev/null
@@ -227,8 +228,8 @@ replay() {
 
 if [ "${1:-}" = replay ]; then
   setup_venv
-  "$PY" -m pip install -q --no-index --find-links "$HERE/wheelhouse" ruamel.yaml ||
-    { note "installing the replay's YAML reader failed"; exit 1; }
+  "$PY" -m pip install -q --no-index --no-deps --find-links "$HERE/wheelhouse" ruamel.yaml tuf urllib3 ||
+    { note "installing the replay's own dependencies failed"; exit 1; }
   {
     nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader
     find "$HERE/run" -name '*.whl' -exec sha256sum {} +
