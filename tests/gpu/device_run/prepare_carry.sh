@@ -88,7 +88,7 @@ PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: \
   --python-version "$GPU_PYTHON" --platform manylinux_2_28_x86_64 \
   --platform manylinux2014_x86_64 --dest "$CARRY/wheelhouse" --group gpu-runner pip
 if [ -n "$RUN" ]; then  # what the replay imports beyond gpu-runner (the release group's pins)
-  pins=$("$PY" -c 'from release.util.pins import pinned_version as v; print(*(f"{n}=={v(\"release\", n)}" for n in ("ruamel.yaml", "tuf", "urllib3")))')
+  pins=$("$PY" -c 'from release.util.pins import pinned_version as v; print(" ".join(n + "==" + v("release", n) for n in ("ruamel.yaml", "tuf", "urllib3")))')
   # shellcheck disable=SC2086
   PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --only-binary=:all: --no-deps \
     --python-version "$GPU_PYTHON" --dest "$CARRY/wheelhouse" $pins
