@@ -69,7 +69,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.ci.replay_job": "",
         "release.ci.replay_standins": "release.util",
         "release.ci.replay_cibuildwheel": "release.util release.gates.policy",
-        "release.ci.replay_services": "release.trust.remote_index release.trust.server_process",
+        "release.ci.replay_services": "release.trust.credential_names release.trust.server_process",
         "release.ci_workflow": "release.ci",
         "release.steps": "release",
         "release.cli": "release",
