@@ -574,3 +574,30 @@ def test_a_job_gets_a_fresh_runners_environment_not_this_shells() -> None:
         "PIP_FIND_LINKS": "/w",
     }
     assert runner_base_env(shell) == {"HOME": "/root", "PIP_FIND_LINKS": "/w", "PATH": RUNNER_PATH}
+
+
+def test_a_self_hosted_job_gets_its_runners_own_variables_and_a_hosted_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU runner's key and library paths come from its .env (here: the replay's shell);
+    a hosted runner has no such file, so a hosted job never sees them."""
+    from release.ci.replay import RUNNER_VARIABLES
+
+    for name in RUNNER_VARIABLES:
+        monkeypatch.setenv(name, f"/runner/{name}")
+    monkeypatch.setenv("ACTIVEKV_STATE_DIR", "/the-operators-own")
+    printed = {  # a self-hosted runner without the gpu label: this machine has no GPU
+        "runs-on": ["self-hosted", "big"],
+        "steps": [{"run": f"env | grep '^ACTIVEKV_' > {tmp_path}/seen-$GITHUB_JOB || true"}],
+    }
+    hosted = {**printed, "runs-on": "ubuntu-24.04"}
+    _, status = _replay(tmp_path, {"own": printed, "hosted": hosted})
+    assert status == 0
+    seen = {
+        job: dict(line.split("=", 1) for line in (tmp_path / f"seen-{job}").read_text().split())
+        for job in ("own", "hosted")
+    }
+    for name in RUNNER_VARIABLES:
+        assert seen["own"][name] == f"/runner/{name}"
+        assert name not in seen["hosted"]
+    assert "ACTIVEKV_STATE_DIR" not in seen["own"]  # only the release runner has one
