@@ -1,23 +1,31 @@
 """The generated release job's own shell steps, run with bash as GitHub runs them (`bash -e -o
 pipefail`): the key step turns the repository's secrets into the key folder the pipeline takes
 (or fails naming the missing secret, writing nothing), the runner-folder step names a folder the
-runner does not set, and the consumer verify finds an interpreter of every declared version."""
+runner does not set, and the consumer verify finds an interpreter of every declared version; the
+GPU job's records reach the release job as packed, and one edited between them is refused."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from release import ci_workflow
+from release.errors import SigningError
 from release.manifest import load_manifest
+from release.trust.attestation import GateKeys, choose, read_attestation
 from release.trust.keys import channel_signing_spec, make_channel_keys, tuf_keys_spec
-from release.trust.sign import load_signer
+from release.trust.sign import load_public_key, load_signer
 from release.util.pins import project_version
 from tests.ci_manifests import REAL, ROOT
 
@@ -136,3 +144,81 @@ def test_the_consumer_verify_installs_with_every_declared_python(
     result = bash(_verify_prelude(committed), {"PATH": f"{bin_dir}:/usr/bin:/bin"})
     assert result.returncode == 1
     assert f"error: no python{manifest.build.python[-1]} on the release runner" in result.stderr
+
+
+# --- the GPU records between the GPU job and the release job ---
+
+
+def _gpu_step(workflow: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [s for s in workflow["jobs"]["gpu-gates"]["steps"] if s.get("name", "") == name]
+    return found
+
+
+def _records_through_the_jobs(
+    committed: dict[str, Any], tmp_path: Path, edit: Callable[[Path], None]
+) -> Path:
+    """The committed GPU attestations packed by the GPU job's step, changed by `edit` on their
+    way (in an artifact store, or carried by a person), then unpacked by the release job's step:
+    the release job's out/evidence."""
+    gpu, carried, release = tmp_path / "gpu", tmp_path / "carried", tmp_path / "release"
+    (gpu / "out" / "evidence").mkdir(parents=True)
+    for gate in GPU_GATES:
+        (committed_file,) = (ROOT / "tests" / "gpu" / "evidence").glob(f"{gate}-*.intoto.json")
+        shutil.copy(committed_file, gpu / "out" / "evidence" / f"{gate}.intoto.json")
+    packed = bash(_gpu_step(committed, "pack the GPU records")["run"], {}, cwd=gpu)
+    assert packed.returncode == 0, packed.stderr
+    with tarfile.open(gpu / "gpu-records.tar") as tar:
+        tar.extractall(carried, filter="data")
+    edit(carried)
+    release.mkdir()
+    with tarfile.open(release / "gpu-records.tar", "w") as tar:
+        tar.add(carried / "evidence", "evidence")
+    unpacked = bash(step(committed, "unpack the GPU records")["run"], {}, cwd=release)
+    assert unpacked.returncode == 0, unpacked.stderr
+    return release / "out" / "evidence"
+
+
+def _choose_gpu(evidence: Path) -> tuple[dict[str, Any], list[str]]:
+    """What the release job's sign takes for the GPU gates: by the manifest's pinned runner key,
+    on the digests the committed attestations name."""
+    manifest = load_manifest(REAL)
+    keys = {}
+    for listed in manifest.channel("stable").attesters["gpu"]:
+        key = load_public_key(REAL.parent / listed)
+        keys[key.keyid] = key
+    (committed_file,) = (ROOT / "tests" / "gpu" / "evidence").glob("warmup-*.intoto.json")
+    digests = dict(read_attestation(committed_file, keys, "gpu").evidence.artefacts)
+    gates = [GateKeys(gate, keys, "attesters.gpu") for gate in GPU_GATES]
+    return choose(gates, [evidence], digests)
+
+
+GPU_GATES = ("warmup", "gpu-parity")
+
+
+def test_the_gpu_records_reach_the_release_job_as_the_gpu_job_packed_them(
+    committed: dict[str, Any], tmp_path: Path
+) -> None:
+    evidence = _records_through_the_jobs(committed, tmp_path, lambda carried: None)
+    chosen, problems = _choose_gpu(evidence)
+    assert problems == [] and sorted(chosen) == sorted(GPU_GATES)
+
+
+def test_a_gpu_record_edited_between_the_jobs_makes_the_release_job_refuse(
+    committed: dict[str, Any], tmp_path: Path
+) -> None:
+    """Negative control: the warm-up verdict's attestation edited in the carried archive (its
+    signature kept) is refused by itself, naming the file, although the committed copy in
+    tests/gpu/evidence would still verify."""
+
+    def edit(carried: Path) -> None:
+        path = carried / "evidence" / "warmup.intoto.json"
+        document = json.loads(path.read_text())
+        statement = json.loads(base64.b64decode(document["payload"]))
+        statement["predicate"]["reason"] = "edited on its way"
+        document["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+        path.write_text(json.dumps(document))
+
+    evidence = _records_through_the_jobs(committed, tmp_path, edit)
+    with pytest.raises(SigningError, match="does not verify") as raised:
+        _choose_gpu(evidence)
+    assert str(evidence / "warmup.intoto.json") in str(raised.value)
