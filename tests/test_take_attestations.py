@@ -15,6 +15,7 @@ import pytest
 from fixtures_sign import TAGS
 from fixtures_wheels import build_wheel
 
+from release.errors import ReleaseError
 from release.evidence import Evidence
 from release.manifest import load_manifest
 from release.trust.attestation import attest
@@ -147,4 +148,28 @@ def test_an_archive_that_is_not_one_is_named(
         take_attestations.TakeError, match=re.escape("results.tar.gz: expected the tar.gz")
     ):
         take_attestations.take(broken, wheels, checkout)
+    assert _snapshot(checkout) == before
+
+
+def test_pin_lists_a_runner_key_alone_and_a_file_that_is_no_key_changes_nothing(
+    tmp_path: Path, checkout: Path
+) -> None:
+    """`--pin` (gpu_run.sh replay commits it before the GPU job runs): the key becomes every GPU
+    attester, the old key files go; a file that is not a public key is refused, nothing written."""
+    manifest_path = checkout / "manifests" / "activekv.toml"
+    old_keys = set(load_manifest(manifest_path).release.channels["stable"].attesters["gpu"])
+    make_runner_key("h100-runner-new", tmp_path / "keys")
+    said = take_attestations.pin(tmp_path / "keys" / "h100-runner-new.pub.json", checkout)
+    manifest = load_manifest(manifest_path)
+    assert manifest.release.channels["stable"].attesters["gpu"] == (
+        "keys/h100-runner-new.pub.json",
+    )
+    for old in old_keys:
+        assert not (checkout / "manifests" / old).exists()
+    assert "h100-runner-new.pub.json" in said
+    before = _snapshot(checkout)
+    not_a_key = tmp_path / "h100-runner-bad.pub.json"
+    not_a_key.write_text("{}")
+    with pytest.raises(ReleaseError, match=re.escape(str(not_a_key))):
+        take_attestations.pin(not_a_key, checkout)
     assert _snapshot(checkout) == before
