@@ -204,7 +204,8 @@ replay() {
     git -C "$repo" -c user.name="ActiveKV GPU runner" -c user.email=gpu-runner@activekv.invalid \
       commit -q -m "GPU runner key $name, made on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), pinned as the gpu attester" ||
     { note "committing the pin failed"; exit 1; }
-  git -C "$repo" bundle create "$WORK/pin.bundle" "$base..HEAD" 2>/dev/null
+  git -C "$repo" bundle create -q "$WORK/pin.bundle" "$base..HEAD" ||
+    { note "bundling the pin commit failed"; exit 1; }
   git -C "$repo" log --oneline -2 > "$WORK/COMMIT"
   # The replay itself runs from that commit's tree too, not the checkout that travelled.
   (cd "$repo" && ACTIVEKV_RUNNER_KEY=$keys/$name.pem ACTIVEKV_CACHE_DIR=$cache PIP_NO_INDEX=1 \

@@ -10,7 +10,7 @@
 #   bash tests/gpu/device_run/prepare_carry.sh --replay RUN [PYTHON]   for `gpu_run.sh replay`:
 #     the artifacts of RUN (a replay of the workflow's wheels job here, at HEAD) instead of the
 #     wheels, HEAD as a one-commit bare repository, the interpreters as --attest, and the
-#     replay's own YAML reader beside the gpu-runner group
+#     few wheels the replay itself imports beyond the gpu-runner group (GPU_RUN.md)
 # PYTHON: the dev venv's, with `release`. Every carry stays under the device's 64 MiB.
 # Then: run(command="bash .activekv/gpu-carry/gpu_run.sh attest", carry=[".activekv/gpu-carry"]).
 set -euo pipefail
