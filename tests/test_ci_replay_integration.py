@@ -27,6 +27,7 @@ import pytest
 
 from release.trust.server_process import bind_error
 from release.util.paths import REPO_ROOT
+from tests.ci_manifests import fewer_parity_cells
 
 pytestmark = [pytest.mark.integration, pytest.mark.remote_index]
 
@@ -38,7 +39,6 @@ GIT = {
     "GIT_COMMITTER_NAME": "replay",
     "GIT_COMMITTER_EMAIL": "replay@localhost",
 }
-CPU_CELL = '  { name = "'  # a line of gates.parity's cells; gpu_cells' names begin "gpu-" (kept)
 SERVED_PATH_TABLE = re.compile(r"\[gates\.served-path\]\n(?:#.*\n|runner = \"cpu\"\n)*\n")
 
 
@@ -61,11 +61,7 @@ def commit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     text, count = SERVED_PATH_TABLE.subn("", manifest.read_text())
     assert count == 1
     text = text.replace('"parity", "served-path", "warmup"', '"parity", "warmup"')
-    cells = [line for line in text.splitlines(keepends=True)
-             if line.startswith(CPU_CELL) and not line.startswith(f"{CPU_CELL}gpu-")]  # fmt: skip
-    assert len(cells) > 2
-    text = "".join(line for line in text.splitlines(keepends=True) if line not in cells[2:])
-    manifest.write_text(text)
+    manifest.write_text(fewer_parity_cells(text, 2))
     _run([sys.executable, "-m", "release", "ci"], repo)
     workflow = (repo / ".github" / "workflows" / "release.yml").read_text()
     assert "vllm" not in workflow and "served-path" not in workflow

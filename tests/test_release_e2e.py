@@ -27,10 +27,10 @@ from release.builder.reproduce import snapshot
 from release.builder.wheels import source_date_epoch
 from release.gates.policy import tag_glibc
 from release.util.digests import sha256_file
+from tests.ci_manifests import fewer_parity_cells
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
-CPU_CELL = '  { name = "'  # a line of gates.parity's cells; gpu_cells' names begin "gpu-" (kept)
 KEPT_CELLS = 2
 
 
@@ -61,11 +61,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     docstring)."""
     repo = snapshot(REPO, tmp_path_factory.mktemp("checkout") / "activekv")
     manifest = repo / "manifests" / "activekv.toml"
-    lines = manifest.read_text().splitlines(keepends=True)
-    cells = [line for line in lines
-             if line.startswith(CPU_CELL) and not line.startswith(f"{CPU_CELL}gpu-")]  # fmt: skip
-    assert len(cells) > KEPT_CELLS
-    manifest.write_text("".join(line for line in lines if line not in cells[KEPT_CELLS:]))
+    manifest.write_text(fewer_parity_cells(manifest.read_text(), KEPT_CELLS))
     date = f"@{source_date_epoch(REPO)}"  # the wheels' epoch: the wheel cache's key
     _git(repo, "init", "--quiet")
     _git(repo, "add", "--all")
