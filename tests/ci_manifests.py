@@ -90,6 +90,13 @@ STABLE = (
 
 
 @pytest.fixture(scope="session")
+def committed() -> dict[str, Any]:
+    """The workflow the committed manifest writes (test_ci_workflow overrides it with the
+    committed file itself, which its drift test requires to be the same)."""
+    return ci_workflow.generate(load_manifest(REAL))
+
+
+@pytest.fixture(scope="session")
 def dev_manifest(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
     """The manifest with dev alone in the workflow: no GPU job, no key step."""
     return load_manifest(write_variant(tmp_path_factory.mktemp("dev"), variant_text()))

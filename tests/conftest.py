@@ -20,6 +20,7 @@ from release.builder.toolchain import find_zig
 from release.errors import BuildError
 from release.util.private_site import wheel_for_this_interpreter
 from tests.ci_manifests import (  # noqa: F401 (fixtures of the CI tests)
+    committed,
     dev_manifest,
     dev_workflow,
     stable_ready,

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from release import ci_workflow
 from release.ci import replay_plan
 from release.ci.actions import CHECKOUT, DOWNLOAD, UPLOAD
 from release.ci.replay import WorkflowReplay
@@ -30,8 +29,6 @@ from release.ci.replay_expressions import (
     interpolate,
 )
 from release.ci.replay_secrets import Masker, SecretsError, read_secrets
-from release.manifest import load_manifest
-from tests.ci_manifests import REAL
 
 CONTEXTS: dict[str, Any] = {
     "github": {"event_name": "workflow_dispatch", "ref": "refs/heads/main"},
@@ -41,11 +38,6 @@ CONTEXTS: dict[str, Any] = {
     "secrets": {"TOKEN": "s3cret-value"},
     "env": {"CHANNEL": "dev"},
 }
-
-
-@pytest.fixture(scope="module")
-def committed() -> dict[str, Any]:
-    return ci_workflow.generate(load_manifest(REAL))
 
 
 # --- expressions ---

@@ -30,11 +30,6 @@ from release.util.pins import project_version
 from tests.ci_manifests import REAL, ROOT
 
 
-@pytest.fixture(scope="module")
-def committed() -> dict[str, Any]:
-    return ci_workflow.generate(load_manifest(REAL))
-
-
 def step(workflow: dict[str, Any], name: str) -> dict[str, Any]:
     (found,) = [s for s in workflow["jobs"]["release"]["steps"] if s.get("name", "") == name]
     return found
