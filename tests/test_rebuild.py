@@ -26,10 +26,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fixtures_checkout import committed_snapshot, dated_commit
 from fixtures_sign import attest_passing_gates
 
-from release.builder.reproduce import snapshot
-from release.builder.wheels import source_date_epoch
 from release.errors import VerifyError
 from release.manifest import load_manifest
 from release.trust import steps as trust_steps
@@ -69,19 +68,8 @@ def source_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     The commit is dated at the checkout's SOURCE_DATE_EPOCH, so the publisher's build of it is
     the checkout's own wheel (the same sources, epoch and toolchain: the wheel cache's key) and
     costs no compilation once built_wheel has run; the consumer's rebuild stays cold."""
-    source = snapshot(REPO, tmp_path_factory.mktemp("upstream") / "activekv")
-    _git("-C", source, "init", "--quiet")
-    _git("-C", source, "add", "--all")
-    _dated_commit(source, "the released sources")
-    return source
-
-
-def _dated_commit(repo: Path, message: str) -> None:
-    """Commits what is staged in `repo`, dated at the checkout's SOURCE_DATE_EPOCH (the wheels'
-    epoch, a part of the wheel cache's key)."""
-    date = f"@{source_date_epoch(REPO)}"
-    _git("-C", repo, "commit", "--quiet", "--message", message,
-         env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+    return committed_snapshot(tmp_path_factory.mktemp("upstream") / "activekv",
+                              "the released sources")  # fmt: skip
 
 
 def _publish_from(
@@ -163,7 +151,7 @@ def test_a_wheel_whose_statement_lies_about_its_tree_is_refused_naming_the_membe
     description = changed / "DESCRIPTION.md"
     released = _one_byte_changed(description)
     _git("-C", changed, "add", "DESCRIPTION.md")
-    _dated_commit(changed, "one byte of the description changed")
+    dated_commit(changed, "one byte of the description changed")
     committed = description.read_bytes()
     description.write_bytes(released)  # the byte changed from the commit, in the built tree
     assert _git("-C", changed, "status", "--porcelain") == "M DESCRIPTION.md"

@@ -22,9 +22,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from fixtures_checkout import committed_snapshot
 
-from release.builder.reproduce import snapshot
-from release.builder.wheels import source_date_epoch
 from release.gates.policy import tag_glibc
 from release.util.digests import sha256_file
 from tests.ci_manifests import fewer_parity_cells
@@ -47,27 +46,18 @@ def _release(
     )  # fmt: skip
 
 
-def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> None:
-    identity = ["-c", "user.name=e2e", "-c", "user.email=e2e@localhost"]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    subprocess.run(["git", "-C", str(repo), *identity, *args], check=True, capture_output=True,
-                   env={**clean, **(env or {})})  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This checkout's files (tracked and untracked, as a build reads them) committed in a new
     repository, its manifest less all but the first KEPT_CELLS of parity's CPU cells (module
     docstring)."""
-    repo = snapshot(REPO, tmp_path_factory.mktemp("checkout") / "activekv")
-    manifest = repo / "manifests" / "activekv.toml"
-    manifest.write_text(fewer_parity_cells(manifest.read_text(), KEPT_CELLS))
-    date = f"@{source_date_epoch(REPO)}"  # the wheels' epoch: the wheel cache's key
-    _git(repo, "init", "--quiet")
-    _git(repo, "add", "--all")
-    _git(repo, "commit", "--quiet", "--message", "the e2e release: two parity cells",
-         env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
-    return repo
+
+    def fewer_cells(repo: Path) -> None:
+        manifest = repo / "manifests" / "activekv.toml"
+        manifest.write_text(fewer_parity_cells(manifest.read_text(), KEPT_CELLS))
+
+    return committed_snapshot(tmp_path_factory.mktemp("checkout") / "activekv",
+                              "the e2e release: two parity cells", fewer_cells)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
