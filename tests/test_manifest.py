@@ -58,13 +58,19 @@ def append(extra: str) -> Transform:
 
 
 def shim(**changes: str) -> Transform:
-    fields = {"path": "activekv/vllm_hook.py", "framework": "vllm", "version": "0.33.0"}
+    """The manifest with its one [[payload.shims]] table replaced: the real fields, `changes`
+    applied ("-" leaves a field out). `version` lists the pinned releases, comma-separated."""
+    fields = {"path": "activekv/vllm_hook.py", "framework": "vllm", "supports": ">=0.32,<0.34"}
     fields["sha256"] = SHA
+    versions = changes.pop("version", "0.32.0,0.33.0").split(",")
     fields.update(changes)
-    body = ", ".join(f'{key} = "{value}"' for key, value in fields.items() if value != "-")
+    body = "".join(f'{key} = "{value}"\n' for key, value in fields.items() if value != "-")
+    pins = ", ".join(f'{{ version = "{v}" }}' for v in versions)
+    body += f"versions = [{pins}]\n"
     return lambda text: re.sub(
-        r"^shims = \[\n(?:  .*\n)*\]", f"shims = [{{{body}}}]", text, flags=re.MULTILINE
-    )
+        r"^\[\[payload\.shims\]\]\n(?:.*\n)*?\]\n", f"[[payload.shims]]\n{body}", text,
+        flags=re.MULTILINE,
+    )  # fmt: skip
 
 
 def load_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Manifest:
@@ -482,7 +488,31 @@ CASES = [
         shim(path="activekv/hook.so"), "payload.shims[0].path", ".py", id="shim-not-python"
     ),
     pytest.param(
-        shim(version=">=0.33"), "payload.shims[0].version", "an exact version", id="shim-range"
+        shim(version=">=0.33"),
+        "payload.shims[0].versions[0].version",
+        "an exact version",
+        id="shim-range",
+    ),
+    pytest.param(
+        shim(version="0.34.0"),
+        "payload.shims[0]",
+        "versions inside supports '>=0.32,<0.34'; got ['0.34.0']",
+        id="shim-pin-outside-supports",
+    ),
+    pytest.param(
+        shim(supports="0.33"), "payload.shims[0].supports", "a version range", id="shim-supports"
+    ),
+    pytest.param(
+        shim(version="0.33.0"),
+        "gates.served-path.installs",
+        'one install for each vLLM release payload.shims pins (0.33.0); got ["0.32.0", "0.33.0"]',
+        id="served-path-installs-other-releases",
+    ),
+    pytest.param(
+        shim(version="0.33.0,0.32.0"),
+        "payload.shims[0].versions",
+        "distinct versions, oldest first",
+        id="shim-pins-unordered",
     ),
     pytest.param(
         shim(sha256="ABC"), "payload.shims[0].sha256", "64 lowercase hex digits", id="shim-sha"

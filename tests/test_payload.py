@@ -74,6 +74,10 @@ def manifest() -> Manifest:
     return without_sbom(load_manifest(REAL))
 
 
+# The manifest's one [[payload.shims]] table, up to the end of its versions array.
+SHIMS = re.compile(r"^\[\[payload\.shims\]\]\n(?:.*\n)*?\]\n", re.MULTILINE)
+
+
 def shim_manifest(
     tmp_path: Path,
     *,
@@ -86,17 +90,17 @@ def shim_manifest(
     """The real manifest with one declared shim (and "shim" among the allowed kinds or not)."""
     text = REAL.read_text()
     kinds = re.findall(r"^allowed_kinds = \[.*\]$", text, re.MULTILINE)[0]
-    shims = re.compile(r"^shims = \[\n(?:  .*\n)*\]\n", re.MULTILINE)
-    assert text.count(kinds) == 1 and ', "shim"' in kinds and len(shims.findall(text)) == 1
+    assert text.count(kinds) == 1 and ', "shim"' in kinds and len(SHIMS.findall(text)) == 1
     if not allow_shim:
         text = text.replace(kinds, kinds.replace(', "shim"', ""))
-    entry = (
-        f'{{ path = "{SHIM_PATH}", framework = "{framework}", version = "{version}", '
-        f'sha256 = "{sha256}"'
-        + (f', framework_sha256 = "{framework_sha256}"' if framework_sha256 else "")
-        + " }"
+    pin = f'{{ version = "{version}"' + (
+        f', sha256 = "{framework_sha256}" }}' if framework_sha256 else " }"
     )
-    text = shims.sub(f"shims = [\n  {entry},\n]\n", text)
+    entry = (
+        f'[[payload.shims]]\npath = "{SHIM_PATH}"\nframework = "{framework}"\n'
+        f'supports = "=={version}"\nversions = [{pin}]\nsha256 = "{sha256}"\n'
+    )
+    text = SHIMS.sub(entry, text)
     path = tmp_path / "manifest.toml"
     path.write_text(text)
     return without_sbom(load_manifest(path))
@@ -389,7 +393,8 @@ def test_declared_shim_fails_when_shims_are_not_an_allowed_kind(
 
 
 def test_a_shim_needs_a_framework_cache_to_be_judged(tmp_path: Path) -> None:
-    manifest = shim_manifest(tmp_path, sha256=hashlib.sha256(SHIM_TEXT).hexdigest())
+    digest = hashlib.sha256(SHIM_TEXT).hexdigest()
+    manifest = shim_manifest(tmp_path, sha256=digest, framework="fakefw", version="1.0")
     wheel = make_wheel(tmp_path / "dist", {SHIM_PATH: SHIM_TEXT})
     with pytest.raises(GateError, match="expected a framework cache directory"):
         run_payload_gate(manifest, wheel_set(wheel), tmp_path / "out")

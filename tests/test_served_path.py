@@ -1,10 +1,9 @@
 """The served-path gate's verdicts (release/gates/served_path.py).
 
 The judgement is tested here on driver results shaped as release/scripts/served_path_driver.py
-prints
-them, each negative control planting one violation; tests/with_vllm/ runs the driver itself against
-the real vLLM classes and the built wheel (nox -s vllm). Without vLLM the gate must say "not run",
-never pass.
+prints them, each negative control planting one violation; tests/with_vllm/ runs the driver
+itself against the real vLLM classes and the built wheel (nox -s vllm). Without vLLM the gate
+must say "not run", never pass.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import pickle
 import re
 import sys
@@ -29,12 +29,17 @@ from release.errors import GateError
 from release.evidence import read_evidence
 from release.gates.served_path import (
     SHIM_PATH,
+    VllmPython,
     dispatch_line,
+    for_pins,
     judge,
     run_served_path_gate,
     shared_file,
-    vllm_interpreter,
+    vllm_interpreters,
 )
+
+PINS = ["0.32.0", "0.33.0"]
+SUPPORTS = ">=0.32,<0.34"
 
 SHIM_CODES = {
     "vllm_connector.py:22:ActiveKVConnector.get_num_new_matched_tokens": 1,
@@ -76,6 +81,8 @@ def good_result() -> dict[str, Any]:
             "events": dict(events),
         },
         "layers": 2,
+        "vllm_version": "0.33.0",
+        "supported_vllm": SUPPORTS,
     }
 
 
@@ -140,10 +147,16 @@ def test_without_vllm_the_gate_is_not_run(tmp_path: Path, monkeypatch: pytest.Mo
         pytest.skip("this interpreter has vLLM")
     monkeypatch.delenv("ACTIVEKV_VLLM_PYTHON", raising=False)
     wheel = build_wheel(tmp_path / "dist")
-    evidence = run_served_path_gate(wheel_set(wheel), tmp_path / "out")
+    evidence = run_served_path_gate(
+        wheel_set(wheel), tmp_path / "out", pins=PINS, supports=SUPPORTS
+    )
     assert evidence.verdict == "not-run"
-    assert evidence.reason.startswith("not run: vLLM not installed")
-    assert dispatch_line(evidence) == ""
+    assert evidence.reason.startswith("not run for vLLM 0.32.0, 0.33.0: no Python 3.11+ with")
+    assert dispatch_line(evidence.figures) == ""
+    assert {pin: v["verdict"] for pin, v in evidence.figures["vllm_releases"].items()} == {
+        "0.32.0": "not-run",
+        "0.33.0": "not-run",
+    }
     stored = read_evidence(tmp_path / "out", "served-path")
     assert stored is not None and stored.verdict == "not-run"
     assert json.loads((tmp_path / "out" / "evidence" / "served-path.json").read_text())[
@@ -155,8 +168,11 @@ def test_a_named_interpreter_without_vllm_is_an_error(tmp_path: Path) -> None:
     if has_vllm():
         pytest.skip("this interpreter has vLLM")
     wheel = build_wheel(tmp_path / "dist")
-    with pytest.raises(GateError, match=r"--vllm-python .*: expected Python 3\.12\+ that imports"):
-        run_served_path_gate(wheel_set(wheel), tmp_path / "out", vllm_python=Path(sys.executable))
+    with pytest.raises(GateError, match=r"--vllm-python .*: expected Python 3\.11\+ that imports"):
+        run_served_path_gate(
+            wheel_set(wheel), tmp_path / "out", pins=PINS, supports=SUPPORTS,
+            vllm_pythons=[Path(sys.executable)],
+        )  # fmt: skip
 
 
 # --- the native core on duck-typed vLLM objects (no vLLM here; tests/with_vllm/ has the real ones)
@@ -503,7 +519,8 @@ def driven_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from release.gates import served_path
 
     tags = [str(tag) for tag in sys_tags()]
-    monkeypatch.setattr(served_path, "vllm_interpreter", lambda _: (Path(sys.executable), tags))
+    here = VllmPython(Path(sys.executable), "0.33.0", tags)
+    monkeypatch.setattr(served_path, "vllm_interpreters", lambda _: [here])
     return build_files_wheel(
         tmp_path / "dist", {SHIM_PATH: b"# the shim\n"}, name="activekv", version="0.1.0",
         tag=f"cp{sys.version_info.major}{sys.version_info.minor}-none-any",
@@ -552,9 +569,11 @@ def test_the_verdict_comes_from_the_drivers_report(
     from release.gates import served_path
 
     monkeypatch.setattr(served_path, "DRIVER", planted_driver(tmp_path / "driver.py", body))
-    evidence = run_served_path_gate(wheel_set(driven_here), tmp_path / "out")
+    evidence = run_served_path_gate(
+        wheel_set(driven_here), tmp_path / "out", pins=["0.33.0"], supports=SUPPORTS
+    )
     assert evidence.verdict == verdict, evidence.reason
-    assert evidence.reason.startswith(reason), evidence.reason
+    assert evidence.reason.startswith(f"vLLM 0.33.0: {reason}" if reason else ""), evidence.reason
 
 
 def test_the_driver_writes_its_report_whole(tmp_path: Path) -> None:
@@ -571,9 +590,74 @@ def test_an_interpreter_that_prints_before_the_probe_is_judged_not_crashed(tmp_p
     noisy = tmp_path / "python-noisy"
     noisy.write_text(f'#!/bin/sh\necho "hello from a .pth"\nexec {sys.executable} "$@"\n')
     noisy.chmod(0o755)
-    has_vllm = importlib.util.find_spec("vllm") is not None and sys.version_info >= (3, 12)
+    has_vllm = importlib.util.find_spec("vllm") is not None and sys.version_info >= (3, 11)
     if has_vllm:
-        assert vllm_interpreter(noisy)[0] == noisy
+        assert vllm_interpreters([noisy])[0].python == noisy
     else:
-        with pytest.raises(GateError, match=r"expected Python 3.12\+ that imports vllm"):
-            vllm_interpreter(noisy)
+        with pytest.raises(GateError, match=r"expected Python 3.11\+ that imports vllm"):
+            vllm_interpreters([noisy])
+
+
+def fake_vllm_python(path: Path, version: str) -> Path:
+    """An "interpreter" that answers the gate's probe as one with vLLM `version` would."""
+    answer = json.dumps({"ok": True, "vllm": version, "tags": ["py3-none-any"]})
+    path.write_text(f"#!/bin/sh\necho '{answer}'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_each_pinned_release_gets_the_interpreter_that_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACTIVEKV_VLLM_PYTHON holds several interpreters; a vLLM's local label does not count,
+    another patch release does not stand in for the pinned one."""
+    old = fake_vllm_python(tmp_path / "python-032", "0.32.0+cpu")
+    patch = fake_vllm_python(tmp_path / "python-0331", "0.33.1")
+    monkeypatch.setenv("ACTIVEKV_VLLM_PYTHON", f"{old}{os.pathsep}{patch}")
+    found = vllm_interpreters()
+    assert [f.python for f in found][:2] == [old, patch]
+    chosen = for_pins(found, PINS)
+    assert chosen["0.32.0"] is not None and chosen["0.32.0"].python == old
+    assert chosen["0.33.0"] is None
+
+
+def test_a_pinned_release_no_interpreter_has_is_not_run_naming_it(
+    driven_here: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.33.0 is judged (and passes); 0.32.0 is not: the verdict is "not-run", never "pass"."""
+    from release.gates import served_path
+
+    body = "REPORT.write_text(RESULT)\n"
+    monkeypatch.setattr(served_path, "DRIVER", planted_driver(tmp_path / "driver.py", body))
+    monkeypatch.setattr(served_path, "install_private", lambda *_: tmp_path)
+    evidence = run_served_path_gate(wheel_set(driven_here), tmp_path / "out", pins=PINS,
+                                    supports=SUPPORTS)  # fmt: skip
+    assert evidence.verdict == "not-run"
+    assert evidence.reason.startswith("not run for vLLM 0.32.0: no Python 3.11+ with that vLLM")
+    assert evidence.reason.endswith("(judged: 0.33.0 pass)")
+    assert evidence.figures["vllm_releases"]["0.33.0"]["verdict"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("supported_vllm", ">=0.32,<0.35", "the wheel's activekv._vllm.SUPPORTED_VLLM is "
+         "'>=0.32,<0.35', but the manifest's shim supports '>=0.32,<0.34' (payload.shims)"),
+        ("vllm_version", "0.32.0", "the driver ran under vLLM '0.32.0', not the pinned 0.33.0"),
+    ],
+)  # fmt: skip
+def test_a_wheel_or_vllm_other_than_the_manifests_fails(
+    driven_here: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: str,
+    expected: str,
+) -> None:  # fmt: skip
+    from release.gates import served_path
+
+    body = f"result = json.loads(RESULT)\nresult[{key!r}] = {value!r}\n"
+    body += "REPORT.write_text(json.dumps(result))\n"
+    monkeypatch.setattr(served_path, "DRIVER", planted_driver(tmp_path / "driver.py", body))
+    monkeypatch.setattr(served_path, "install_private", lambda *_: tmp_path)
+    evidence = run_served_path_gate(
+        wheel_set(driven_here), tmp_path / "out", pins=["0.33.0"], supports=SUPPORTS
+    )
+    assert evidence.verdict == "fail"
+    assert evidence.reason == f"vLLM 0.33.0: {expected}"

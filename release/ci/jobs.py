@@ -25,6 +25,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
+from release.catalogue import ServedPathSettings, VllmInstall
 from release.ci.actions import DOWNLOAD, SETUP_PYTHON, UPLOAD, block, checkout, run, uses
 from release.ci.refusals import gpu_gates, release_target
 from release.errors import ReleaseError
@@ -173,17 +174,24 @@ def _install(groups: list[str]) -> dict[str, Any]:
     )
 
 
-def vllm_python(manifest: Manifest) -> str:
-    """The interpreter the served-path gate drives the wheel under real vLLM with: the stable-ABI
-    wheel's (build.stable_abi_from, as `nox -s vllm`), which setup-python put on the PATH."""
-    return f"python{manifest.build.stable_abi_from}"
+def vllm_installs(manifest: Manifest) -> tuple[VllmInstall, ...]:
+    """Each vLLM release the served-path gate judges, with its interpreter and dependency group
+    (``[gates.served-path] installs``)."""
+    gate = manifest.gates.get("served-path")
+    return gate.installs if isinstance(gate, ServedPathSettings) else ()
 
 
-def _vllm_python(manifest: Manifest) -> dict[str, Any]:
-    python = vllm_python(manifest)
+def vllm_pythons(manifest: Manifest) -> str:
+    """ACTIVEKV_VLLM_PYTHON for the served-path gate: the interpreter of each vLLM release,
+    which setup-python put on the PATH (build.python lists them)."""
+    return ":".join(f"python{install.python}" for install in vllm_installs(manifest))
+
+
+def _vllm_install(install: VllmInstall) -> dict[str, Any]:
+    index = f" --extra-index-url {install.extra_index_url}" if install.extra_index_url else ""
     return run(
-        f"the pinned vLLM into {python}, for the served-path gate",
-        f"{python} -m pip install --group vllm",
+        f"vLLM {install.version} into python{install.python}, for the served-path gate",
+        f"python{install.python} -m pip install --group {install.group}{index}",
     )
 
 
@@ -346,7 +354,7 @@ def release_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
         _runner_folders(target.tuf_url),
         *(_key_step(channel) for channel in keyed),
         _install(["build", "release"]),
-        *([_vllm_python(manifest)] if "served-path" in cpu_gates else []),
+        *(_vllm_install(i) for i in vllm_installs(manifest) if "served-path" in cpu_gates),
         # cibuildwheel made the wheels: record them as `python -m release build` would have.
         run("record the build", "python -m release record-build"),
         # The evidence, not a gate's exit status, decides what is published.
@@ -355,7 +363,7 @@ def release_job(manifest: Manifest, ci: CiSettings) -> CommentedMap:
                 f"{gate} gate on these wheels",
                 f"python -m release {gate} {trust}",
                 tolerate=True,
-                env={"ACTIVEKV_VLLM_PYTHON": vllm_python(manifest)}
+                env={"ACTIVEKV_VLLM_PYTHON": vllm_pythons(manifest)}
                 if gate == "served-path"
                 else None,
             )

@@ -1,31 +1,35 @@
 """Citations of shims: each line of Python a wheel ships names the framework line that needs it.
 
 A shim is the only Python the payload allows (``[[payload.shims]]`` in the manifest). Every line of
-a shim that is not blank and not only a comment ends with a citation comment:
+a shim that is not blank and not only a comment ends with a citation comment, holding one citation
+for each framework release the shim's manifest entry pins (``versions``), separated by ``;``:
 
-    <code>  # cites: <distribution>==<version> <path>:<line> <hash>
+    <code>  # cites: <distribution>==<version> <path>:<line> <hash>[; <distribution>==<version> ...]
 
-* ``<distribution>==<version>``: the framework, exactly as the shim's manifest entry pins it;
-* ``<path>:<line>``: a file inside that framework's wheel (as ``pip download --no-deps`` fetches
+* ``<distribution>==<version>``: the framework and one of its pinned releases, exactly as the
+  shim's manifest entry names them;
+* ``<path>:<line>``: a file inside that release's wheel (as ``pip download --no-deps`` fetches
   it) and a 1-based line number in that file;
 * ``<hash>``: the first 8 hex digits of the sha256 of that line's UTF-8 text with its leading and
   trailing whitespace removed.
 
-For example, citing ``class KVConnectorBase_V1(ABC):`` at line 181 of
-``vllm/distributed/kv_transfer/kv_connector/v1/base.py`` (path shortened here)::
+For example, citing ``class KVConnectorBase_V1(ABC):``, line 180 of
+``vllm/distributed/kv_transfer/kv_connector/v1/base.py`` in vLLM 0.32.0 and line 181 in 0.33.0
+(paths shortened here)::
 
-    class ActiveKVConnector(KVConnectorBase_V1):  # cites: vllm==0.33.0 vllm/…/base.py:181 9433fb97
+    class ActiveKVConnector(KVConnectorBase_V1):  # cites: vllm==0.32.0 vllm/…/base.py:180 9433fb97; vllm==0.33.0 vllm/…/base.py:181 9433fb97
 
 The cited line is the framework source that requires the shim's line: the definition it
 overrides or imports, or the call site that calls it. A line counts as code when Python's
 tokenizer finds anything on it but a comment, so a string spanning lines (a docstring) makes lines
 that cannot carry a citation: shims document themselves in comments.
 
-``verify_shim`` checks a shim's citations against the framework's own files; every problem names
-the shim file and line: an uncited or malformed line, another framework or version than the pin,
-a path missing from the framework, a line number past its end, or a hash that does not match the
-cited line (a wrong line number or a line the framework changed).
-"""
+``verify_shim`` checks a shim's citations against each pinned release's own files; every problem
+names the shim file and line: an uncited or malformed line, another framework or a release the
+manifest does not pin, a pinned release the line does not cite (or cites twice), a path missing
+from that release, a line number past its end, or a hash that does not match the cited line (a
+wrong line number or a line the framework changed).
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -35,15 +39,16 @@ import io
 import re
 import tokenize
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+_CITATIONS = re.compile(r"#\s*cites:\s*(?P<citations>.*?)\s*")
 _CITATION = re.compile(
-    r"#\s*cites:\s*(?P<distribution>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)"
-    r"\s+(?P<path>[^\s:]+):(?P<line>[1-9][0-9]*)\s+(?P<digest>[0-9a-f]{8})\s*"
+    r"(?P<distribution>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)"
+    r"\s+(?P<path>[^\s:]+):(?P<line>[1-9][0-9]*)\s+(?P<digest>[0-9a-f]{8})"
 )
 _NOT_CODE = {
     tokenize.COMMENT,
@@ -54,7 +59,10 @@ _NOT_CODE = {
     tokenize.ENCODING,
     tokenize.ENDMARKER,
 }
-FORMAT = "# cites: <distribution>==<version> <path>:<line> <8 hex digits of sha256 of that line>"
+FORMAT = (
+    "# cites: <distribution>==<version> <path>:<line> <8 hex digits of sha256 of that line>, "
+    "one per pinned version, separated by semicolons"
+)
 
 
 @dataclass(frozen=True)
@@ -165,15 +173,17 @@ def parse_shim(shim: str, source: bytes) -> tuple[list[Citation], list[CitationP
         if comment is None or "cites:" not in comment:
             problems.append(CitationProblem(shim, number, f"uncited line: expected {FORMAT!r}"))
             continue
-        match = _CITATION.fullmatch(comment)
-        if match is None:
+        listed = _CITATIONS.fullmatch(comment)
+        parts = [part.strip() for part in listed["citations"].split(";")] if listed else []
+        matches = [_CITATION.fullmatch(part) for part in parts]
+        if not parts or None in matches:
             problems.append(
                 CitationProblem(
                     shim, number, f"malformed citation {comment!r}: expected {FORMAT!r}"
                 )
             )
             continue
-        citations.append(
+        citations += [
             Citation(
                 number,
                 match["distribution"],
@@ -182,24 +192,42 @@ def parse_shim(shim: str, source: bytes) -> tuple[list[Citation], list[CitationP
                 int(match["line"]),
                 match["digest"],
             )
-        )
+            for match in matches
+            if match is not None
+        ]
     return citations, problems
 
 
 def pin_problems(
-    shim: str, citations: list[Citation], framework: str, version: str
+    shim: str, citations: list[Citation], framework: str, versions: Sequence[str]
 ) -> list[CitationProblem]:
-    """Citations of another framework or version than the shim's pin."""
-    return [
+    """Citations of another framework or of a release the manifest does not pin, and code lines
+    that cite a pinned release other than exactly once."""
+    pinned = ", ".join(f"{framework}=={v}" for v in versions)
+    problems = [
         CitationProblem(
             shim,
             c.shim_line,
-            f"cites {c.distribution}=={c.version}, but the manifest pins this shim to "
-            f"{framework}=={version}",
+            f"cites {c.distribution}=={c.version}, but the manifest pins this shim to {pinned}",
         )
         for c in citations
-        if canonicalize_name(c.distribution) != canonicalize_name(framework) or c.version != version
+        if canonicalize_name(c.distribution) != canonicalize_name(framework)
+        or c.version not in versions
     ]
+    for line in sorted({c.shim_line for c in citations}):
+        cited = [c.version for c in citations if c.shim_line == line]
+        for version in versions:
+            if cited.count(version) != 1:
+                times = "no" if version not in cited else f"{cited.count(version)}"
+                problems.append(
+                    CitationProblem(
+                        shim,
+                        line,
+                        f"{times} citations of {framework}=={version}: expected exactly one for "
+                        f"each pinned version ({pinned})",
+                    )
+                )
+    return problems
 
 
 def check_against_wheel(
@@ -249,15 +277,18 @@ def verify_shim(
     shim: str,
     source: bytes,
     framework: str,
-    version: str,
-    framework_wheel: Callable[[], Path] | None,
+    versions: Sequence[str],
+    framework_wheel: Callable[[str], Path] | None,
 ) -> list[CitationProblem]:
-    """Every problem of one shim's citations. ``framework_wheel`` fetches the framework's wheel
-    for the line checks; it is not called when a citation names another version (fetching the
-    pinned framework would prove nothing), and None skips the line checks."""
+    """Every problem of one shim's citations. ``framework_wheel(version)`` fetches a pinned
+    release's wheel for the line checks; it is not called when a citation names another release
+    or a line misses one (fetching the pinned framework would prove nothing), and None skips the
+    line checks."""
     citations, problems = parse_shim(shim, source)
-    mismatched = pin_problems(shim, citations, framework, version)
+    mismatched = pin_problems(shim, citations, framework, versions)
     problems += mismatched
     if framework_wheel is not None and not mismatched:
-        problems += check_against_wheel(shim, citations, framework_wheel())
+        for version in versions:
+            cited = [c for c in citations if c.version == version]
+            problems += check_against_wheel(shim, cited, framework_wheel(version))
     return sorted(problems, key=lambda p: p.line)

@@ -69,14 +69,17 @@ class GateOptions:
             )
         ),
     )
-    vllm_python: Path | None = field(
-        default=None,
+    vllm_pythons: tuple[Path, ...] = field(
+        default=(),
         metadata=_flag(
             Flag(
                 "--vllm-python",
-                "Python 3.12+ that has vLLM (default: $ACTIVEKV_VLLM_PYTHON, else this one)",
+                "a Python 3.11+ that has one of the vLLM releases the shim pins (repeatable; "
+                "besides $ACTIVEKV_VLLM_PYTHON and this one)",
                 ("served-path",),
-                type=Path,
+                True,
+                Path,
+                "PATH",
             )
         ),
     )

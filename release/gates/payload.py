@@ -2,9 +2,8 @@
 classified; only the kinds the manifest allows may ship.
 
 Executable Python is allowed only as a shim the manifest declares, with the declared content
-hash, and every line of it must cite the pinned framework's source (release/gates/citations.py),
-which
-is checked against that framework's own wheel, fetched once into a cache
+hash, and every line of it must cite the source of each framework release it pins
+(release/gates/citations.py), checked against each release's own wheel, fetched once into a cache
 (release/util/framework_cache.py). Bytecode and undeclared `.py` files (a stray `__init__.py`
 included) always fail. The SBOM the manifest requires (`payload.sbom`) must be there and tell the
 truth about the wheel's modules (release/gates/sbom.py). The project's licence and the notice of
@@ -114,21 +113,23 @@ def _shim_problem(shim: Shim, source: bytes, frameworks: FrameworkSource | None)
     actual = hashlib.sha256(source).hexdigest()
     if actual != shim.sha256:
         return f"shim content sha256 {actual} differs from the manifest's {shim.sha256}"
+    pins = {pin.version: pin.sha256 for pin in shim.versions}
     if frameworks is None:
+        cited = ", ".join(f"{shim.framework}=={version}" for version in pins)
         raise GateError(
-            f"{shim.path}: its citations of {shim.framework}=={shim.version} need the framework's "
-            "wheel; expected a framework cache directory (framework_cache)"
+            f"{shim.path}: its citations of {cited} need the framework's wheels; expected a "
+            "framework cache directory (framework_cache)"
         )
 
-    def fetch() -> Path:
-        wheel = frameworks(shim.framework, shim.version)
-        if shim.framework_sha256 and (found := sha256_file(wheel)) != shim.framework_sha256:
-            raise GateError(f"{wheel}: expected the {shim.framework}=={shim.version} wheel the "
-                            f"manifest pins (framework_sha256 {shim.framework_sha256}); got "
-                            f"sha256 {found}")  # fmt: skip
+    def fetch(version: str) -> Path:
+        wheel = frameworks(shim.framework, version)
+        if (pinned := pins[version]) and (found := sha256_file(wheel)) != pinned:
+            raise GateError(f"{wheel}: expected the {shim.framework}=={version} wheel the "
+                            f"manifest pins (versions sha256 {pinned}); got sha256 "
+                            f"{found}")  # fmt: skip
         return wheel
 
-    problems = verify_shim(shim.path, source, shim.framework, shim.version, fetch)
+    problems = verify_shim(shim.path, source, shim.framework, list(pins), fetch)
     return "; ".join(f"line {p.line}: {p.message}" for p in problems)
 
 

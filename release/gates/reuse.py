@@ -64,8 +64,8 @@ def _interpreters(inputs: GateInputs) -> list[dict[str, Any]]:
     serves, and one of the wheel's own version; vLLM's, where it is named (--vllm-python,
     $ACTIVEKV_VLLM_PYTHON; else it is this one)."""
     options = inputs.options
-    named = os.environ.get("ACTIVEKV_VLLM_PYTHON")
-    paths: list[Path | None] = [options.vllm_python, Path(named) if named else None]
+    named = os.environ.get("ACTIVEKV_VLLM_PYTHON", "").split(os.pathsep)
+    paths: list[Path | None] = [*options.vllm_pythons, *(Path(p) for p in named if p)]
     for wheel in inputs.wheels:
         paths.append(interpreter_for(wheel.serves, options.interpreters))
         paths.append(find_interpreter(wheel.python))

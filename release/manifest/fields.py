@@ -9,6 +9,7 @@ from pathlib import PurePosixPath
 from typing import Annotated
 from urllib.parse import urlsplit
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, Field, StrictInt, StrictStr
 
@@ -85,6 +86,15 @@ def exact_version(value: str) -> str:
         Version(value)
     except InvalidVersion:
         require(False, 'an exact version such as "0.33.0" (no specifiers)')
+    return value
+
+
+def specifier_set(value: str) -> str:
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        require(False, 'a version range such as ">=0.32,<0.34" (PEP 440 specifiers)')
+    require(bool(value.strip()), 'a version range such as ">=0.32,<0.34", not an empty one')
     return value
 
 

@@ -11,6 +11,7 @@ from packaging.specifiers import SpecifierSet
 from pydantic import ValidationError
 
 from release import catalogue
+from release.catalogue import ServedPathSettings
 from release.errors import ManifestError
 from release.manifest.fields import MAX_MANIFEST_BYTES, REQUIRED_CHANNELS
 from release.manifest.messages import (
@@ -162,6 +163,7 @@ def _cross_references(m: Manifest) -> list[Issue]:
     if m.ci is not None:
         issues += _ci_references(m, m.ci)
     issues += _gate_references(m)
+    issues += _served_path_references(m)
     if "parity" in m.gates and not m.gates["parity"].cells:
         issues.append(
             Issue(("gates", "parity", "cells"), "a non-empty array of parity cells", "nothing")
@@ -221,6 +223,19 @@ def _gate_references(m: Manifest) -> list[Issue]:
                 )
             )
     return issues
+
+
+def _served_path_references(m: Manifest) -> list[Issue]:
+    """[gates.served-path] installs each vLLM release the connector's shim pins, and no other."""
+    gate = m.gates.get("served-path")
+    if not isinstance(gate, ServedPathSettings):
+        return []
+    pins = [p.version for s in m.payload.shims if s.framework == "vllm" for p in s.versions]
+    installed = [install.version for install in gate.installs]
+    if not pins or sorted(installed) == sorted(pins):
+        return []
+    expected = f"one install for each vLLM release payload.shims pins ({', '.join(pins)})"
+    return [Issue(("gates", "served-path", "installs"), expected, shown(installed))]
 
 
 def _ci_references(m: Manifest, ci: CiSettings) -> list[Issue]:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -41,6 +43,7 @@ from release.manifest.fields import (
     schema_version,
     shim_path,
     signing_key,
+    specifier_set,
     state_dir,
     web_url,
 )
@@ -232,24 +235,44 @@ class BuildSettings(StrictModel):
         return self.stable_abi_from
 
 
+_SHA256 = Annotated[
+    StrictStr, AfterValidator(pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)"))
+]
+
+
+class FrameworkPin(StrictModel):
+    """One ``payload.shims[].versions`` entry: a framework release the shim cites, and the sha256
+    of that release's wheel, whose files the citations are checked against (the framework's own
+    file, not any wheel that carries its name and version)."""
+
+    version: Annotated[StrictStr, AfterValidator(exact_version)]
+    sha256: _SHA256 | None = None
+
+
+def _pins(value: tuple[FrameworkPin, ...]) -> tuple[FrameworkPin, ...]:
+    versions = [Version(pin.version) for pin in value]
+    require(bool(versions), "at least one framework version")
+    require(versions == sorted(set(versions)), "distinct versions, oldest first")
+    return value
+
+
 class Shim(StrictModel):
-    """One ``payload.shims`` entry: a Python file the wheel may hold and the framework it cites."""
+    """One ``payload.shims`` entry: a Python file the wheel may hold, the framework releases it
+    supports (``supports``, the range the native module refuses any other release by) and the
+    pinned release of each that every code line cites (``versions``)."""
 
     path: Annotated[StrictStr, AfterValidator(shim_path)]
     framework: DistributionName
-    version: Annotated[StrictStr, AfterValidator(exact_version)]
-    sha256: Annotated[
-        StrictStr, AfterValidator(pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)"))
-    ]
-    # The sha256 of the framework wheel the citations are checked against: the framework's own
-    # file, not any wheel that carries its name and version.
-    framework_sha256: (
-        Annotated[
-            StrictStr,
-            AfterValidator(pattern(r"[0-9a-f]{64}", "64 lowercase hex digits (sha256)")),
-        ]
-        | None
-    ) = None
+    supports: Annotated[StrictStr, AfterValidator(specifier_set)]
+    versions: Annotated[tuple[FrameworkPin, ...], AfterValidator(_pins)]
+    sha256: _SHA256
+
+    @model_validator(mode="after")
+    def _pins_supported(self) -> Shim:
+        supported = SpecifierSet(self.supports)
+        outside = [p.version for p in self.versions if not supported.contains(p.version, True)]
+        require(not outside, f"versions inside supports {self.supports!r}; got {outside}")
+        return self
 
 
 FileKind = Literal["extension", "stub", "typed-marker", "metadata", "license", "shim", "sbom"]

@@ -1,8 +1,8 @@
 """Drives a vLLM KV connector through vLLM's hooks and counts first-party Python frames per step.
 
-Run by the served-path gate (release/gates/served_path.py) with an interpreter that has vLLM (3.12
-or
-newer, for ``sys.monitoring``), as a script::
+Run by the served-path gate (release/gates/served_path.py) with an interpreter that has vLLM
+(3.11 or newer: frames are counted with ``sys.monitoring``, or on 3.11 with the profile hooks of
+``sys`` and ``threading``), as a script::
 
     python -I served_path_driver.py --report REPORT --site SITE --reference DIR [--layers 4]
         [--steps 6]
@@ -29,10 +29,11 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import uuid
 from collections import Counter
 from pathlib import Path
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 TOOL_ID = 4  # sys.monitoring.PROFILER_ID's neighbour: free in a plain interpreter
@@ -63,7 +64,9 @@ MODEL_CONFIG = {
 
 
 class FrameCounter:
-    """sys.monitoring PY_START/PY_RETURN of code under ``roots``: frames, code objects, depth."""
+    """sys.monitoring PY_START/PY_RETURN of code under ``roots``: frames, code objects, depth.
+    Python 3.11 has no sys.monitoring: there the profile hook's call and return events, which it
+    sends for Python frames only (a frame left by an exception returns too), count the same."""
 
     def __init__(self, roots: list[Path]) -> None:
         self.roots = tuple(str(root.resolve()) + os.sep for root in roots)
@@ -99,7 +102,17 @@ class FrameCounter:
         self.frames, self.codes, self.max_depth = 0, Counter(), self.depth
         return taken
 
+    def profile(self, frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and self._ours(frame.f_code):
+            self.start(frame.f_code, 0)
+        elif event == "return" and self._ours(frame.f_code):
+            self.depth -= 1
+
     def __enter__(self) -> FrameCounter:
+        if not hasattr(sys, "monitoring"):  # Python 3.11
+            threading.setprofile(self.profile)  # threads started from here on
+            sys.setprofile(self.profile)
+            return self
         events = sys.monitoring.events
         sys.monitoring.use_tool_id(TOOL_ID, "activekv-served-path")
         sys.monitoring.register_callback(TOOL_ID, events.PY_START, self.start)
@@ -109,6 +122,10 @@ class FrameCounter:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if not hasattr(sys, "monitoring"):
+            sys.setprofile(None)
+            threading.setprofile(None)  # type: ignore[arg-type]  # None removes the hook
+            return
         sys.monitoring.set_events(TOOL_ID, 0)
         sys.monitoring.free_tool_id(TOOL_ID)
 
@@ -168,7 +185,11 @@ def build_configs(
         SchedulerConfig,
         VllmConfig,
     )
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+
+    try:  # vLLM 0.33 moved it out of kv_cache_utils
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+    except ImportError:  # vLLM 0.32
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 
     (model_dir / "config.json").write_text(
@@ -380,7 +401,12 @@ def main(argv: list[str]) -> int:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # our entry point registers ActiveKVConnector
+    import vllm
+    from activekv import _vllm
+
     result = {
+        "vllm_version": vllm.__version__,
+        "supported_vllm": _vllm.SUPPORTED_VLLM,
         "engine": drive(
             "ActiveKVConnector", None, [args.site / "activekv"], args.layers, args.steps
         ),

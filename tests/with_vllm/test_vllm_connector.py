@@ -1,7 +1,8 @@
-"""ActiveKV's connector inside the real vLLM 0.33.0: plugin, factory, both roles, the gates.
+"""ActiveKV's connector inside the real vLLM: plugin, factory, both roles, the gates.
 
-Runs under `nox -s vllm` (the pinned vLLM installed, CPU only). Nothing here is a stand-in: the
-plugin loader, the factory, the Scheduler and the connector base class are vLLM's own.
+Runs under `nox -s vllm` (vLLM 0.33.0 installed, CPU only); it passes under 0.32.0 too. Nothing
+here is a stand-in: the plugin loader, the factory, the Scheduler and the connector base class are
+vLLM's own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,53 @@ def configs(activekv_site: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
         tmp_path_factory.mktemp("model"), "ActiveKVConnector", None, layers=3
     )
     return vllm_config, kv_cache_config
+
+
+def test_this_vllm_is_a_supported_release_and_the_range_is_the_manifests(
+    activekv_site: Path,
+) -> None:
+    import vllm
+    from activekv import _vllm
+
+    (shim,) = load_manifest(MANIFEST).payload.shims
+    assert _vllm.SUPPORTED_VLLM == shim.supports
+    assert _vllm.vllm_version_supported(vllm.__version__)
+    assert vllm.__version__ in [pin.version for pin in shim.versions]
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "0.34.0rc1", "0.32.0rc2"])
+def test_a_vllm_outside_the_range_is_refused_at_plugin_load_in_one_line(
+    activekv_site: Path, version: str
+) -> None:
+    """vLLM's own plugin loader calls the entry point, which refuses before registering
+    anything; a connector made without the plugin (kv_connector_module_path) is refused too."""
+    script = (
+        "import vllm\n"
+        f"vllm.__version__ = {version!r}\n"
+        "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as F\n"
+        "from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "from activekv import _vllm\n"
+        "for call in (load_general_plugins,\n"
+        "             lambda: _vllm.ConnectorCore(object(), KVConnectorRole.WORKER, object())):\n"
+        "    try:\n"
+        "        call()\n"
+        "        print('accepted')\n"
+        "    except _vllm.UnsupportedVllmError as error:\n"
+        "        print(repr(str(error)))\n"
+        "print('ActiveKVConnector' in F._registry)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(activekv_site), "VLLM_TARGET_DEVICE": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    *refusals, registered = result.stdout.strip().splitlines()[-3:]
+    expected = (
+        "activekv's ActiveKVConnector supports vLLM >=0.32,<0.34 (0.32.x and 0.33.x); this is "
+        f"vLLM {version}"
+    )
+    assert refusals == [repr(expected)] * 2
+    assert registered == "False"
 
 
 def test_load_general_plugins_calls_our_entry_point(activekv_site: Path) -> None:
@@ -188,10 +236,23 @@ def test_payload_audit_catches_a_wrong_line_number_against_vllm(
     assert "the cited text is at line 181 (wrong line number)" in evidence.reason
 
 
+def this_vllm() -> dict[str, Any]:
+    """The served-path gate's arguments for judging under this interpreter's vLLM alone."""
+    from vllm import __version__
+
+    (shim,) = load_manifest(MANIFEST).payload.shims
+    return {
+        "pins": [__version__],
+        "supports": shim.supports,
+        "vllm_pythons": [Path(sys.executable)],
+    }
+
+
 def test_served_path_gate_passes_on_the_built_wheel(built_wheel: Path, tmp_path: Path) -> None:
-    python = Path(sys.executable)
-    evidence = run_served_path_gate(wheel_set(built_wheel), tmp_path / "out", vllm_python=python)
+    evidence = run_served_path_gate(wheel_set(built_wheel), tmp_path / "out", **this_vllm())
     assert evidence.verdict == "pass", evidence.reason
+    (judged,) = evidence.figures["vllm_releases"].values()
+    assert judged["verdict"] == "pass" and judged["python"] == sys.executable
     sites = evidence.figures["dispatch_sites"]
     assert sites["engine"] <= 9 < sites["reference"]  # only the shim's hook methods ran
     assert evidence.figures["loads_verified"] > 0
@@ -211,9 +272,7 @@ def test_served_path_gate_fails_on_a_shim_that_works_in_python(
         + b"\n\ndef _forward(hook, *args):\n    return hook(*args)\n"
     )
     wheel = rewrite_shim(built_wheel, tmp_path / "dist", planted)
-    evidence = run_served_path_gate(
-        wheel_set(wheel), tmp_path / "out", vllm_python=Path(sys.executable)
-    )
+    evidence = run_served_path_gate(wheel_set(wheel), tmp_path / "out", **this_vllm())
     assert evidence.verdict == "fail"
     assert "first-party Python frames for" in evidence.reason
     assert "engine work in Python: vllm_connector.py:" in evidence.reason
