@@ -105,7 +105,16 @@ def llm_run(
     def run(mode: str, tp: int = 1) -> dict[str, Any]:
         if (mode, tp) not in results:
             out, log = folder / f"{mode}-tp{tp}.json", folder / f"{mode}-tp{tp}.log"
-            env = {**vllm_env, "VLLM_CPU_OMP_THREADS_BIND": omp_bind(tp)}
+            # The engine core in the driver's process (VLLM_ENABLE_V1_MULTIPROCESSING=0) saves
+            # one interpreter importing vLLM, about 10 s a run. At tp 1 vLLM then runs the
+            # worker in that process too (the connector's scheduler and worker halves side by
+            # side); at tp 2 the workers keep their own processes, and the server test runs
+            # vLLM's default layout (API server, engine core and worker, each a process).
+            env = {
+                **vllm_env,
+                "VLLM_CPU_OMP_THREADS_BIND": omp_bind(tp),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            }
             command = [sys.executable, str(HERE / "cpu_llm_driver.py"), mode, str(tp), str(out)]
             with log.open("w") as sink:
                 code = subprocess.run(

@@ -5,10 +5,10 @@ counters (local and external hits), read from `LLM.get_metrics()` before and aft
 
 usage: python cpu_llm_driver.py MODE TP OUT.json   (MODE: off, exact, int8 or fp8)
 
-Each configuration runs in its own process (the tests start it): vLLM's engine core, its
+Each configuration runs in its own process (conftest.py's llm_run starts it): the engine, its
 workers and their thread pinning (VLLM_CPU_OMP_THREADS_BIND, set by the caller) belong to one
 process tree, and a second LLM in the same interpreter would inherit the first one's
-distributed state.
+distributed state and thread pinning.
 """
 
 from __future__ import annotations

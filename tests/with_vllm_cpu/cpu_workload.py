@@ -2,10 +2,10 @@
 driver (cpu_llm_driver.py) and the OpenAI server test, so both see the same prompts.
 
 Each request is one of four long prefixes (300 words, about 300 tokens: 9 full blocks of 32)
-and 8 words of its own. vLLM's device KV cache gets 24 blocks, so after a few other
-prefixes one is gone from it; ActiveKV's host pool gets room for POOL_BLOCKS blocks, fewer than
-the working set (4 prefixes of 9 to 10 stored blocks each), so the oldest prefix is gone from the
-pool too, while the two before the newest still come back from it.
+and 8 words of its own. vLLM's device KV cache gets 24 blocks, so after a few other prefixes one
+is gone from it; ActiveKV's host pool gets room for POOL_BLOCKS blocks, fewer than the working
+set (4 prefixes of 9 full blocks each, and each request's own), so the oldest prefix is gone
+from the pool too, while the two before the newest still come back from it.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ PREFIXES = 4
 # about three prompts' blocks, least recently used out first). Prefix 0 comes last, with the three
 # others used nine times since: evicted from both.
 ORDER = (0, 1, 2, 3, 1, 2, 3, 1, 2, 3, 0)
-# Slots in the host pool: 3.4 prompts' worth (a prompt stores its 9 prefix blocks and a block or
-# two of its own), less than the working set of about 40 (test_cpu_offline checks the bound).
+# Slots in the host pool: fewer than the working set's 36 prefix blocks (4 x 9; each request
+# stores a block or two of its own too), more than three prefixes (test_cpu_offline checks it).
 POOL_BLOCKS = 34
 
 # The tiny model's KV layout (cpu_tiny_model.py): 2 layers, 2 KV heads, head_dim 32, fp32.
