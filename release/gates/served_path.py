@@ -78,8 +78,8 @@ def vllm_interpreters(explicit: Sequence[Path] = ()) -> list[VllmPython]:
     """The interpreters (3.11+) that import vLLM among `explicit`, $ACTIVEKV_VLLM_PYTHON (paths
     separated by os.pathsep) and this one, each path once. An explicit one without vLLM is an
     error naming it."""
-    env_pythons = [Path(p) for p in os.environ.get("ACTIVEKV_VLLM_PYTHON", "").split(os.pathsep)]
-    candidates = [(p, True) for p in explicit] + [(p, False) for p in env_pythons if str(p)]
+    named = os.environ.get("ACTIVEKV_VLLM_PYTHON", "").split(os.pathsep)
+    candidates = [(p, True) for p in explicit] + [(Path(p), False) for p in named if p]
     candidates.append((Path(sys.executable), False))
     found: list[VllmPython] = []
     seen: set[Path] = set()
