@@ -509,6 +509,12 @@ CASES = [
         id="served-path-installs-other-releases",
     ),
     pytest.param(
+        replace('{ version = "0.33.0", python = "3.12"', '{ version = "0.33.0", python = "3.9"'),
+        "gates.served-path.installs[1].python",
+        'one of build.python, "3.10", "3.11", "3.12" or "3.13"; got "3.9"',
+        id="served-path-install-python-not-built",
+    ),
+    pytest.param(
         shim(version="0.33.0,0.32.0"),
         "payload.shims[0].versions",
         "distinct versions, oldest first",

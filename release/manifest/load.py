@@ -226,16 +226,25 @@ def _gate_references(m: Manifest) -> list[Issue]:
 
 
 def _served_path_references(m: Manifest) -> list[Issue]:
-    """[gates.served-path] installs each vLLM release the connector's shim pins, and no other."""
+    """[gates.served-path] installs each vLLM release the connector's shim pins, and no other,
+    each in a Python of build.python (the CI workflow's setup-python provides those)."""
     gate = m.gates.get("served-path")
     if not isinstance(gate, ServedPathSettings):
         return []
+    issues: list[Issue] = []
+    for index, install in enumerate(gate.installs):
+        if install.python not in m.build.python:
+            issues.append(
+                Issue(("gates", "served-path", "installs", index, "python"),
+                      "one of build.python, " + choices(m.build.python, "or"),
+                      shown(install.python))
+            )  # fmt: skip
     pins = [p.version for s in m.payload.shims if s.framework == "vllm" for p in s.versions]
     installed = [install.version for install in gate.installs]
-    if not pins or sorted(installed) == sorted(pins):
-        return []
-    expected = f"one install for each vLLM release payload.shims pins ({', '.join(pins)})"
-    return [Issue(("gates", "served-path", "installs"), expected, shown(installed))]
+    if pins and sorted(installed) != sorted(pins):
+        expected = f"one install for each vLLM release payload.shims pins ({', '.join(pins)})"
+        issues.append(Issue(("gates", "served-path", "installs"), expected, shown(installed)))
+    return issues
 
 
 def _ci_references(m: Manifest, ci: CiSettings) -> list[Issue]:
