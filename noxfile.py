@@ -165,7 +165,9 @@ def vllm(session: nox.Session) -> None:
 
     Plugin, factory, both connector roles and the citations, with vLLM's own classes."""
     _install_vllm(session, "vllm")
-    session.run("python", "-m", "release", "build", "--python", VLLM_INSTALLS["vllm"]["python"])
+    # The wheel of each vLLM release's interpreter: the served-path gate installs it there.
+    pythons = [f"--python={install['python']}" for install in VLLM_INSTALLS.values()]
+    session.run("python", "-m", "release", "build", *pythons)
     session.run("python", "-m", "release", "served-path", *session.posargs,
                 env={"ACTIVEKV_VLLM_PYTHON": _vllm_pythons()})  # fmt: skip
     # The tests take the wheel of their interpreter from the folder just built.
