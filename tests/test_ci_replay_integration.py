@@ -39,7 +39,9 @@ GIT = {
     "GIT_COMMITTER_NAME": "replay",
     "GIT_COMMITTER_EMAIL": "replay@localhost",
 }
-SERVED_PATH_TABLE = re.compile(r"\[gates\.served-path\]\n(?:#.*\n|runner = \"cpu\"\n)*\n")
+SERVED_PATH_TABLE = re.compile(
+    r"\[gates\.served-path\]\n(?:#.*\n|runner = \"cpu\"\n|installs = \[\n(?:  .*\n)*\]\n)*\n"
+)
 
 
 def _run(command: list[str], cwd: Path, timeout: float = 600) -> str:
