@@ -175,3 +175,43 @@ def test_the_two_roles_by_name_still_build_their_halves(vllm: Any, role: str) ->
     built = core(vllm, f"roles-{os.getpid()}", role=role)
     assert built.role == role
     assert ("requests" in built.state) == (role == "SCHEDULER")
+
+
+SCHEDULER_HOOKS = {
+    "get_num_new_matched_tokens": lambda core: core.get_num_new_matched_tokens(NS(), 0),
+    "update_state_after_alloc": lambda core: core.update_state_after_alloc(NS(), NS(), 0),
+    "build_connector_meta": lambda core: core.build_connector_meta(NS()),
+}
+WORKER_HOOKS = {
+    "register_kv_caches": lambda core: core.register_kv_caches({}),
+    "start_load_kv": lambda core: core.start_load_kv(NS(), None),
+    "wait_for_layer_load": lambda core: core.wait_for_layer_load(NS(), "layer.0"),
+    "save_kv_layer": lambda core: core.save_kv_layer(NS(), "layer.0", None, None),
+    "wait_for_save": lambda core: core.wait_for_save(NS()),
+    "inject_fence_fault": lambda core: core.inject_fence_fault("load", 0),
+}
+
+
+@pytest.mark.parametrize(
+    ("hook", "role", "kind"),
+    [(hook, "WORKER", "scheduler") for hook in SCHEDULER_HOOKS]
+    + [(hook, "SCHEDULER", "worker") for hook in WORKER_HOOKS],
+)
+def test_a_hook_of_the_other_half_is_refused_naming_both(
+    vllm: Any, hook: str, role: str, kind: str
+) -> None:
+    """vLLM calls each hook on one half only: one called on the other is a RuntimeError naming
+    the hook and the half, before it reads its arguments, and the half holds what it held."""
+    built = core(vllm, f"halves-{os.getpid()}", role=role)
+    before = built.state
+    with pytest.raises(RuntimeError) as refused:
+        {**SCHEDULER_HOOKS, **WORKER_HOOKS}[hook](built)
+    assert str(refused.value) == f"{hook}: a {kind} hook, called on the {role} half"
+    assert built.state == before
+
+
+def test_the_scheduler_half_has_no_failed_loads_and_no_events(vllm: Any) -> None:
+    scheduler = core(vllm, f"scheduler-only-{os.getpid()}", role="SCHEDULER")
+    assert scheduler.get_block_ids_with_load_errors() == set()
+    assert scheduler.event_counts == {}
+    assert scheduler.num_layers == len(LAYERS)
