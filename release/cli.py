@@ -77,13 +77,14 @@ def _dispatch(args: argparse.Namespace, context: Context) -> int:
         return step_keygen(args.channel, args.runner, args.directory, pin=args.pin,
                            manifest_path=context.manifest.path)  # fmt: skip
     if command in ("sign", "publish", "verify", "serve", "rebuild"):  # the trust stack
+        from release.trust import consumer_steps
         from release.trust import steps as trust
 
         if command == "rebuild":
-            return trust.step_rebuild(context, args)
+            return consumer_steps.step_rebuild(context, args)
 
         if command == "verify" and args.index is not None:
-            return trust.step_verify_index(context, args)
+            return consumer_steps.step_verify_index(context, args)
         if command == "verify" and args.requirement is not None:
             raise VerifyError(f"verify {args.requirement}: a requirement needs --index URL")
         if command == "serve":

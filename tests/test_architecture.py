@@ -47,10 +47,12 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "release.trust": "release.errors release.util release.manifest release.catalogue "
         "release.records release.evidence release.statement release.source_state "
         "release.wheelset",
-        # The trust steps adapt a step's context to the trust modules.
+        # The trust steps adapt a step's context to the trust modules: the publisher's, and the
+        # consumer's (verify --index, rebuild), which need none of the publisher's records.
         "release.trust.steps": "release.errors release.util release.manifest release.catalogue "
         "release.records release.evidence release.statement release.source_state "
         "release.wheelset release.context",
+        "release.trust.consumer_steps": "release.errors release.util release.context",
         "release.report": "release.errors release.util release.manifest release.records "
         "release.evidence release.statement release.wheelset release.gpu "
         "release.trust.index",  # the consumer's install line

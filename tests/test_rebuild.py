@@ -31,7 +31,7 @@ from fixtures_sign import attest_passing_gates
 
 from release.errors import VerifyError
 from release.manifest import load_manifest
-from release.trust import steps as trust_steps
+from release.trust import consumer_steps
 from release.trust.build_inputs import LATEST_EPOCH, build_inputs
 from release.trust.index import EmbeddedIndex
 from release.trust.rebuild import RebuildResult, rebuild_release, toolchain_differences
@@ -343,7 +343,7 @@ def test_the_work_folder_of_an_earlier_rebuild_is_emptied_and_marked(tmp_path):
 
 
 def _step(out: Path, run: Callable[..., RebuildResult], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(trust_steps, "rebuild_release", run)
+    monkeypatch.setattr(consumer_steps, "rebuild_release", run)
     context = SimpleNamespace(out_dir=out, cache_dir=out / "cache",
                               manifest=load_manifest(DEFAULT_MANIFEST))  # fmt: skip
     args = SimpleNamespace(
@@ -356,7 +356,7 @@ def _step(out: Path, run: Callable[..., RebuildResult], monkeypatch: pytest.Monk
         tuf_url=None,
         tuf_cache=None,
     )
-    return trust_steps.step_rebuild(context, args)  # type: ignore[arg-type]
+    return consumer_steps.step_rebuild(context, args)  # type: ignore[arg-type]
 
 
 IDENTICAL = RebuildResult(

@@ -1,5 +1,7 @@
-"""The trust steps of the command line: sign the provenance, publish to the index, verify what
-it serves (as the publisher, and as a consumer with `verify --index`), serve the embedded index.
+"""The publisher's trust steps of the command line: sign the provenance, publish to the
+manifest's index, verify what it serves, serve the embedded index, and the trust half of `run`
+(those three in turn). The consumer's steps (`verify --index`, `rebuild`) are
+release/trust/consumer_steps.py.
 
 May import: everything of ``release.trust``, ``release.context``, ``release.evidence``,
 ``release.records``, ``release.wheelset`` and ``release.util``.
@@ -7,10 +9,7 @@ May import: everything of ``release.trust``, ``release.context``, ``release.evid
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +32,11 @@ from release.trust.attestation import (
     provenance_entry,
     published_name,
 )
+from release.trust.consumer_steps import MODULES, print_served
 from release.trust.index import EmbeddedIndex, install_hint
 from release.trust.keys import channel_signer, tuf_keys_spec
 from release.trust.pins import ChannelPins, channel_pins, operator_signed
 from release.trust.publish import publish
-from release.trust.rebuild import rebuild_release
 from release.trust.remote_index import RemoteIndex, find_credentials
 from release.trust.reuse import signed_or_reused, verified_or_reused
 from release.trust.sign import (
@@ -51,19 +50,15 @@ from release.trust.sign import (
     write_public_key,
 )
 from release.trust.statement_store import envelope_path_for
-from release.trust.tuf_client import TrustedIndex, refuse_credentials
+from release.trust.tuf_client import TrustedIndex
 from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
-from release.trust.verify import verify_attestations, verify_release
-from release.util.atomic import atomic_write
+from release.trust.verify import verify_attestations
 from release.util.digests import sha256_file
 from release.util.interpreters import find_interpreter
 from release.util.pins import project_version
 from release.util.progress import console
 from release.util.reuse import ReuseStore
-from release.util.urls import masked_url
 from release.wheelset import Sdist, WheelSet, judged_sdist
-
-MODULES = ("activekv._engine", "activekv._fabric")
 
 
 def _attester_keys(
@@ -430,7 +425,7 @@ def _verify_with(
             limits=context.manifest.publish.limits, reuse=reuse,
         )  # fmt: skip
     checks = verified.checks
-    _print_served(verified.files)
+    print_served(verified.files)
     if reused:
         console.print(f"  the installs below are those of a verify of the same files from the "
                       f"same index and TUF metadata ({reused})", markup=False,
@@ -460,13 +455,6 @@ def stored_statement(
         if same is not None:
             return same
     return read_and_verify(stored, public_key)
-
-
-def _print_served(files: dict[str, str]) -> None:
-    console.print(f"  every file the index serves for this version ({len(files)}) is one the "
-                  "signed statement names, with its digest:", soft_wrap=True)  # fmt: skip
-    for name, digest in sorted(files.items()):
-        console.print(f"    {name} sha256 {digest}", markup=False, soft_wrap=True)
 
 
 def step_publish(context: Context, channel_name: str | None) -> int:
@@ -508,93 +496,6 @@ def step_serve(context: Context, port: int = 0) -> int:
                 time.sleep(3600)
         except KeyboardInterrupt:
             return 0
-
-
-def step_verify_index(context: Context, args: Any) -> int:
-    """`verify --index URL NAME==VERSION`: the consumer's check (release/trust/verify.py)."""
-
-    given = {"NAME==VERSION": args.requirement, "--root": args.root,
-             "--provenance-key": args.provenance_key}  # fmt: skip
-    missing = [flag for flag, value in given.items() if not value]
-    if missing:
-        raise VerifyError(
-            f"verify --index {masked_url(args.index)}: also give {', '.join(missing)}"
-        )
-    if args.channel is not None:
-        raise VerifyError("verify --index: --channel is for the publisher's own index; drop it")
-    interpreters = [p.resolve() for p in args.python] or [Path(sys.executable)]
-    with console.status(f"verifying {args.requirement} from {masked_url(args.index)}"):
-        verified = verify_release(
-            index_url=args.index, requirement=args.requirement, trusted_root=args.root,
-            provenance_key=args.provenance_key, interpreters=interpreters,
-            imports=args.imports or MODULES, workdir=context.out_dir / "verify-index",
-            tuf_url=args.tuf_url, cache_dir=args.tuf_cache, limits=context.manifest.publish.limits,
-        )  # fmt: skip
-    _print_served(verified.files)
-    for check in verified.checks:
-        console.print(f"  python {check.python_version}: {check.wheel} matches its TUF target "
-                      f"and the signed statement; imported {', '.join(check.imported)}",
-                      soft_wrap=True)  # fmt: skip
-    return 0
-
-
-def _clear_rebuild_record(out_dir: Path) -> Path:
-    """<out>/rebuild.json, removed before the rebuild starts: a run that fails leaves no record
-    of an earlier one behind to be read as this one's verdict."""
-    record = out_dir / "rebuild.json"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise VerifyError(
-            f"--out {out_dir}: expected a folder for rebuild.json and the work folder; it is a file"
-        )
-    if record.is_dir() and not record.is_symlink():
-        raise VerifyError(
-            f"--out: {record}: expected the rebuild's record (a file) or nothing; it is a folder"
-        )
-    try:
-        record.unlink(missing_ok=True)
-    except OSError as error:
-        raise VerifyError(
-            f"--out: {record}: cannot remove the earlier record ({error.strerror or error})"
-        ) from None
-    return record
-
-
-def step_rebuild(context: Context, args: Any) -> int:
-    """`rebuild --index URL NAME==VERSION --source PATH_OR_URL`: the consumer's rebuild check
-    (release/trust/rebuild.py); writes <out>/rebuild.json and fails naming the first difference."""
-    given = {"--index": args.index, "NAME==VERSION": args.requirement, "--root": args.root,
-             "--provenance-key": args.provenance_key, "--source": args.source}  # fmt: skip
-    missing = [flag for flag, value in given.items() if not value]
-    if missing:
-        raise VerifyError(f"rebuild: also give {', '.join(missing)}")
-    refuse_credentials("--index", args.index)  # never echoed: rebuild's messages name the URLs
-    if args.tuf_url is not None:
-        refuse_credentials("--tuf-url", args.tuf_url)
-    record = _clear_rebuild_record(context.out_dir)
-    with console.status(f"rebuilding {args.requirement} (python {args.python}) from {args.source}"):
-        result = rebuild_release(
-            index_url=args.index, requirement=args.requirement, trusted_root=args.root,
-            provenance_key=args.provenance_key, source=args.source, python=args.python,
-            workdir=context.out_dir / "rebuild", build_cache=context.cache_dir,
-            tuf_url=args.tuf_url, tuf_cache=args.tuf_cache, limits=context.manifest.publish.limits,
-        )  # fmt: skip
-    atomic_write(record, (json.dumps(dataclasses.asdict(result), indent=2) + "\n").encode())
-    for line in result.toolchain_differences:
-        console.print(f"  toolchain differs from the record: {escape(line)}", soft_wrap=True)
-    if not result.identical:
-        other_tools = " (the rebuild ran on other tools, listed above)"
-        raise VerifyError(
-            f"the rebuild of {result.wheel} at commit {result.commit} is not the published wheel "
-            f"(sha256 {result.published_sha256}; rebuilt {result.rebuilt_sha256}): "
-            + "; ".join(result.differences)
-            + (other_tools if result.toolchain_differences else "")
-        )
-    console.print(
-        f"{result.wheel}: bit-identical to its rebuild at commit {result.commit} "
-        f"(sha256 {result.rebuilt_sha256}); record: {record}",
-        soft_wrap=True,
-    )
-    return 0
 
 
 def sign_publish_verify(
