@@ -1,6 +1,7 @@
 """Measurement records read through checks: each missing or ill-shaped value raises ShapeError
 naming its key (`rows[2].h2d_gbps`). Such records are shown as they are, so this is their one
-reader: the report's sections and the README's staging evidence both go through it."""
+reader: the report's sections and the typed GPU staging record (release/report/staging_record.py,
+which the report and the README's staging evidence read) both go through it."""
 
 from __future__ import annotations
 

@@ -59,6 +59,7 @@ class Folder:
 class Records:
     build: BuildRecord | None = None
     evidence: dict[str, Evidence] = field(default_factory=dict)
+    # As the file holds it: its section reads it as a typed record (report/staging_record.py).
     gpu_staging: dict[str, Any] | None = None
     sign: SignRecord | None = None
     publish: PublishRecord | None = None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from release.report.staging_record import StagingRecord
 
 
 def block_size_label(size: int) -> str:
@@ -12,8 +15,9 @@ def block_size_label(size: int) -> str:
     return f"{size} B"
 
 
-def staging_plot(staging: dict[str, Any]) -> bytes:
-    """GB/s against block size, one line per method and direction, ceilings dotted (PNG)."""
+def staging_plot(staging: StagingRecord) -> bytes:
+    """GB/s against block size, one line per method and direction (the C++ bench's rates),
+    ceilings dotted (PNG)."""
     import io
 
     import matplotlib
@@ -22,25 +26,23 @@ def staging_plot(staging: dict[str, Any]) -> bytes:
     from matplotlib import pyplot
 
     figure, axes = pyplot.subplots(figsize=(9, 5.2), dpi=110)
-    methods = list(dict.fromkeys(row["method"] for row in staging["rows"]))
+    methods = list(dict.fromkeys(row.method for row in staging.rates))
     colours = pyplot.get_cmap("tab10").colors
     for index, method in enumerate(methods):
-        rows = sorted(
-            (r for r in staging["rows"] if r["method"] == method), key=lambda r: r["block_bytes"]
-        )
-        sizes = [r["block_bytes"] for r in rows]
+        rows = sorted((r for r in staging.rates if r.method == method), key=lambda r: r.block_bytes)
+        sizes = [r.block_bytes for r in rows]
         colour = colours[index % len(colours)]
-        axes.plot(sizes, [r["h2d_gbps"] for r in rows], "o-", color=colour, label=f"{method} H2D")
+        axes.plot(sizes, [r.h2d_gbps for r in rows], "o-", color=colour, label=f"{method} H2D")
         axes.plot(
             sizes,
-            [r["d2h_gbps"] for r in rows],
+            [r.d2h_gbps for r in rows],
             "s--",
             color=colour,
             label=f"{method} D2H",
             alpha=0.8,
         )
     ceilings: dict[float, list[str]] = {}
-    for direction, value in staging.get("ceiling_gbps", {}).items():
+    for direction, value in staging.ceiling_gbps.items():
         ceilings.setdefault(float(value), []).append(direction.upper())
     for value, directions in ceilings.items():
         axes.axhline(value, color="grey", linestyle=":", linewidth=1)
@@ -53,14 +55,15 @@ def staging_plot(staging: dict[str, Any]) -> bytes:
             fontsize=8,
             color="dimgrey",
         )
-    sizes = sorted({r["block_bytes"] for r in staging["rows"]})
+    sizes = sorted({r.block_bytes for r in staging.rates})
     axes.set_xscale("log", base=2)
     axes.set_xticks(sizes, [block_size_label(s) for s in sizes])
     axes.set_xlabel("block size")
     axes.set_ylabel("GB/s")
-    highest = max([*ceilings, *(max(r["h2d_gbps"], r["d2h_gbps"]) for r in staging["rows"])])
+    highest = max([*ceilings, *(max(r.h2d_gbps, r.d2h_gbps) for r in staging.rates)])
     axes.set_ylim(0, highest * 1.12)
-    axes.set_title(f"Staging bandwidth on {staging.get('gpu', '?')}", fontsize=11)
+    gpu = "?" if staging.gpu is None else staging.gpu
+    axes.set_title(f"Staging bandwidth on {gpu}", fontsize=11)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=len(methods))
     figure.tight_layout()

@@ -18,10 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from release.report.checked import Checked, ShapeError
+from release.report.checked import ShapeError
 from release.report.markdown import table_lines
 from release.report.model import Cell, Table
 from release.report.plot import block_size_label
+from release.report.staging_record import (
+    CPP,
+    PYTHON,
+    STEPS_KEY,
+    ScenarioInt8,
+    Step,
+    read_staging_record,
+    required,
+)
 
 SCENARIOS = ("requests", "random")  # the table's order: the targets' traffic, then the worst case
 WAYS = ("load", "store", "both_ways")
@@ -58,13 +67,13 @@ class Verdict:
 
 
 class StagingRecords:
-    """The rule's rows (path "auto") of both records, by (block bytes, scenario), read through
-    the report's checks (release/report/checked.py): ShapeError names the key of a bad value."""
+    """The rule's rows (path "auto") of both records, by (block bytes, scenario), read as typed
+    staging records (release/report/staging_record.py): ShapeError names the key of a bad value."""
 
     def __init__(self, cpp: dict[str, Any], python: dict[str, Any]) -> None:
-        self.cpp, cpp_int8 = _read(cpp, CPP_ROWS)
-        self.python, python_int8 = _read(python, PYTHON_ROWS)
-        self.int8 = {"C++": cpp_int8, "Python": python_int8}
+        self.cpp, cpp_int8 = _read(cpp, CPP)
+        self.python, python_int8 = _read(python, PYTHON)
+        self.int8 = {CPP: cpp_int8, PYTHON: python_int8}
         blocks = {block for block, _ in self.cpp} | {block for block, _ in self.python}
         self.blocks = sorted(blocks)
 
@@ -72,32 +81,31 @@ class StagingRecords:
         """Request-shaped figures of `way` at `block`, by record; a record without the row is
         left out (and judged missing by `judge`)."""
         if way == "int8":
-            return {
-                f"{name} {direction}": row.number(f"int8_over_exact_{direction}")
-                for name, rows in self.int8.items()
-                if (row := rows.get((block, "requests")))
-                for direction in ("load", "store")
-            }
+            ratios: dict[str, float] = {}
+            for name, rows in self.int8.items():
+                if row := rows.get((block, "requests")):
+                    ratios[f"{name} load"] = row.int8_over_exact_load
+                    ratios[f"{name} store"] = row.int8_over_exact_store
+            return ratios
         return {
-            name: row.number(f"{way}_gbps")
-            for name, rows in (("C++", self.cpp), ("Python", self.python))
+            name: row.way(way).gbps
+            for name, rows in ((CPP, self.cpp), (PYTHON, self.python))
             if (row := rows.get((block, "requests")))
         }
 
 
-def _key(row: Checked) -> tuple[int, str]:
-    return row.whole("block_bytes", 1), row.text("scenario")
+Steps = dict[tuple[int, str], Step]  # by (block bytes, scenario)
+Ratios = dict[tuple[int, str], ScenarioInt8]
 
 
-Rows = dict[tuple[int, str], Checked]
-CPP_ROWS, PYTHON_ROWS = "scenarios", "rows"  # where each record keeps its whole-step rows
-
-
-def _read(record: Any, rows_key: str) -> tuple[Rows, Rows]:
-    """A record's rule rows and its int8 rows; ShapeError naming the key of a bad value."""
-    checked = Checked(record, "")
-    rows = {_key(r): r for r in checked.listed(rows_key) if r.text("path") == "auto"}
-    return rows, {_key(r): r for r in checked.listed("int8_vs_exact_by_scenario")}
+def _read(data: Any, bench: str) -> tuple[Steps, Ratios]:
+    """The rule rows and the int8 rows of the record `bench` wrote (typed, through the one
+    reader); ShapeError naming the key of a bad value, or of either list where it lacks it."""
+    record = read_staging_record(data, bench)
+    steps = required(record.steps, STEPS_KEY[bench])
+    ratios = required(record.int8_vs_exact_by_scenario, "int8_vs_exact_by_scenario")
+    rule = {(r.block_bytes, r.scenario): r for r in steps}
+    return rule, {(r.block_bytes, r.scenario): r for r in ratios}
 
 
 def judge(records: StagingRecords) -> list[Verdict]:
@@ -135,20 +143,14 @@ def staging_table(records: StagingRecords) -> Table:
             cpp, python = records.cpp.get((block, scenario)), records.python.get((block, scenario))
             if cpp is None or python is None:
                 continue
-            int8 = [records.int8[name].get((block, scenario)) for name in ("C++", "Python")]
+            int8 = [records.int8[name].get((block, scenario)) for name in (CPP, PYTHON)]
             rows.append(
                 (
                     Cell(block_size_label(block)),
                     Cell(scenario),
-                    Cell(
-                        f"{cpp.number('load_blocks_per_run'):.1f} / "
-                        f"{cpp.number('store_blocks_per_run'):.1f}"
-                    ),
-                    Cell(cpp.text("bus")),
-                    *(
-                        Cell(f"{cpp.number(f'{w}_gbps'):.1f} / {python.number(f'{w}_gbps'):.1f}")
-                        for w in WAYS
-                    ),
+                    Cell(f"{cpp.load_blocks_per_run:.1f} / {cpp.store_blocks_per_run:.1f}"),
+                    Cell(cpp.bus or ""),
+                    *(Cell(f"{cpp.way(w).gbps:.1f} / {python.way(w).gbps:.1f}") for w in WAYS),
                     Cell("; ".join(_ratios(r) for r in int8)),
                 )
             )
@@ -157,10 +159,10 @@ def staging_table(records: StagingRecords) -> Table:
     return Table(headers, tuple(rows))
 
 
-def _ratios(row: Checked | None) -> str:
+def _ratios(row: ScenarioInt8 | None) -> str:
     if row is None:
         return "—"
-    return f"{row.number('int8_over_exact_load'):.2f} / {row.number('int8_over_exact_store'):.2f}"
+    return f"{row.int8_over_exact_load:.2f} / {row.int8_over_exact_store:.2f}"
 
 
 def load(cpp_path: Path, python_path: Path) -> StagingRecords:
@@ -171,14 +173,12 @@ def load(cpp_path: Path, python_path: Path) -> StagingRecords:
             loaded.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as error:
             raise ValueError(f"{path}: expected a JSON staging record; {error}") from error
-    for path, record, rows_key in zip(
-        (cpp_path, python_path), loaded, (CPP_ROWS, PYTHON_ROWS), strict=True
-    ):
+    for path, record, bench in zip((cpp_path, python_path), loaded, (CPP, PYTHON), strict=True):
         try:
-            _read(record, rows_key)
+            _read(record, bench)
         except ShapeError as error:
             raise ValueError(
-                f"{path}: {error} (expected a staging record with {rows_key} and "
+                f"{path}: {error} (expected a staging record with {STEPS_KEY[bench]} and "
                 "int8_vs_exact_by_scenario)"
             ) from error
     return StagingRecords(*loaded)

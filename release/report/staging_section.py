@@ -1,49 +1,43 @@
-"""The report's GPU staging section, from `gpu-staging.json` read through release/report/checked.py:
-the bus rates against the copy ceiling, loads and stores at once, whole engine steps by traffic,
-int8 against exact, and the plot."""
+"""The report's GPU staging section, from `gpu-staging.json` read through the typed staging
+record (release/report/staging_record.py): the bus rates against the copy ceiling, loads and
+stores at once, whole engine steps by traffic, int8 against exact, and the plot."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from release.records import GPU_STAGING_RECORD
-from release.report.checked import SHAPE_ERRORS, Checked, ShapeError
+from release.report.checked import SHAPE_ERRORS, ShapeError
 from release.report.loader import (
     Records,
 )
 from release.report.model import Block, Cell, Figure, Section, Table, Text
 from release.report.plot import block_size_label, staging_plot
+from release.report.staging_record import (
+    CPP,
+    Rate,
+    StagingRecord,
+    Step,
+    read_staging_record,
+    required,
+)
 
 STAGING_PLOT = "report-gpu-staging.png"
 
 
-def _ceiling(staging: Checked) -> dict[str, float]:
-    """The copy ceiling, GB/s by direction; empty where the record has none (null: the Python
-    staging bench writes that when it was given no --ceiling)."""
-    if not staging.has("ceiling_gbps"):
-        return {}
-    ceiling = staging.entry("ceiling_gbps")
-    return {direction: ceiling.number(direction) for direction in ceiling.data}
-
-
-def _rate_row(row: Checked) -> dict[str, Any]:
-    return {"block_bytes": row.whole("block_bytes", 1), "method": row.text("method"),
-            "h2d_gbps": row.number("h2d_gbps"), "d2h_gbps": row.number("d2h_gbps")}  # fmt: skip
-
-
-def _rates(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[str, ...]:
+def _rates(row: Rate, ceiling: Mapping[str, float]) -> tuple[str, ...]:
     """ "H2D 23.0 GB/s (42%)" and the same for D2H: GB/s, and the share of the copy ceiling."""
     rates = []
-    for direction in ("h2d", "d2h"):
-        value = float(row[f"{direction}_gbps"])
+    for direction, gbps in (("h2d", row.h2d_gbps), ("d2h", row.d2h_gbps)):
+        value = float(gbps)
         share = f" ({value / ceiling[direction]:.0%})" if ceiling.get(direction) else ""
         rates.append(f"{direction.upper()} {value:.1f} GB/s{share}")
     return tuple(rates)
 
 
-def _rates_table(rows: list[dict[str, Any]], ceiling: dict[str, float]) -> Table:
-    methods = list(dict.fromkeys(row["method"] for row in rows))
-    by_cell = {(row["block_bytes"], row["method"]): row for row in rows}
+def _rates_table(rows: tuple[Rate, ...], ceiling: Mapping[str, float]) -> Table:
+    methods = list(dict.fromkeys(row.method for row in rows))
+    by_cell = {(row.block_bytes, row.method): row for row in rows}
     table = []
     for size in sorted({size for size, _ in by_cell}):
         cells = [Cell(block_size_label(size))]
@@ -54,12 +48,13 @@ def _rates_table(rows: list[dict[str, Any]], ceiling: dict[str, float]) -> Table
     return Table(("block", *methods), tuple(table), grid=True)
 
 
-def _staging_blocks(staging: Checked, built: dict[str, str]) -> list[Block]:
-    """The section's blocks; ShapeError where the record is not of the agreed shape."""
-    gpu, driver, wheel = (staging.text(k) for k in ("gpu", "driver", "wheel_sha256"))
-    ceiling = _ceiling(staging)
-    rows = [_rate_row(row) for row in staging.entries("rows")]
-    if not rows:
+def _staging_blocks(staging: StagingRecord, built: dict[str, str]) -> list[Block]:
+    """The section's blocks; ShapeError where the record lacks what the section shows."""
+    gpu = required(staging.gpu, "gpu")
+    driver = required(staging.driver, "driver")
+    wheel = required(staging.wheel_sha256, "wheel_sha256")
+    ceiling = staging.ceiling_gbps
+    if not staging.rates:
         raise ShapeError("rows: expected at least one measurement; got none")
     said = (f"copy ceiling H2D {ceiling.get('h2d', '?')} GB/s, D2H {ceiling.get('d2h', '?')} GB/s"
             if ceiling else "no copy ceiling in the record")  # fmt: skip
@@ -67,11 +62,9 @@ def _staging_blocks(staging: Checked, built: dict[str, str]) -> list[Block]:
     if wheel not in built.values():
         blocks.append(Text("These figures are not of this run's wheels: no built wheel has "
                            f"sha256 {wheel}.", "fail"))  # fmt: skip
-    blocks.append(_rates_table(rows, ceiling))
+    blocks.append(_rates_table(staging.rates, ceiling))
     blocks.extend(_staging_targets(staging))
-    # The plot gets the values checked here, never the record's raw ones.
-    checked = {**staging.data, "ceiling_gbps": ceiling, "rows": rows}
-    blocks.append(Figure(staging_plot(checked), STAGING_PLOT, "staging bandwidth by block size"))
+    blocks.append(Figure(staging_plot(staging), STAGING_PLOT, "staging bandwidth by block size"))
     return blocks
 
 
@@ -79,7 +72,8 @@ def gpu_staging_section(records: Records) -> Section | None:
     if records.gpu_staging is None:
         return None
     try:
-        blocks = _staging_blocks(Checked(records.gpu_staging, ""), records.built_digests())
+        staging = read_staging_record(records.gpu_staging, CPP)
+        blocks = _staging_blocks(staging, records.built_digests())
     except SHAPE_ERRORS as error:
         said = str(error) if isinstance(error, ShapeError) else f"{type(error).__name__}: {error}"
         records.unreadable.append(f"{GPU_STAGING_RECORD}.json: expected the agreed shape; {said}")
@@ -87,71 +81,69 @@ def gpu_staging_section(records: Records) -> Section | None:
     return Section("GPU staging", "gpu-staging", blocks)
 
 
-def _gbps(row: Checked, key: str) -> Cell:
-    return Cell(f"{row.number(key):.1f} GB/s")
+def _gbps(value: float) -> Cell:
+    return Cell(f"{value:.1f} GB/s")
 
 
-def _staging_targets(staging: Checked) -> list[Block]:
+def _staging_targets(staging: StagingRecord) -> list[Block]:
     """Loads and stores at once, and int8 against exact tokens/s, where the record has them."""
     blocks: list[Block] = []
-    overlapped = staging.entries("overlapped")
-    if overlapped:
-        key = "both_ways_ceiling_gbps"
-        ceiling = staging.number(key) if staging.has(key) else "?"
+    if staging.overlapped:
+        both = staging.both_ways_ceiling_gbps
+        ceiling = "?" if both is None else both
         blocks.append(
             Text(f"Loads and stores at once (contiguous copy both ways: {ceiling} GB/s).")
         )
         rows = tuple(
             (
-                Cell(block_size_label(r.whole("block_bytes", 1))),
-                Cell(r.text("bus")),
-                _gbps(r, "engine_both_ways_gbps"),
-                _gbps(r, "kernels_both_ways_gbps"),
+                Cell(block_size_label(r.block_bytes)),
+                Cell(r.bus),
+                _gbps(r.engine_both_ways_gbps),
+                _gbps(r.kernels_both_ways_gbps),
                 # Records of older wheels have no bulk copy kernel.
-                _gbps(r, "bulk_both_ways_gbps") if r.has("bulk_both_ways_gbps") else Cell("—"),
-                _gbps(r, "batches_both_ways_gbps"),
+                Cell("—") if r.bulk_both_ways_gbps is None else _gbps(r.bulk_both_ways_gbps),
+                _gbps(r.batches_both_ways_gbps),
             )
-            for r in overlapped
+            for r in staging.overlapped
         )
         headers = ("block", "engine bus", "engine", "kernels alone", "bulk copy kernel alone",
                    "per-layer batches alone")  # fmt: skip
         blocks.append(Table(headers, rows))
-    blocks.extend(_staging_scenarios(staging))
-    compressed = staging.entries("int8_vs_exact")
-    if compressed:
+    blocks.extend(_staging_scenarios(staging.steps or ()))
+    if staging.int8_vs_exact:
         rows = tuple(
             (
-                Cell(block_size_label(r.whole("block_bytes", 1))),
-                Cell(r.text("bus")),
-                Cell(f"{r.number('int8_over_exact_load'):.2f}x"),
-                Cell(f"{r.number('int8_over_exact_store'):.2f}x"),
+                Cell(block_size_label(r.block_bytes)),
+                Cell(r.bus),
+                Cell(f"{r.int8_over_exact_load:.2f}x"),
+                Cell(f"{r.int8_over_exact_store:.2f}x"),
             )
-            for r in compressed
+            for r in staging.int8_vs_exact
         )
         headers = ("block", "int8 bus", "int8 / exact tokens/s, loads", "stores")
         blocks.append(Table(headers, rows))
     return blocks
 
 
-def _staging_scenarios(staging: Checked) -> list[Block]:
+def _staging_scenarios(rule: tuple[Step, ...]) -> list[Block]:
     """Whole engine steps under the path rule, per block size and traffic (scattered blocks, or
     requests whose chains come back as runs), where the record has them."""
-    rule = [r for r in staging.entries("scenarios") if r.text("path") == "auto"]
     if not rule:
         return []
 
-    def rate(row: Checked, way: str) -> Cell:
-        return Cell(f"{row.number(f'{way}_gbps'):.1f} GB/s ({row.number(f'{way}_of_ceiling'):.0%})")
+    def rate(row: Step, way: str) -> Cell:
+        figures = row.way(way)
+        return Cell(f"{figures.gbps:.1f} GB/s ({figures.of_ceiling:.0%})")
 
     rows = tuple(
         (
-            Cell(block_size_label(r.whole("block_bytes", 1))),
-            Cell(r.text("scenario")),
+            Cell(block_size_label(r.block_bytes)),
+            Cell(r.scenario),
             rate(r, "load"),
             rate(r, "store"),
             rate(r, "both_ways"),
-            Cell(f"{r.number('load_blocks_per_run'):.1f} / {r.number('store_blocks_per_run'):.1f}"),
-            Cell(r.text("bus")),
+            Cell(f"{r.load_blocks_per_run:.1f} / {r.store_blocks_per_run:.1f}"),
+            Cell(r.bus or ""),
         )
         for r in rule
     )
