@@ -37,6 +37,22 @@ def subject_digests(statement: Mapping[str, Any]) -> dict[str, str]:
         raise SigningError(f"statement subjects are malformed (missing {exc})") from None
 
 
+@dataclass(frozen=True)
+class Byproduct:
+    """One gate attestation a release's provenance names (predicate.runDetails.byproducts[]):
+    the file name it is published under, the sha256 it must have, and its annotations as written
+    (the gate, the signer's key), which the reader that trusts them checks."""
+
+    name: str
+    sha256: str
+    annotations: Mapping[str, Any]
+
+    @property
+    def gate(self) -> str | None:
+        gate = self.annotations.get("gate")
+        return gate if isinstance(gate, str) else None
+
+
 @dataclass(frozen=True, eq=False)
 class Statement(Mapping[str, Any]):
     """An in-toto v1 Statement as it was read: the fields the pipeline reads, typed, and the
@@ -85,12 +101,46 @@ class Statement(Mapping[str, Any]):
         return gate if isinstance(gate, str) else None
 
     @property
+    def byproducts(self) -> tuple[Byproduct, ...]:
+        """The gate attestations a provenance names (none for a gate's own statement);
+        SigningError naming the first entry without a name and a sha256."""
+        run = _field(self.raw, "predicate", "runDetails")
+        entries = run.get("byproducts", []) if isinstance(run, Mapping) else []
+        if not isinstance(entries, list):
+            raise SigningError(f"predicate.runDetails.byproducts: expected a list; got {entries!r}")
+        found = []
+        for index, entry in enumerate(entries):
+            name, sha256 = _field(entry, "name"), _field(entry, "digest", "sha256")
+            annotations = _field(entry, "annotations")
+            annotations = {} if annotations is None else annotations
+            named = isinstance(name, str) and isinstance(sha256, str)
+            if not named or not isinstance(annotations, Mapping):
+                raise SigningError(
+                    f"predicate.runDetails.byproducts[{index}]: expected an attestation's name "
+                    f"and sha256 digest; got {entry!r}"
+                )
+            found.append(Byproduct(name, sha256, annotations))
+        return tuple(found)
+
+    @property
+    def required_gates(self) -> tuple[str, ...]:
+        """The gates a provenance says its channel required (externalParameters.gates)."""
+        gates = _field(self.raw, "predicate", "buildDefinition", "externalParameters", "gates")
+        return tuple(g for g in gates if isinstance(g, str)) if isinstance(gates, list) else ()
+
+    @property
     def version(self) -> object:
         """The version a release's provenance says it is of (None when it says none)."""
-        try:
-            return self.raw["predicate"]["buildDefinition"]["externalParameters"]["version"]
-        except (KeyError, TypeError):
+        return _field(self.raw, "predicate", "buildDefinition", "externalParameters", "version")
+
+
+def _field(document: object, *keys: str) -> object:
+    """The value under `keys` in nested mappings; None where one is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(document, Mapping):
             return None
+        document = document.get(key)
+    return document
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ from release.evidence import Evidence
 from release.statement import (
     SUFFIX,
     SignedStatement,
+    Statement,
     decode_statement,
     gate_evidence,
     gate_statement,
     other_wheels,
     read_envelope_bytes,
-    subject_digests,
 )
 from release.trust.sign import (
     UnlistedSignerError,
@@ -174,18 +174,16 @@ def check_release(
     (`fetch(target) -> local file`, TUF-verified), has the digest the provenance names, is signed
     by the key the provenance names, passed, and names exactly the provenance's subjects; every
     gate the provenance says was required has one. SigningError says what is wrong."""
-    predicate = statement.get("predicate", {})
-    required = predicate.get("buildDefinition", {}).get("externalParameters", {}).get("gates", [])
-    entries = predicate.get("runDetails", {}).get("byproducts", [])
-    subjects = subject_digests(statement)
+    provenance = Statement.of(statement)
+    subjects = provenance.subjects
     checked: list[Attestation] = []
-    for entry in entries:
-        annotations = entry.get("annotations", {})
-        gate, name = annotations.get("gate"), entry.get("name")
-        if not isinstance(gate, str) or not isinstance(name, str) or "/" in name:
-            raise SigningError(f"the provenance names a malformed attestation: {entry}")
+    for byproduct in provenance.byproducts:
+        gate, name, annotations = byproduct.gate, byproduct.name, byproduct.annotations
+        if gate is None or "/" in name:
+            raise SigningError(f"the provenance names a malformed attestation: {byproduct.name} "
+                               f"(annotations {dict(annotations)})")  # fmt: skip
         path = fetch(attestation_target(project, version, name))
-        if sha256_file(path) != entry.get("digest", {}).get("sha256"):
+        if sha256_file(path) != byproduct.sha256:
             raise SigningError(f"{name}: its sha256 is not the one the signed provenance names")
         try:
             key = Key.from_dict(annotations["keyid"], dict(annotations["publicKey"]))
@@ -200,7 +198,7 @@ def check_release(
         if reason is not None:
             raise SigningError(f"{name}: {reason}")
         checked.append(attestation)
-    missing = sorted(set(required) - {a.evidence.gate for a in checked})
+    missing = sorted(set(provenance.required_gates) - {a.evidence.gate for a in checked})
     if missing:
         raise SigningError(f"the provenance requires gates {', '.join(missing)} but names no "
                            "attestation for them")  # fmt: skip

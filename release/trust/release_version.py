@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from packaging.specifiers import Specifier
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -118,14 +117,6 @@ def project_and_version(wheels: Sequence[Path]) -> tuple[str, str]:
         listed = ", ".join(f"{n} {v}" for n, v in sorted(releases))
         raise PublishError(f"one publish is one project version; the wheels are of {listed}")
     return releases.pop()
-
-
-def statement_version(statement: Mapping[str, Any]) -> object:
-    """The version a release's statement says it is of (None when it says none)."""
-    try:
-        return statement["predicate"]["buildDefinition"]["externalParameters"]["version"]
-    except (KeyError, TypeError):
-        return None
 
 
 def same_version(signed: object, version: str) -> bool:

@@ -15,12 +15,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from release.errors import PublishError, ReleaseError, WriteError
-from release.statement import read_statement_unverified
+from release.errors import PublishError, ReleaseError, SigningError, WriteError
+from release.statement import Statement, read_statement_unverified
 from release.trust.attestation import release_folder
 from release.trust.index import normalize_project
 from release.trust.release_version import version_key
@@ -190,15 +189,12 @@ def byproducts(statement: Path) -> dict[str, str]:
     return named_attestations(document, statement)
 
 
-def named_attestations(statement: Mapping[str, Any], where: Path) -> dict[str, str]:
+def named_attestations(statement: Statement, where: Path) -> dict[str, str]:
+    """Name to sha256 of each gate attestation ``statement`` (read from ``where``) names."""
     try:
-        entries = statement["predicate"]["runDetails"].get("byproducts", [])
-        return {attachment_name(e["name"]): e["digest"]["sha256"] for e in entries}
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise PublishError(
-            f"{where}: predicate.runDetails.byproducts: expected entries with a name and a "
-            f"sha256 digest; got {type(exc).__name__}: {exc}"
-        ) from None
+        return {attachment_name(b.name): b.sha256 for b in statement.byproducts}
+    except SigningError as exc:
+        raise PublishError(f"{where}: {exc}") from None
 
 
 def check_same_files(stored: Path, local: Mapping[str, str], *, release: str) -> None:

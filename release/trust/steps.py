@@ -264,8 +264,7 @@ def open_publish(
     repository to publish with (its keys loaded: stable has no generated ones). `signed`: the
     envelope as sign verified it, taken while the file still holds those bytes."""
     statement = stored_statement(context.envelope_path, public_key, signed).statement
-    named = {entry["digest"]["sha256"] for entry in statement["predicate"]["runDetails"].get(
-        "byproducts", [])}  # fmt: skip
+    named = {byproduct.sha256 for byproduct in statement.byproducts}
     if named != {a.sha256 for a, _ in attestations}:
         raise PublishError(
             f"{context.envelope_path}: the signed provenance names other gate attestations than "
