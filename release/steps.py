@@ -283,6 +283,7 @@ def step_run(context: Context, channel_name: str | None, *, fresh: bool = False)
     that fails, a refused publish) still leaves the summary and the report of what happened.
     """
     from release.report.document import REPORT_HTML, REPORT_MD, STAGING_PLOT, write_report
+    from release.report.loader import load_run
     from release.report.terminal import print_summary
     from release.trust.steps import sign_publish_verify
 
@@ -303,8 +304,9 @@ def step_run(context: Context, channel_name: str | None, *, fresh: bool = False)
         run_gates(context, wheels, reuse)
         sign_publish_verify(context, channel, spec, reuse)
     finally:
-        print_summary(context.out_dir, context.manifest, channel, context.source_dir)
-        for path in write_report(context.out_dir, context.manifest, channel, context.source_dir):
+        view = load_run(context.out_dir, context.manifest, channel, context.source_dir)
+        print_summary(view)
+        for path in write_report(view):
             console.print(f"report: {path}")
     return 0
 
@@ -385,10 +387,11 @@ def step_ci(context: Context, check: bool) -> int:
 
 def step_report(context: Context, channel_name: str | None) -> int:
     from release.report.document import write_report
-    from release.report.loader import recorded_channel
+    from release.report.loader import load_run, recorded_channel
 
     channel = channel_name or recorded_channel(context.out_dir, context.manifest)
-    for path in write_report(context.out_dir, context.manifest, channel, context.source_dir):
+    view = load_run(context.out_dir, context.manifest, channel, context.source_dir)
+    for path in write_report(view):
         console.print(f"wrote {path}")
     return 0
 

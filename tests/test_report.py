@@ -29,6 +29,7 @@ from release.report.document import (
     describe,
     write_report,
 )
+from release.report.loader import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "manifests" / "activekv.toml"
@@ -200,14 +201,14 @@ def full(tmp_path_factory: pytest.TempPathFactory, manifest: Manifest) -> tuple[
     out = write_records(
         tmp_path_factory.mktemp("full"), manifest, staging=True, served_path=True, published=True
     )
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     return (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text(), out
 
 
 @pytest.fixture
 def bare(tmp_path: Path, manifest: Manifest) -> tuple[str, str, Path]:
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     return (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text(), out
 
 
@@ -252,7 +253,7 @@ def test_evidence_of_another_wheel_is_called_out(tmp_path: Path, manifest: Manif
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
     planted = dict(ARTEFACTS, **{WHEELS["3.10"]: digest("a different build")})
     write_evidence(out, Evidence("payload", "pass", planted))
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     rows = gate_table((out / REPORT_HTML).read_text())
     assert "≠ built wheel" in rows["payload"][4][1]
     assert "≠ built wheel" not in rows["policy"][4][1]
@@ -274,7 +275,7 @@ def test_the_overview_counts_the_verdicts_the_gates_table_shows(
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
     planted = dict(ARTEFACTS, **{WHEELS["3.10"]: digest("a different build")})
     write_evidence(out, Evidence("payload", "pass", planted))
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     required, others = gate_tables((out / REPORT_HTML).read_text())
     shown = [Counter(r[2][1].split()[1] for r in table.values()) for table in (required, others)]
     assert shown[0]["other-wheels"] == 1 and shown[0]["pass"] >= 1
@@ -331,7 +332,7 @@ def test_a_wheel_that_never_replayed_leaves_no_cell_bit_identical(
     write_evidence(out, parity_evidence(manifest, {
         abi3: replay(manifest, "3.12", differs=False), cp310: {"status": status},
     }, reason=f"{cp310}: {status}"))  # fmt: skip
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     md, html_text = (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text()
     grid = table_with(html_text, "mode / dtype")[1:]
     entries = [line for row in grid for css, text in row[1:] for line in text.split("\n")]
@@ -385,10 +386,10 @@ def test_staging_figures_of_another_wheel_are_called_out(
     out = write_records(tmp_path, manifest, staging=True, served_path=False, published=False)
     ours = json.loads((out / "gpu-staging.json").read_text())
     assert ours["wheel_sha256"] == ARTEFACTS[STAGED_WHEEL]
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     assert "not of this run's wheels" not in (out / REPORT_MD).read_text()
     (out / "gpu-staging.json").write_text(json.dumps({**ours, "wheel_sha256": digest("old")}))
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     assert f"no built wheel has sha256 {digest('old')}" in (out / REPORT_MD).read_text()
 
 
@@ -426,7 +427,7 @@ def test_a_malformed_staging_record_is_reported_naming_its_key(
 ) -> None:
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
     (out / "gpu-staging.json").write_text(json.dumps(staging_record(**changes)))
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     md = (out / REPORT_MD).read_text()
     assert f"gpu-staging.json: expected the agreed shape; {said}" in md
     assert "## GPU staging" not in md and not (out / STAGING_PLOT).exists()
@@ -436,7 +437,7 @@ def test_an_infinite_block_size_is_reported_not_raised(tmp_path: Path, manifest:
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
     text = json.dumps(staging_record(int8_vs_exact=[{"block_bytes": 12345}]))
     (out / "gpu-staging.json").write_text(text.replace("12345", "1e400"))  # JSON reads it as inf
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     said = "int8_vs_exact[0].block_bytes: expected a number; got Infinity"
     assert said in (out / REPORT_MD).read_text()
 
@@ -447,7 +448,7 @@ def test_a_staging_record_without_a_ceiling_is_shown_without_shares(
     # What the Python staging bench writes when it is given no --ceiling.
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
     (out / "gpu-staging.json").write_text(json.dumps(staging_record(ceiling_gbps=None)))
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     md, html_text = (out / REPORT_MD).read_text(), (out / REPORT_HTML).read_text()
     assert "no copy ceiling in the record." in md and "unreadable" not in md
     assert table_with(html_text, "block")[1][2][1] == "H2D 23.0 GB/s\nD2H 22.0 GB/s"
@@ -476,7 +477,7 @@ def test_malformed_dispatch_sites_are_reported_not_raised(
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
     write_evidence(out, Evidence("served-path", "pass", ARTEFACTS,
                                  figures={"dispatch_sites": sites}))  # fmt: skip
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     md = (out / REPORT_MD).read_text()
     assert f"evidence/served-path.json: expected the agreed shape; figures.{said}" in md
     assert "## Dispatch sites" not in md
@@ -507,7 +508,7 @@ def test_publish_blockers_name_the_failing_required_gates(
     tmp_path: Path, manifest: Manifest
 ) -> None:
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
-    write_report(out, manifest, "stable")
+    write_report(load_run(out, manifest, "stable"))
     why = {r[0][1]: r[1][1] for r in table_with((out / REPORT_HTML).read_text(), "what")[1:]}
     assert "parity: fail" in why["publish"] and "warmup: not-run" in why["publish"]
     assert "policy:" not in why["publish"]
@@ -517,7 +518,7 @@ def test_an_unreadable_record_is_reported_not_raised(tmp_path: Path, manifest: M
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=False)
     (out / "evidence" / "payload.json").write_text("{ not json")
     (out / "gpu-staging.json").write_text(json.dumps({"gpu": "x"}))
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     md = (out / REPORT_MD).read_text()
     assert "payload.json: evidence record: expected JSON" in md
     assert "gpu-staging.json: expected the agreed shape" in md
@@ -527,7 +528,7 @@ def test_a_report_that_fails_leaves_no_earlier_one_in_place(
     tmp_path: Path, manifest: Manifest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = write_records(tmp_path, manifest, staging=True, served_path=False, published=False)
-    write_report(out, manifest, "dev")
+    write_report(load_run(out, manifest, "dev"))
     assert (out / REPORT_MD).exists() and (out / STAGING_PLOT).exists()
 
     def broken(document: Any) -> str:
@@ -536,7 +537,7 @@ def test_a_report_that_fails_leaves_no_earlier_one_in_place(
     # The Markdown renders, the HTML does not: neither file may be left looking current.
     monkeypatch.setattr(document.html, "render", broken)
     with pytest.raises(RuntimeError, match="the renderer broke"):
-        write_report(out, manifest, "dev")
+        write_report(load_run(out, manifest, "dev"))
     left = {p.name for p in out.iterdir()}
     assert not left & {REPORT_MD, REPORT_HTML, STAGING_PLOT}
     assert not [name for name in left if name.endswith(".tmp")]
@@ -643,7 +644,7 @@ def test_the_terminal_summary_shows_the_same_gates_in_short(
     out = write_records(tmp_path, manifest, staging=False, served_path=False, published=True)
     (out / "verify.json").write_text("{not json")
     with console.capture() as captured:
-        print_summary(out, manifest, "stable")
+        print_summary(load_run(out, manifest, "stable"))
     text = captured.get()
     lines = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 4}
     assert "auditwheel show: manylinux_2_17_x86_64; no CUDA library vendored" in lines["policy"]

@@ -30,6 +30,7 @@ from release.evidence import Evidence, write_evidence
 from release.gpu import NO_GPU_RUNNER
 from release.manifest import Manifest, load_manifest
 from release.report.document import REPORT_HTML, REPORT_MD, describe, write_report
+from release.report.loader import load_run
 from release.report.terminal import print_summary
 from release.trust.attestation import attest
 from release.util.progress import console
@@ -59,18 +60,18 @@ def stable_run(out: Path, manifest: Manifest) -> Path:
 
 def report(out: Path, manifest: Manifest, channel: str, source: Path | None = None) -> str:
     if source is None:
-        write_report(out, manifest, channel)
+        write_report(load_run(out, manifest, channel))
     else:
-        write_report(out, manifest, channel, source)
+        write_report(load_run(out, manifest, channel, source))
     return (out / REPORT_MD).read_text()
 
 
 def summary(out: Path, manifest: Manifest, channel: str, source: Path | None = None) -> str:
     with console.capture() as captured:
         if source is None:
-            print_summary(out, manifest, channel)
+            print_summary(load_run(out, manifest, channel))
         else:
-            print_summary(out, manifest, channel, source)
+            print_summary(load_run(out, manifest, channel, source))
     return captured.get()
 
 

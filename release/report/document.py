@@ -20,29 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from release.evidence import Evidence
-from release.manifest import Manifest
 from release.records import GPU_STAGING_RECORD, SignRecord
 from release.report import html, markdown
 from release.report.checked import Checked, ShapeError
-from release.report.loader import (
-    OTHER_STATEMENT,
-    STALE,
-    Folder,
-    GateRow,
-    Records,
-    attestation_folders,
-    attestation_groups,
-    gate_rows,
-    load_records,
-    stale_attestations,
-)
+from release.report.loader import OTHER_STATEMENT, FolderView, Records, RunView
 from release.report.model import Block, Cell, Document, Figure, Section, Table, Text
 from release.report.parity_section import parity_not_run, parity_section
 from release.report.staging_section import STAGING_PLOT, gpu_staging_section
-from release.report.verdict import ChannelVerdict, channel_verdict, names
+from release.report.verdict import STALE, GateRow, names
 from release.report.words import words
 from release.util.atomic import atomic_write
-from release.util.paths import REPO_ROOT
 from release.util.pins import project_version
 from release.wheelset import judged_sdist
 
@@ -251,10 +238,9 @@ def _gate_row(gate: GateRow, built: dict[str, str], sdist: dict[str, str]) -> tu
 GATE_HEADERS = ("gate", "runner", "verdict", "figures", "judged", "ran on")
 
 
-def _gates(verdict: ChannelVerdict, records: Records) -> Section:
-    channel = verdict.channel
+def _gates(view: RunView) -> Section:
+    channel, verdict, built, sdist = view.channel, view.verdict, view.built, view.sdist
     section = Section(f"Gates (channel {channel})", "gates")
-    built, sdist = records.built_digests(), records.built_sdist()
     section.blocks += [
         Text(f"Required by {channel}: its verdict rests on these.", verdict.tone),
         Table(GATE_HEADERS, tuple(_gate_row(gate, built, sdist) for gate in verdict.required)),
@@ -276,17 +262,15 @@ def folder_name(path: Path, source_dir: Path) -> str:
     return str(path.relative_to(source_dir)) if path.is_relative_to(source_dir) else str(path)
 
 
-def _folder_blocks(folder: Folder, channel: str, records: Records, source_dir: Path) -> list[Block]:
-    where = folder_name(folder.path, source_dir)
+def _folder_blocks(view: RunView, shown: FolderView) -> list[Block]:
+    folder, channel, built = shown.folder, view.channel, view.built
+    where = folder_name(folder.path, view.source_dir)
     taken = f"taken by {names(list(folder.channels))}"
     if channel not in folder.channels:
         taken += f", not by {channel} (this report's channel)"
     if not folder.path.is_dir():
         return [Text(f"`{where}` ({taken}): no such folder in this checkout.", "not-run")]
-    built = records.built_digests()
-    groups = attestation_groups(folder, built)
-    stale = sum(len(g.attestations) for g in groups if g.stale)
-    count = len(folder.attestations)
+    stale, count = shown.stale, len(folder.attestations)
     blocks: list[Block] = [
         Text(
             f"`{where}` ({taken}): {count} signed gate attestation(s), read here without "
@@ -298,7 +282,7 @@ def _folder_blocks(folder: Folder, channel: str, records: Records, source_dir: P
         blocks.append(Text(f"{stale} of {count} name other wheels than this build's: stale, no "
                            "channel takes them for this release.", "fail"))  # fmt: skip
     rows = []
-    for group in groups:
+    for group in shown.groups:
         tone = "not-run" if group.stale is None else "fail" if group.stale else "pass"
         mark = "○" if group.stale is None else "≠" if group.stale else "✓"
         rows.append((
@@ -329,12 +313,12 @@ def _attestation_line(path: Path, evidence: Evidence | None) -> str:
     return f"{path.name}: {evidence.gate} {evidence.verdict} on {on}, {evidence.time[:10]}"
 
 
-def _committed(channel: str, records: Records, source_dir: Path) -> Section | None:
-    if not records.folders:
+def _committed(view: RunView) -> Section | None:
+    if not view.folders:
         return None
     section = Section("Committed gate attestations", "attestations")
-    for folder in records.folders:
-        section.blocks += _folder_blocks(folder, channel, records, source_dir)
+    for folder in view.folders:
+        section.blocks += _folder_blocks(view, folder)
     return section
 
 
@@ -408,8 +392,9 @@ def _publishing(records: Records) -> Section:
     return section
 
 
-def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[str, str]]:
+def not_run(view: RunView) -> list[tuple[str, str]]:
     """(what, why) for everything this run did not do."""
+    manifest, records = view.manifest, view.records
     lines: list[tuple[str, str]] = []
     for skipped in records.build.skipped if records.build else ():
         lines.append((f"wheel for Python {skipped.python}", skipped.reason))
@@ -434,7 +419,7 @@ def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[st
         lines.append(
             ("dispatch sites before → after", f"no {SERVED_PATH_GATE} evidence with dispatch_sites")
         )
-    blockers = _publish_blockers(manifest, channel, records)
+    blockers = _publish_blockers(view)
     before = None
     for step in ("sign", "publish", "verify"):
         if getattr(records, step) is not None:
@@ -448,10 +433,11 @@ def not_run(manifest: Manifest, channel: str, records: Records) -> list[tuple[st
     return lines
 
 
-def _publish_blockers(manifest: Manifest, channel: str, records: Records) -> str:
+def _publish_blockers(view: RunView) -> str:
     """Why the channel refuses to publish, from the evidence; empty when nothing blocks it."""
-    requires = manifest.channel(channel).requires
-    rows = {row.name: row for row in gate_rows(manifest, channel, records)}
+    channel = view.channel
+    requires = view.manifest.channel(channel).requires
+    rows = {row.name: row for row in view.rows}
     blockers = []
     for gate in requires:
         row = rows.get(gate)
@@ -463,11 +449,11 @@ def _publish_blockers(manifest: Manifest, channel: str, records: Records) -> str
     return f"channel {channel} requires {', '.join(requires)} to pass; " + "; ".join(blockers)
 
 
-def _overview(verdict: ChannelVerdict, records: Records) -> list[tuple[str, str, str]]:
+def _overview(view: RunView) -> list[tuple[str, str, str]]:
     """The cards: the channel's verdict, then its required gates apart from the others, counted
     from the verdicts the gates tables show (a pass that names other wheels is not this run's
     pass, so it has a card of its own)."""
-    channel = verdict.channel
+    channel, verdict, records = view.channel, view.verdict, view.records
     wheels = len(records.build.wheels) if records.build else 0
     required = Counter(gate.verdict for gate in verdict.required)
     others = Counter(gate.verdict for gate in verdict.not_required)
@@ -483,7 +469,7 @@ def _overview(verdict: ChannelVerdict, records: Records) -> list[tuple[str, str,
                       ""))  # fmt: skip
     if stale := required[STALE] + others[STALE]:
         cards.append(("judged other wheels", str(stale), "fail"))
-    if stale := stale_attestations(records):
+    if stale := view.stale:
         cards.append(("stale attestations", str(stale), "fail"))
     cards += [
         ("published", "yes" if published else "no", "pass" if published else "not-run"),
@@ -492,40 +478,36 @@ def _overview(verdict: ChannelVerdict, records: Records) -> list[tuple[str, str,
     return cards
 
 
-def build_document(
-    out_dir: Path, manifest: Manifest, channel: str, source_dir: Path = REPO_ROOT
-) -> Document:
-    """The report of the records under `out_dir`, for `channel`; the committed attestations
-    are read from the checkout `source_dir`."""
-    records = load_records(out_dir, attestation_folders(manifest, source_dir))
-    verdict = channel_verdict(manifest, channel, records)
-    sections = [_artefacts(records), _gates(verdict, records)]
+def build_document(view: RunView) -> Document:
+    """The report of one run for its channel (release/report/loader.py's view)."""
+    manifest, channel, records, verdict = view.manifest, view.channel, view.records, view.verdict
+    sections = [_artefacts(records), _gates(view)]
     sections += [
         s
         for s in (
-            _committed(channel, records, source_dir),
+            _committed(view),
             parity_section(manifest, records),
-            gpu_staging_section(records),
+            gpu_staging_section(records, view.built),
             _dispatch(records),
         )
         if s
     ]
     sections.append(_publishing(records))
     missing = Section("Not run, and why", "not-run")
-    lines = not_run(manifest, channel, records)
+    lines = not_run(view)
     missing.blocks.append(
         Table(("what", "why"), tuple((Cell(what), Cell(why, "not-run")) for what, why in lines))
         if lines
         else Text("Everything ran.", "pass")
     )
     sections.append(missing)
-    overview = _overview(verdict, records)
+    overview = _overview(view)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     headline = [Text(verdict.headline, verdict.tone)]
     return Document(
         f"Release report: {manifest.release.name} {project_version()}",
         f"channel {channel} · manifest {manifest.path.name} · written {stamp} "
-        f"from the records in {out_dir}",
+        f"from the records in {view.out_dir}",
         overview,
         sections,
         headline + ([Text(verdict.others)] if verdict.others else []),
@@ -537,27 +519,25 @@ def _figures(document: Document) -> Iterable[Figure]:
         yield from (b for b in section.blocks if isinstance(b, Figure))
 
 
-def _render(out_dir: Path, manifest: Manifest, channel: str, source_dir: Path) -> dict[str, bytes]:
+def _render(view: RunView) -> dict[str, bytes]:
     """Every file of the report by name, rendered in memory, so that nothing is written until
     all of them are."""
-    document = build_document(out_dir, manifest, channel, source_dir)
+    document = build_document(view)
     files = {figure.file_name: figure.png for figure in _figures(document)}
     files[REPORT_MD] = markdown.render(document).encode()
     files[REPORT_HTML] = html.render(document).encode()
     return files
 
 
-def write_report(
-    out_dir: Path, manifest: Manifest, channel: str, source_dir: Path = REPO_ROOT
-) -> list[Path]:
-    """Writes report.md and report.html (and the staging plot, when there is one) into
-    `out_dir`; returns their paths. Where that fails, no report is left: an earlier run's must
-    not pass for this one's. The committed attestations are read from the checkout
-    `source_dir`."""
+def write_report(view: RunView) -> list[Path]:
+    """Writes report.md and report.html (and the staging plot, when there is one) into the
+    run's `out_dir`; returns their paths. Where that fails, no report is left: an earlier run's
+    must not pass for this one's."""
+    out_dir = view.out_dir
     report = (out_dir / REPORT_MD, out_dir / REPORT_HTML, out_dir / STAGING_PLOT)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        files = _render(out_dir, manifest, channel, source_dir)
+        files = _render(view)
         for name, data in files.items():
             atomic_write(out_dir / name, data)
     except BaseException:

@@ -1,4 +1,6 @@
-"""The records under `<out>/`, loaded once for the summary and the report.
+"""The records under `<out>/`, loaded once for the summary and the report, and resolved once
+for a channel (`load_run`): every gate's row, the committed attestations grouped by the wheels
+they name, the channel's verdict. Both renderers read that view and load nothing themselves.
 
 A record that is missing is None (that step did not run); one that cannot be read is listed in
 ``unreadable``, never raised, so the report of a failed run is still written.
@@ -23,6 +25,7 @@ from release.records import (
     SignRecord,
     VerifyRecord,
 )
+from release.report.verdict import STALE, ChannelVerdict, GateRow, channel_verdict
 from release.statement import (
     SUFFIX,
     attested_evidence,
@@ -30,6 +33,7 @@ from release.statement import (
     other_wheels,
     read_statement_unverified,
 )
+from release.util.paths import REPO_ROOT
 from release.wheelset import judged_sdist
 
 OTHER_STATEMENT = "another kind of statement: it attests no gate"
@@ -159,23 +163,6 @@ def recorded_channel(out_dir: Path, manifest: Manifest) -> str:
     return manifest.release.default_channel
 
 
-@dataclass(frozen=True)
-class GateRow:
-    """One gate as the summary and the report show it: declared, recorded, or both."""
-
-    name: str
-    runner: str  # the manifest's runner, or "not in the manifest"
-    required: bool  # by the channel
-    verdict: str  # the evidence's, or "not-run"
-    reason: str  # the evidence's, or why there is none
-    evidence: Evidence | None
-    attested_by: Path | None = None  # the committed attestation whose pass this row shows
-
-
-# A verdict on other wheels than the build's: shown with its reason, never as this run's verdict.
-STALE = "other-wheels"
-
-
 def _verdict(
     evidence: Evidence, built: dict[str, str], sdist: dict[str, str] | None = None
 ) -> tuple[str, str]:
@@ -276,8 +263,50 @@ def attestation_groups(folder: Folder, built: dict[str, str]) -> list[Attestatio
     return sorted(groups, key=lambda g: bool(g.stale))
 
 
-def stale_attestations(records: Records) -> int:
-    """How many committed attestations name other wheels than the build's."""
-    built = records.built_digests()
-    return sum(len(group.attestations) for folder in records.folders
-               for group in attestation_groups(folder, built) if group.stale)  # fmt: skip
+@dataclass(frozen=True)
+class FolderView:
+    """A committed attestations folder with its attestations grouped by the wheels they name."""
+
+    folder: Folder
+    groups: tuple[AttestationGroup, ...]
+
+    @property
+    def stale(self) -> int:
+        """How many of its attestations name other wheels than the build's."""
+        return sum(len(group.attestations) for group in self.groups if group.stale)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run for one channel, as the summary and the report show it: its records, the build's
+    wheels and sdist, every gate's row, the committed attestation folders, the verdict."""
+
+    out_dir: Path
+    manifest: Manifest
+    channel: str
+    source_dir: Path  # the checkout whose committed attestations were read
+    records: Records
+    built: dict[str, str]  # wheel file name to sha256, as the build recorded them
+    sdist: dict[str, str]  # the build's sdist, file name to sha256 (empty where none)
+    rows: tuple[GateRow, ...]
+    folders: tuple[FolderView, ...]
+    verdict: ChannelVerdict
+
+    @property
+    def stale(self) -> int:
+        """How many committed attestations name other wheels than the build's."""
+        return sum(folder.stale for folder in self.folders)
+
+
+def load_run(
+    out_dir: Path, manifest: Manifest, channel: str, source_dir: Path = REPO_ROOT
+) -> RunView:
+    """The records under `out_dir` and the committed attestations of the checkout `source_dir`,
+    loaded and resolved for `channel` once."""
+    records = load_records(out_dir, attestation_folders(manifest, source_dir))
+    built, sdist = records.built_digests(), records.built_sdist()
+    rows = tuple(gate_rows(manifest, channel, records))
+    folders = tuple(FolderView(f, tuple(attestation_groups(f, built))) for f in records.folders)
+    verdict = channel_verdict(manifest, channel, rows, built, sdist)
+    return RunView(out_dir, manifest, channel, source_dir, records, built, sdist, rows, folders,
+                   verdict)  # fmt: skip

@@ -68,12 +68,13 @@ def _staging_blocks(staging: StagingRecord, built: dict[str, str]) -> list[Block
     return blocks
 
 
-def gpu_staging_section(records: Records) -> Section | None:
+def gpu_staging_section(records: Records, built: dict[str, str]) -> Section | None:
+    """The staging section of the run's gpu-staging record, its wheels marked against `built`."""
     if records.gpu_staging is None:
         return None
     try:
         staging = read_staging_record(records.gpu_staging, CPP)
-        blocks = _staging_blocks(staging, records.built_digests())
+        blocks = _staging_blocks(staging, built)
     except SHAPE_ERRORS as error:
         said = str(error) if isinstance(error, ShapeError) else f"{type(error).__name__}: {error}"
         records.unreadable.append(f"{GPU_STAGING_RECORD}.json: expected the agreed shape; {said}")

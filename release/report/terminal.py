@@ -7,26 +7,17 @@ the steps that did not run.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
 from release.gpu import figure_lines
-from release.manifest import Manifest
 from release.records import BuildRecord
 from release.report.document import SDIST_SERVES, built_from, describe, folder_name
-from release.report.loader import (
-    GateRow,
-    Records,
-    attestation_folders,
-    attestation_groups,
-    load_records,
-)
-from release.report.verdict import ChannelVerdict, channel_verdict
+from release.report.loader import RunView
+from release.report.verdict import ChannelVerdict, GateRow
 from release.report.words import words
 from release.trust.index import install_hint
-from release.util.paths import REPO_ROOT
 from release.util.progress import VERDICT_STYLE, console
 from release.wheelset import SDIST_FIGURE
 
@@ -92,18 +83,19 @@ def _print_verdict(verdict: ChannelVerdict) -> None:
         console.print(escape(verdict.others))
 
 
-def _print_attestations(records: Records, channel: str, source_dir: Path) -> None:
+def _print_attestations(view: RunView) -> None:
     """Each committed attestation folder in a line, and its attestations by the wheels they
     name: stale ones (other wheels than this build's) flagged."""
-    built = records.built_digests()
-    for folder in records.folders:
-        where = folder_name(folder.path, source_dir)
+    channel = view.channel
+    for shown in view.folders:
+        folder = shown.folder
+        where = folder_name(folder.path, view.source_dir)
         taken = ", ".join(folder.channels) + ("" if channel in folder.channels else
                                               f"; not {channel}")  # fmt: skip
         console.print(escape(f"committed attestations in {where} (taken by {taken}): "
                              f"{len(folder.attestations)} signed, {folder.other_files} other "
                              "file(s) that no channel takes"))  # fmt: skip
-        for group in attestation_groups(folder, built):
+        for group in shown.groups:
             files = ", ".join(c.path.name for c in group.attestations)
             wheels = ", ".join(f"{name.split('-manylinux')[0]} {digest[:12]}"
                                for name, digest in sorted(group.artefacts.items()))  # fmt: skip
@@ -114,14 +106,10 @@ def _print_attestations(records: Records, channel: str, source_dir: Path) -> Non
                 console.print(escape(f"  not taken: {committed.problem}"), style="red")
 
 
-def print_summary(
-    out_dir: Path, manifest: Manifest, channel: str, source_dir: Path = REPO_ROOT
-) -> None:
-    """The summary of the records under `out_dir` for `channel`, led by its verdict; the
-    committed attestations are read from the checkout `source_dir`."""
+def print_summary(view: RunView) -> None:
+    """The summary of one run for its channel, led by its verdict."""
     console.rule("summary")
-    records = load_records(out_dir, attestation_folders(manifest, source_dir))
-    verdict = channel_verdict(manifest, channel, records)
+    manifest, channel, records, verdict = view.manifest, view.channel, view.records, view.verdict
     _print_verdict(verdict)
     for problem in records.unreadable:
         console.print(f"[red]unreadable record[/]: {escape(problem)}")
@@ -134,7 +122,7 @@ def print_summary(
     if verdict.not_required:
         title = f"Other gates (not required by {channel}: they do not decide its verdict)"
         console.print(_gates(title, verdict.not_required))
-    _print_attestations(records, channel, source_dir)
+    _print_attestations(view)
 
     sign = records.sign
     if sign:

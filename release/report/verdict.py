@@ -5,13 +5,30 @@ as not part of that verdict. The summary and the report both lead with it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from release.evidence import Evidence
 from release.manifest import Manifest
-from release.report.loader import STALE, GateRow, Records, gate_rows
 from release.wheelset import judged_sdist
 
 NOT_RUN_PREFIX = "not run: "  # how a gate's evidence says why it did not run
+# A verdict on other wheels than the build's: shown with its reason, never as this run's verdict.
+STALE = "other-wheels"
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One gate as the summary and the report show it: declared, recorded, or both."""
+
+    name: str
+    runner: str  # the manifest's runner, or "not in the manifest"
+    required: bool  # by the channel
+    verdict: str  # the evidence's, or "not-run"
+    reason: str  # the evidence's, or why there is none
+    evidence: Evidence | None
+    attested_by: Path | None = None  # the committed attestation whose pass this row shows
 
 
 @dataclass(frozen=True)
@@ -72,15 +89,22 @@ def _sdist_unjudged(required: tuple[GateRow, ...], sdist: dict[str, str]) -> str
     )
 
 
-def channel_verdict(manifest: Manifest, channel: str, records: Records) -> ChannelVerdict:
+def channel_verdict(
+    manifest: Manifest,
+    channel: str,
+    gate_rows: Sequence[GateRow],
+    built_wheels: Mapping[str, str],
+    sdist: dict[str, str],
+) -> ChannelVerdict:
+    """The verdict of `channel` from every gate's row and the build's wheels and sdist."""
     requires = manifest.channel(channel).requires
-    rows = {row.name: row for row in gate_rows(manifest, channel, records)}
+    rows = {row.name: row for row in gate_rows}
     required = tuple(
         rows.get(gate) or GateRow(gate, "?", True, "not-run", "no evidence in this run", None)
         for gate in requires
     )
     not_required = tuple(row for row in rows.values() if not row.required)
-    built, sdist = len(records.built_digests()), records.built_sdist()
+    built = len(built_wheels)
     passed = all(row.verdict == "pass" for row in required)
     unjudged = _sdist_unjudged(required, sdist)
     releasable = bool(built) and passed and not unjudged
