@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
@@ -36,6 +36,9 @@ from release.util.reuse import Hit, ReuseStore, changed, refusal, reuse_key
 from release.util.set_aside import SetAside
 from release.wheelset import Sdist, Wheel, WheelSet
 
+if TYPE_CHECKING:
+    from release.trust.keys import RunKeys, SignerAndKey
+
 
 @dataclass(frozen=True)
 class Judged:
@@ -47,7 +50,11 @@ class Judged:
 
 
 def judge(
-    context: Context, name: str, inputs: GateInputs, reuse: ReuseStore | None = None
+    context: Context,
+    name: str,
+    inputs: GateInputs,
+    reuse: ReuseStore | None = None,
+    attesting: SignerAndKey | None = None,
 ) -> Judged:
     """Runs one gate through the registry and signs its evidence as an in-toto attestation
     (`<out>/evidence/<gate>.intoto.json`) with the runner's key; the key is loaded first, so a
@@ -56,11 +63,12 @@ def judge(
     With `reuse`, a passing verdict is stored by its key (release/gates/reuse.py: everything it
     depends on, and the key that signed it); where the store is read and holds that key, the
     stored attestation is taken instead of running the gate, once its signature verifies with
-    this run's key and it names exactly these wheels (docs/reuse.md)."""
+    this run's key and it names exactly these wheels (docs/reuse.md). `attesting`: the key,
+    where the caller loaded it."""
     from release.trust.attestation import attest
     from release.trust.keys import attesting_signer
 
-    signer, public_key = attesting_signer(context)
+    signer, public_key = attesting or attesting_signer(context)
     key_inputs = _gate_key(name, inputs, public_key.keyid) if reuse and reuse.reads else None
     if reuse is not None and key_inputs is not None:
         hit = reuse.get("gate", name, reuse_key(key_inputs))
@@ -233,12 +241,18 @@ def step_gpu_gates(context: Context, wheels: WheelSet, options: GateOptions) -> 
     return 1 if any(judged.evidence.verdict == "fail" for judged in verdicts) else 0
 
 
-def run_gates(context: Context, wheels: WheelSet, reuse: ReuseStore | None = None) -> None:
+def run_gates(
+    context: Context,
+    wheels: WheelSet,
+    reuse: ReuseStore | None = None,
+    attesting: SignerAndKey | None = None,
+) -> None:
     """Every gate the manifest declares, in its order, each through the registry (a verdict
-    found before on the same inputs taken from `reuse`, where it is read)."""
+    found before on the same inputs taken from `reuse`, where it is read), its attestation
+    signed with `attesting` (else the key `judge` loads)."""
     inputs = gate_inputs(context, wheels)
     for name in context.manifest.gates:
-        print_verdict(judge(context, name, inputs, reuse))
+        print_verdict(judge(context, name, inputs, reuse, attesting))
 
 
 def reuse_store(context: Context, refused: str = "") -> ReuseStore:
@@ -288,7 +302,7 @@ def step_run(context: Context, channel_name: str | None, *, fresh: bool = False)
     from release.trust.steps import sign_publish_verify
 
     channel, spec = context.channel(channel_name)
-    check_run_inputs(context, channel, spec)
+    keys = check_run_inputs(context, channel, spec)
     reuse = run_store(context, spec, fresh=fresh)
     # Records of an earlier run must not speak for this one.
     earlier = ["evidence", REPORT_MD, REPORT_HTML, STAGING_PLOT]
@@ -301,8 +315,8 @@ def step_run(context: Context, channel_name: str | None, *, fresh: bool = False)
         aside.discard()
     try:
         console.rule("gates")
-        run_gates(context, wheels, reuse)
-        sign_publish_verify(context, channel, spec, reuse)
+        run_gates(context, wheels, reuse, keys.attesting)
+        sign_publish_verify(context, channel, spec, reuse, keys.signing)
     finally:
         view = load_run(context.out_dir, context.manifest, channel, context.source_dir)
         print_summary(view)
@@ -311,22 +325,23 @@ def step_run(context: Context, channel_name: str | None, *, fresh: bool = False)
     return 0
 
 
-def check_run_inputs(context: Context, channel: str, spec: ChannelSpec) -> None:
+def check_run_inputs(context: Context, channel: str, spec: ChannelSpec) -> RunKeys:
     """ReleaseError naming the first input `run` would find missing or unusable only after its
     build and gates: the toolchain's programs, the sdist's frontend and pinned backend, an
     interpreter of every declared Python (verify installs on each), the channel's signing key
     and the key that signs the gates' attestations, each TUF role's key, and a remote index's
-    credentials. Nothing under `<out>`
-    is touched (generated dev keys may be made under the state directory, as on any use)."""
+    credentials. Nothing under `<out>` is touched (generated dev keys may be made under the
+    state directory, as on any use). The keys, loaded here once, sign the run."""
     from release.builder.sdist import check_frontend
-    from release.trust.keys import attesting_signer
+    from release.trust.keys import run_keys
     from release.trust.steps import check_publish_inputs, declared_interpreters
 
     _check_toolchain(context)
     check_frontend()
     declared_interpreters(context.manifest)
-    attesting_signer(context)
-    check_publish_inputs(context, channel, spec)
+    keys = run_keys(context, channel, spec)
+    check_publish_inputs(context, channel, spec, keys.signing[1])
+    return keys
 
 
 def _check_toolchain(context: Context) -> None:

@@ -30,8 +30,8 @@ from packaging.version import Version
 
 from release.errors import PublishError
 from release.manifest import NetworkLimits
-from release.trust.index import EmbeddedIndex, list_project_files, normalize_project
-from release.trust.release_version import file_version
+from release.trust.index import EmbeddedIndex, list_project_files
+from release.trust.release_version import file_version, normalize_project
 from release.trust.remote_index import check_credentials, resolve_credentials
 from release.trust.twine_config import Tls
 from release.trust.twine_upload import server_text, upload

@@ -22,13 +22,13 @@ from release.manifest import load_manifest
 from release.statement import read_statement_unverified
 from release.trust.attestation import (
     attestation_path,
-    attestation_target,
     provenance_entry,
     published_name,
     read_attestation,
 )
 from release.trust.index import EmbeddedIndex
 from release.trust.publish import PublishReport, publish
+from release.trust.release_version import attestation_target
 from release.trust.sign import (
     build_statement,
     key_paths,

@@ -27,8 +27,9 @@ from release.manifest import load_manifest
 from release.trust.attestation import published_name
 from release.trust.index import EmbeddedIndex
 from release.trust.publish import PAUSE_ENV
+from release.trust.release_version import PROVENANCE_PREFIX
 from release.trust.statement_store import PAUSE_BEFORE_STATEMENT_ENV
-from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
+from release.trust.tuf_metadata import TufRepository
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST
 from release.util.pins import project_version

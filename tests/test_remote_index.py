@@ -20,8 +20,9 @@ from index_servers import DevpiServer, PypiServer, StaticServer
 
 from release.trust.index import list_project_files
 from release.trust.publish import PAUSE_ENV
+from release.trust.release_version import PROVENANCE_PREFIX
 from release.trust.remote_index import ENV_PASSWORD, ENV_TOKEN, ENV_USERNAME
-from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository
+from release.trust.tuf_metadata import TufRepository
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
 from release.util.pins import project_version

@@ -31,8 +31,9 @@ from release.errors import PublishError, VerifyError
 from release.manifest import TufKeys
 from release.trust.index import EmbeddedIndex
 from release.trust.publish import publish
+from release.trust.release_version import PROVENANCE_PREFIX
 from release.trust.sign import key_paths, load_signer
-from release.trust.tuf_metadata import PROVENANCE_PREFIX, ROLES, TufRepository, repository_for
+from release.trust.tuf_metadata import ROLES, TufRepository, repository_for
 from release.trust.verify import parse_requirement, tuf_url_for, verify_release
 from release.util.digests import sha256_file
 

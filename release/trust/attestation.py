@@ -36,6 +36,7 @@ from release.statement import (
     other_wheels,
     read_envelope_bytes,
 )
+from release.trust.release_version import attestation_target
 from release.trust.sign import (
     UnlistedSignerError,
     read_and_verify_by_any,
@@ -49,12 +50,6 @@ from release.util.digests import sha256_file
 def published_name(gate: str) -> str:
     """The file name of a gate's attestation, in <out>/evidence/ and where a release keeps it."""
     return f"{gate}{SUFFIX}"
-
-
-def release_folder(project: str, version: str) -> str:
-    """The folder of a release's attestations, beside its statement (on the index, under
-    provenance/, as TUF targets; in the publisher's and a consumer's copies)."""
-    return f"{project}-{version}.attestations"
 
 
 def attestation_path(out_dir: Path, gate: str) -> Path:
@@ -159,12 +154,6 @@ def provenance_entry(attestation: Attestation, runner: str) -> dict[str, Any]:
             "publicKey": json.loads(json.dumps(key.to_dict())),
         },
     }
-
-
-def attestation_target(project: str, version: str, name: str) -> str:
-    """Where a release's attestation lies among the TUF targets, beside its statement."""
-    # "provenance/" is tuf_metadata.PROVENANCE_PREFIX, not imported: a GPU runner has no tuf.
-    return f"provenance/{release_folder(project, version)}/{name}"
 
 
 def check_release(

@@ -28,11 +28,11 @@ from email.message import Message
 from pathlib import Path
 from types import TracebackType
 
-from packaging.utils import canonicalize_name
 from pypi_simple import ProjectPage, RepositoryPage, UnsupportedRepoVersionError
 
 from release.errors import PackageIndexError
 from release.manifest import NetworkLimits
+from release.trust.release_version import normalize_project
 from release.trust.server_process import HOST, ServerProcess
 from release.util import http
 from release.util.paths import script
@@ -260,11 +260,6 @@ class IndexFile:
     url: str  # what pip downloads: the link quoted as pip quotes it, without its fragment
     sha256: str | None  # from the link's #sha256= or the JSON page's hashes
     egg: str | None = None  # an egg= name-version, which pip reads the version from
-
-
-def normalize_project(name: str) -> str:
-    """PEP 503 normalised project name (packaging's, as pip's)."""
-    return canonicalize_name(name)
 
 
 def project_page_url(simple_url: str, project: str) -> str:

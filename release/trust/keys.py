@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -156,6 +157,23 @@ def channel_signer(context: KeySources, channel: str, spec: ChannelSpec) -> tupl
     )
     pins.require(key, SIGNING, f"{source} ({sign.key})")
     return signer, key
+
+
+SignerAndKey = tuple[Signer, Key]
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The keys a run signs with, loaded once before it builds: the gates' attestations' and
+    the channel's provenance's (one key where the channel's signs both)."""
+
+    attesting: SignerAndKey
+    signing: SignerAndKey
+
+
+def run_keys(context: KeySources, channel: str, spec: ChannelSpec) -> RunKeys:
+    """The keys of a run of `channel` (see attesting_signer and channel_signer)."""
+    return RunKeys(attesting_signer(context), channel_signer(context, channel, spec))
 
 
 def attesting_signer(context: KeySources) -> tuple[Signer, Key]:

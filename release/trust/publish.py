@@ -45,30 +45,20 @@ from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from release.errors import PublishError, ReleaseError
 from release.manifest import NetworkLimits
-from release.statement import SignedStatement, Statement, read_statement_unverified
+from release.statement import SignedStatement
 from release.trust import twine_upload
-from release.trust.attestation import attestation_target
-from release.trust.index import list_project_files, normalize_project
+from release.trust.index import list_project_files
 from release.trust.release_version import (
+    attestation_target,
+    normalize_project,
     of_version,
     project_and_version,
-    same_version,
+    statement_target,
     version_key,
 )
-from release.trust.statement_store import (
-    PrivateCopies,
-    attachment_plan,
-    attachments_dir_for,
-    byproducts,
-    check_same_files,
-    envelope_path_for,
-    named_attestations,
-    pause_for_tests,
-    store_intent,
-    stored_statement,
-)
-from release.trust.tuf_metadata import PROVENANCE_PREFIX, TufRepository, TufUpdate
-from release.util.digests import sha256_file
+from release.trust.statement_store import PrivateCopies, plan_storage, store_intent
+from release.trust.tuf_metadata import TufRepository, TufUpdate
+from release.util.pauses import pause_for_tests
 from release.util.progress import tracked
 
 UPLOADED = "uploaded"
@@ -152,10 +142,8 @@ def publish(
         _check_sdist_name(sdist, project, version)
         files.append(sdist)
     with tempfile.TemporaryDirectory(prefix="activekv-publish-") as private:
-        copies = PrivateCopies.make(Path(private), files, envelope, attachments or {})
-        if digests is not None:
-            _check_unchanged(files, copies.digests, digests)
-        _check_envelope(envelope, copies, version, signed)
+        copies = PrivateCopies.make(Path(private), files, envelope, attachments or {},
+                                    version=version, hashed=digests, signed=signed)  # fmt: skip
         return _publish_copies(copies, index, project, version, metadata_dir, tuf, limits)
 
 
@@ -171,24 +159,6 @@ def _check_sdist_name(sdist: Path, project: str, version: str) -> None:
                            f"{version}; got {name} {found}. Nothing was uploaded")  # fmt: skip
 
 
-def _check_unchanged(
-    files: Sequence[Path], copied: Mapping[str, str], hashed: Mapping[str, str]
-) -> None:
-    """PublishError naming each file whose bytes, as copied to publish, are not the ones the
-    caller hashed (and its gates judged): it changed in between."""
-    changed = [
-        f"{file} (hashed before: sha256 {hashed.get(file.name)}; copied to publish: sha256 "
-        f"{copied[file.name]})"
-        for file in files
-        if hashed.get(file.name) != copied[file.name]
-    ]
-    if changed:
-        raise PublishError(
-            f"files: expected the bytes hashed before publishing; got other bytes, so they "
-            f"changed since: {'; '.join(changed)}. Nothing was uploaded"
-        )
-
-
 def _publish_copies(
     copies: PrivateCopies,
     index: IndexTarget,
@@ -200,18 +170,14 @@ def _publish_copies(
 ) -> PublishReport:
     release = f"{project} {version}"
     local = copies.digests
-    attached_dir = attachments_dir_for(metadata_dir, project, version)
-    # Every folder this publish writes after its uploads, tried now, so that a folder it cannot
-    # write refuses the publish before anything is uploaded (not with a traceback after).
-    _check_writable([metadata_dir, attached_dir, *([tuf.metadata_dir] if tuf else [])])
-    stored = stored_statement(metadata_dir, project, version)
-    if stored is not None:
-        check_same_files(stored, local, release=release)
+    # Every folder this publish writes after its uploads is tried now, so that a folder it
+    # cannot write refuses the publish before anything is uploaded (not with a traceback after).
+    plan = plan_storage(copies, metadata_dir, project, version,
+                        writes=[tuf.metadata_dir] if tuf else [])  # fmt: skip
     if tuf is not None:
         # What the targets will be: the statement kept and the attestations it names.
-        kept = stored or copies.statement
-        planned = attachment_plan(kept, attached_dir, copies, release)
-        tuf.check(_tuf_targets(copies.wheels, kept, planned, (project, version)), digests=local)
+        targets = _tuf_targets(copies.wheels, plan.kept, plan.attachments, (project, version))
+        tuf.check(targets, digests=local)
 
     present = list_project_files(index.simple_url, project, limits=limits)
     _check_index(present, local, index, project, version)
@@ -220,13 +186,13 @@ def _publish_copies(
     # The intent, recorded before the first upload: the first statement stored for a version
     # fixes its files (checked above), so a publish killed midway is completed by running it
     # again and no other set of files can take the version over.
-    stored_path, envelope_stored = store_intent(copies, metadata_dir, project, version)
+    kept = store_intent(copies, metadata_dir, project, version)
 
     files = tuple(
         PublishedFile(name, local[name], UPLOADED if name in missing else ALREADY_PRESENT)
         for name in sorted(local)
     )
-    done = _Done(release, files, envelope_stored)
+    done = _Done(release, files, kept.stored)
     _upload(copies, index, missing, done, limits)
     if missing:
         after = list_project_files(index.simple_url, project, limits=limits)
@@ -239,8 +205,7 @@ def _publish_copies(
 
     tuf_update = None
     if tuf is not None:
-        attached = {name: attached_dir / name for name in byproducts(stored_path)}
-        targets = _tuf_targets(copies.wheels, stored_path, attached, (project, version))
+        targets = _tuf_targets(copies.wheels, kept.statement, kept.attachments, (project, version))
         try:
             tuf_update = tuf.add_targets(targets, digests=local)
         except ReleaseError as exc:
@@ -252,8 +217,8 @@ def _publish_copies(
         project=project,
         version=version,
         files=files,
-        envelope_path=stored_path,
-        envelope_stored=envelope_stored,
+        envelope_path=kept.statement,
+        envelope_stored=kept.stored,
         message=done.message(tuf_update),
         tuf=tuf_update,
     )
@@ -312,24 +277,6 @@ def _check_index(
         )
 
 
-def _check_writable(folders: Sequence[Path]) -> None:
-    """PublishError naming the first folder a file cannot be written in: tried in the folder,
-    or where a missing one would be made (nothing is left behind; permission bits say nothing
-    for root, so a write is tried)."""
-    for folder in folders:
-        existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
-        try:
-            if not existing.is_dir():
-                raise NotADirectoryError(20, "not a folder")
-            with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
-                pass
-        except OSError as exc:
-            raise PublishError(
-                f"{folder}: a publish writes here and cannot ({exc.strerror or exc}); nothing was "
-                "uploaded"
-            ) from None
-
-
 def _tuf_targets(
     wheels: Mapping[str, Path],
     statement: Path,
@@ -341,49 +288,9 @@ def _tuf_targets(
     project, version = normalize_project(release[0]), version_key(release[1])
     return {
         **wheels,
-        PROVENANCE_PREFIX + envelope_path_for(Path(), project, version).name: statement,
+        statement_target(project, version): statement,
         **{attestation_target(project, version, name): path for name, path in attached.items()},
     }
-
-
-def _check_envelope(
-    envelope: Path, copies: PrivateCopies, version: str, signed: SignedStatement | None = None
-) -> None:
-    """PublishError unless the statement to publish is of ``version`` and names exactly the
-    wheels and the attestations given, with their digests."""
-    try:
-        statement = _statement_of_copy(copies.statement, signed)
-        named = statement.subjects
-    except ReleaseError as exc:
-        raise PublishError(f"the envelope to publish cannot be read: {exc}") from None
-    problems = _mismatches(named, copies.digests)
-    problems += _mismatches(named_attestations(statement, envelope), copies.attachment_digests)
-    if not same_version(statement.version, version):
-        problems.append(f"it is of version {statement.version!r}, not {version}")
-    if problems:
-        raise PublishError(
-            f"the envelope to publish ({envelope}) does not cover exactly the files to publish: "
-            f"{'; '.join(problems)}. Nothing was uploaded"
-        )
-
-
-def _statement_of_copy(copy: Path, signed: SignedStatement | None) -> Statement:
-    """The statement of the private copy to publish: `signed`'s where the copy holds the bytes
-    that verified, else read from the copy."""
-    if signed is not None and signed.at(copy, sha256_file(copy)) is not None:
-        return signed.statement
-    return read_statement_unverified(copy)
-
-
-def _mismatches(named: Mapping[str, str], given: Mapping[str, str]) -> list[str]:
-    """Each file the statement names other than given: other digest, not named, not given."""
-    return [
-        f"{name} ("
-        + (f"local sha256 {given[name]}, " if name in given else "not given, ")
-        + (f"statement sha256 {named[name]})" if name in named else "statement does not name it)")
-        for name in sorted(set(named) | set(given))
-        if named.get(name) != given.get(name)
-    ]
 
 
 @dataclass(frozen=True)

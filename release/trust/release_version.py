@@ -1,6 +1,8 @@
 """What one publish is a release of: a project and its public version as pip compares versions
 (``0.1`` is ``0.1.0``; a local label such as ``0.1.0+hotfix`` is refused), read from wheel and
-index file names and from a signed statement."""
+index file names and from a signed statement; and the names its provenance is stored under
+(its signed statement, and beside it the folder of the gate attestations it names), on the
+index as TUF targets under ``provenance/`` and in the publisher's and a consumer's copies."""
 
 from __future__ import annotations
 
@@ -14,12 +16,40 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from release.errors import PublishError
+from release.statement import SUFFIX
+
+PROVENANCE_PREFIX = "provenance/"  # the TUF targets of a release's provenance lie under it
 
 # What pip takes as a distribution (pip/_internal/utils/filetypes.py), so as a file of a version.
 _PIP_EXTENSIONS = (".zip", ".whl", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz", ".tar.xz",
                    ".txz", ".tlz", ".tar.lz", ".tar.lzma")  # fmt: skip
 # A source archive's "-py3.1" suffix, which pip drops from the version (its _py_version_re).
 _PY_SUFFIX = re.compile(r"-py([123]\.?[0-9]?)$")
+
+
+def normalize_project(name: str) -> str:
+    """PEP 503 normalised project name (packaging's, as pip's)."""
+    return canonicalize_name(name)
+
+
+def statement_file(project: str, version: str) -> str:
+    """The file name of the signed statement of ``project`` ``version`` (as spelled)."""
+    return f"{normalize_project(project)}-{version}{SUFFIX}"
+
+
+def statement_target(project: str, version: str) -> str:
+    """Where the signed statement of ``project`` ``version`` lies among the TUF targets."""
+    return PROVENANCE_PREFIX + statement_file(project, version)
+
+
+def release_folder(project: str, version: str) -> str:
+    """The folder of a release's attestations, beside its statement."""
+    return f"{project}-{version}.attestations"
+
+
+def attestation_target(project: str, version: str, name: str) -> str:
+    """Where a release's attestation lies among the TUF targets, beside its statement."""
+    return f"{PROVENANCE_PREFIX}{release_folder(project, version)}/{name}"
 
 
 def version_key(version: str) -> str:

@@ -11,7 +11,6 @@ import fcntl
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,15 +18,19 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from release.errors import PublishError, ReleaseError, SigningError, WriteError
-from release.statement import Statement, read_statement_unverified
-from release.trust.attestation import release_folder
-from release.trust.index import normalize_project
-from release.trust.release_version import version_key
+from release.statement import SUFFIX, SignedStatement, Statement, read_statement_unverified
+from release.trust.release_version import (
+    normalize_project,
+    release_folder,
+    same_version,
+    statement_file,
+    version_key,
+)
 from release.util.digests import sha256_file
+from release.util.pauses import pause_for_tests
 
 # Tests only: seconds to sleep after storing the attestations, before the statement.
 PAUSE_BEFORE_STATEMENT_ENV = "ACTIVEKV_TEST_PAUSE_BEFORE_STATEMENT_S"
-STATEMENT_SUFFIX = ".intoto.json"
 # Held while a publish stores a version's attestations and statement: one publisher at a time
 # decides which statement is kept and makes the stored attestations its own. A hidden name,
 # which the embedded index does not serve.
@@ -36,7 +39,7 @@ LOCK_NAME = ".publish.lock"
 
 def envelope_path_for(metadata_dir: Path, project: str, version: str) -> Path:
     """Where the signed statement of ``project`` ``version`` is stored."""
-    return metadata_dir / f"{normalize_project(project)}-{version_key(version)}{STATEMENT_SUFFIX}"
+    return metadata_dir / statement_file(project, version_key(version))
 
 
 def attachments_dir_for(metadata_dir: Path, project: str, version: str) -> Path:
@@ -46,7 +49,8 @@ def attachments_dir_for(metadata_dir: Path, project: str, version: str) -> Path:
 
 @dataclass(frozen=True)
 class PrivateCopies:
-    """The private copies a publish checks, stores and uploads, and their digests."""
+    """The private copies a publish checks, stores and uploads, and their digests; made, they
+    are the bytes the caller hashed, and their statement names exactly them."""
 
     wheels: dict[str, Path]
     digests: dict[str, str]
@@ -56,20 +60,94 @@ class PrivateCopies:
 
     @classmethod
     def make(
-        cls, folder: Path, wheels: Sequence[Path], envelope: Path, attachments: Mapping[str, Path]
+        cls,
+        folder: Path,
+        wheels: Sequence[Path],
+        envelope: Path,
+        attachments: Mapping[str, Path],
+        *,
+        version: str,
+        hashed: Mapping[str, str] | None = None,
+        signed: SignedStatement | None = None,
     ) -> PrivateCopies:
+        """Copies of `wheels` (and the sdist among them), `envelope` and `attachments` in
+        `folder`; PublishError, before anything is uploaded, where a copy is not what the
+        caller `hashed` (name to sha256, as its gates judged them) or the statement is not of
+        `version` and of exactly these files. `signed`: `envelope` as the caller read and
+        verified it, taken where the copy holds those very bytes (else the copy is read)."""
         # mkdtemp made ``folder`` its owner's alone: no one else can change a copy once checked.
         copied = {w.name: _copy(w, folder / "wheels" / w.name, "wheel") for w in wheels}
         statement = _copy(envelope, folder / "statement" / envelope.name, "envelope")
         attached = {name: _copy(path, folder / "attestations" / attachment_name(name),
                                 "attestation") for name, path in attachments.items()}  # fmt: skip
-        return cls(
+        copies = cls(
             wheels=copied,
             digests={name: sha256_file(path) for name, path in copied.items()},
             statement=statement,
             attachments=attached,
             attachment_digests={name: sha256_file(path) for name, path in attached.items()},
         )
+        if hashed is not None:
+            _check_unchanged(wheels, copies.digests, hashed)
+        copies._check_statement(envelope, version, signed)
+        return copies
+
+    def _check_statement(
+        self, envelope: Path, version: str, signed: SignedStatement | None
+    ) -> None:
+        """PublishError unless the statement to publish is of ``version`` and names exactly the
+        files and the attestations copied, with their digests."""
+        try:
+            statement = _statement_of_copy(self.statement, signed)
+            named = statement.subjects
+        except ReleaseError as exc:
+            raise PublishError(f"the envelope to publish cannot be read: {exc}") from None
+        problems = _mismatches(named, self.digests)
+        problems += _mismatches(named_attestations(statement, envelope), self.attachment_digests)
+        if not same_version(statement.version, version):
+            problems.append(f"it is of version {statement.version!r}, not {version}")
+        if problems:
+            raise PublishError(
+                f"the envelope to publish ({envelope}) does not cover exactly the files to "
+                f"publish: {'; '.join(problems)}. Nothing was uploaded"
+            )
+
+
+def _check_unchanged(
+    files: Sequence[Path], copied: Mapping[str, str], hashed: Mapping[str, str]
+) -> None:
+    """PublishError naming each file whose bytes, as copied to publish, are not the ones the
+    caller hashed (and its gates judged): it changed in between."""
+    changed = [
+        f"{file} (hashed before: sha256 {hashed.get(file.name)}; copied to publish: sha256 "
+        f"{copied[file.name]})"
+        for file in files
+        if hashed.get(file.name) != copied[file.name]
+    ]
+    if changed:
+        raise PublishError(
+            f"files: expected the bytes hashed before publishing; got other bytes, so they "
+            f"changed since: {'; '.join(changed)}. Nothing was uploaded"
+        )
+
+
+def _statement_of_copy(copy: Path, signed: SignedStatement | None) -> Statement:
+    """The statement of the private copy to publish: `signed`'s where the copy holds the bytes
+    that verified, else read from the copy."""
+    if signed is not None and signed.at(copy, sha256_file(copy)) is not None:
+        return signed.statement
+    return read_statement_unverified(copy)
+
+
+def _mismatches(named: Mapping[str, str], given: Mapping[str, str]) -> list[str]:
+    """Each file the statement names other than given: other digest, not named, not given."""
+    return [
+        f"{name} ("
+        + (f"local sha256 {given[name]}, " if name in given else "not given, ")
+        + (f"statement sha256 {named[name]})" if name in named else "statement does not name it)")
+        for name in sorted(set(named) | set(given))
+        if named.get(name) != given.get(name)
+    ]
 
 
 def _copy(source: Path, destination: Path, what: str) -> Path:
@@ -92,38 +170,97 @@ def attachment_name(name: str) -> str:
     return name
 
 
-def store_intent(
-    copies: PrivateCopies, metadata_dir: Path, project: str, version: str
-) -> tuple[Path, bool]:
+@dataclass(frozen=True)
+class StoragePlan:
+    """What a publish will keep beside the index, decided before its first upload: the
+    statement kept for the version (the one stored first, else this publish's copy) and, for
+    each attestation it names, the file whose bytes will lie at its stored place."""
+
+    kept: Path
+    attachments: dict[str, Path]  # name -> the stored file, or this publish's copy
+
+
+def plan_storage(
+    copies: PrivateCopies,
+    metadata_dir: Path,
+    project: str,
+    version: str,
+    writes: Sequence[Path] = (),
+) -> StoragePlan:
+    """PublishError, before anything is uploaded, where the folders the statement and its
+    attestations are stored in (and the others the publish `writes` after its uploads) cannot
+    be written, where a statement stored first for the version names other files, or where an
+    attestation it names is neither stored nor given; else the plan."""
+    release = f"{project} {version}"
+    attached_dir = attachments_dir_for(metadata_dir, project, version)
+    _check_writable([metadata_dir, attached_dir, *writes])
+    stored = stored_statement(metadata_dir, project, version)
+    if stored is not None:
+        check_same_files(stored, copies.digests, release=release)
+    kept = stored or copies.statement
+    return StoragePlan(kept, attachment_plan(kept, attached_dir, copies, release))
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What store_intent kept: the version's statement, whether this call stored it, and where
+    each attestation the statement names lies."""
+
+    statement: Path
+    stored: bool
+    attachments: dict[str, Path]
+
+
+def store_intent(copies: PrivateCopies, metadata_dir: Path, project: str, version: str) -> Stored:
     """Store the attestations the kept statement names, then the statement unless one is kept
-    already: (the stored statement, whether this call stored it)."""
+    already."""
     release = f"{project} {version}"
     attached_dir = attachments_dir_for(metadata_dir, project, version)
     with _locked(metadata_dir):
         stored = stored_statement(metadata_dir, project, version)
         if stored is not None:  # a concurrent publish may have stored its own intent meanwhile
             check_same_files(stored, copies.digests, release=release)
-            _settle_attachments(stored, attached_dir, copies, release)
-            return stored, False
-        _settle_attachments(copies.statement, attached_dir, copies, release)
+            return Stored(stored, False, _settle_attachments(stored, attached_dir, copies, release))
+        attached = _settle_attachments(copies.statement, attached_dir, copies, release)
         pause_for_tests(PAUSE_BEFORE_STATEMENT_ENV)
         destination = envelope_path_for(metadata_dir, project, version)
         if _place(copies.statement, destination, replace=False):
-            return destination, True
+            return Stored(destination, True, attached)
         # Stored meanwhile by a publisher that does not share this lock (another host): it must
         # name these files, and the attestations stored must be the ones it names.
         check_same_files(destination, copies.digests, release=release)
-        _settle_attachments(destination, attached_dir, copies, release)
-        return destination, False
+        attached = _settle_attachments(destination, attached_dir, copies, release)
+        return Stored(destination, False, attached)
 
 
 def _settle_attachments(
     statement: Path, attached_dir: Path, copies: PrivateCopies, release: str
-) -> None:
-    """Make the stored attestations the ones ``statement`` names (see attachment_plan)."""
-    for name, source in attachment_plan(statement, attached_dir, copies, release).items():
+) -> dict[str, Path]:
+    """Make the stored attestations the ones ``statement`` names (see attachment_plan); where
+    each now lies."""
+    plan = attachment_plan(statement, attached_dir, copies, release)
+    for name, source in plan.items():
         if source != attached_dir / name:
             _place(source, attached_dir / name, replace=True)
+    return {name: attached_dir / name for name in plan}
+
+
+def _check_writable(folders: Sequence[Path]) -> None:
+    """PublishError naming the first folder a file cannot be written in: tried in the folder,
+    or where a missing one would be made (nothing is left behind; permission bits say nothing
+    for root, so a write is tried)."""
+    for folder in folders:
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+        try:
+            if not existing.is_dir():
+                raise NotADirectoryError(20, "not a folder")
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
+                pass
+        except OSError as exc:
+            raise PublishError(
+                f"{folder}: a publish writes here and cannot ({exc.strerror or exc}); nothing was "
+                "uploaded"
+            ) from None
 
 
 @contextlib.contextmanager
@@ -145,9 +282,9 @@ def stored_statement(metadata_dir: Path, project: str, version: str) -> Path | N
     prefix = f"{normalize_project(project)}-"
     if not metadata_dir.is_dir():
         return None
-    for path in sorted(metadata_dir.glob(f"{prefix}*{STATEMENT_SUFFIX}")):
+    for path in sorted(metadata_dir.glob(f"{prefix}*{SUFFIX}")):
         with contextlib.suppress(InvalidVersion):
-            if Version(path.name[len(prefix) : -len(STATEMENT_SUFFIX)]) == Version(version):
+            if Version(path.name[len(prefix) : -len(SUFFIX)]) == Version(version):
                 return path
     return None
 
@@ -260,9 +397,3 @@ def _place(source: Path, destination: Path, *, replace: bool) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-
-
-def pause_for_tests(variable: str) -> None:
-    """Sleep the seconds ``variable`` names, if set (tests kill a publish in between)."""
-    if seconds := os.environ.get(variable):
-        time.sleep(float(seconds))

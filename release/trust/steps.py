@@ -34,7 +34,7 @@ from release.trust.attestation import (
 )
 from release.trust.consumer_steps import MODULES, print_served
 from release.trust.index import EmbeddedIndex, install_hint
-from release.trust.keys import channel_signer, tuf_keys_spec
+from release.trust.keys import SignerAndKey, channel_signer, tuf_keys_spec
 from release.trust.pins import ChannelPins, channel_pins, operator_signed
 from release.trust.publish import publish
 from release.trust.remote_index import RemoteIndex, find_credentials
@@ -111,14 +111,17 @@ def channel_attestations(
 
 
 def _attested(
-    context: Context, channel: str, spec: ChannelSpec, public_key: Key
+    context: Context,
+    channel: str,
+    spec: ChannelSpec,
+    public_key: Key,
+    record: BuildRecord | None,
 ) -> tuple[WheelSet, list[tuple[Attestation, str]]]:
-    """The built wheels and the build's sdist as they lie now, hashed again (publish hands these
-    bytes on), and the signed attestations that every gate the channel requires passed on
-    exactly the wheels' digests, one of them (the payload gate's) naming the sdist's; else
-    PublishError."""
+    """The built wheels and the build's sdist (of `record`, the build's record where there is
+    one) as they lie now, hashed again (publish hands these bytes on), and the signed
+    attestations that every gate the channel requires passed on exactly the wheels' digests,
+    one of them (the payload gate's) naming the sdist's; else PublishError."""
     built = WheelSet.from_files(context.manifest, context.wheel_files())
-    record = records.read_optional(context.out_dir, BuildRecord)
     sdist_dir = context.out_dir / records.SDIST_FOLDER
     sdist = None if record is None else Sdist.of_build(record, sdist_dir, check=False)
     wheels = WheelSet(built.wheels, sdist)
@@ -160,7 +163,7 @@ def _sign(
                         records.record_path(context.out_dir, BuildRecord))  # fmt: skip
     if operator_signed(context.manifest, spec):
         refuse_dirty(source, channel, context.source_dir)
-    wheels, attestations = _attested(context, channel, spec, public_key)
+    wheels, attestations = _attested(context, channel, spec, public_key, build_record)
     statement = build_statement(
         wheels.paths,
         sdist=wheels.sdist.path if wheels.sdist else None,
@@ -256,6 +259,7 @@ def _index(context: Context, *, upload: bool = False) -> Index:
 def open_publish(
     context: Context,
     channel: str,
+    spec: ChannelSpec,
     public_key: Key,
     attestations: list[tuple[Attestation, str]],
     signed: SignedStatement | None = None,
@@ -271,10 +275,12 @@ def open_publish(
             f"those that pass now ({', '.join(str(a.path) for a, _ in attestations)}); run "
             "`python -m release sign` again. Nothing was uploaded"
         )
-    return _tuf_repository(context, channel, _index(context))
+    return _tuf_repository(context, channel, spec, _index(context))
 
 
-def _tuf_repository(context: Context, channel: str, index: Index) -> TufRepository:
+def _tuf_repository(
+    context: Context, channel: str, spec: ChannelSpec, index: Index
+) -> TufRepository:
     """The index's TUF repository with the run's role keys (--key-dir, else
     [publish.tuf_keys], else generated: dev), each checked against the channel's pins."""
     tuf_keys = context.manifest.publish.tuf_keys
@@ -284,25 +290,27 @@ def _tuf_repository(context: Context, channel: str, index: Index) -> TufReposito
         index.tuf_dir, tuf_keys, channel=channel, state_dir=context.state_dir,
         manifest_dir=context.manifest.path.parent, keys_dir=index.keys_dir,
     )  # fmt: skip
-    pins = channel_pins(context.manifest, channel, context.channel(channel)[1])
+    pins = channel_pins(context.manifest, channel, spec)
     _require_pinned_tuf_keys(pins, tuf, "--key-dir" if context.key_dir else "[publish.tuf_keys]")
     return tuf
 
 
-def check_publish_inputs(context: Context, channel: str, spec: ChannelSpec) -> None:
+def check_publish_inputs(
+    context: Context, channel: str, spec: ChannelSpec, public_key: Key
+) -> None:
     """What sign, publish and verify will need, checked before a run builds anything: a
     committed tree (where the channel refuses uncommitted changes), the channel's pinned signing
     key, its attesters' public keys, an index folder apart from the keys, a remote index's
     credentials (found, not yet tried), and each TUF role's pinned key, loaded and named by the
-    index's root (dev keys are generated here on first use)."""
+    index's root (dev keys are generated here on first use). `public_key`: the channel's
+    signing key, loaded by the caller."""
     if operator_signed(context.manifest, spec):
         refuse_dirty(source_state(context.source_dir), channel, context.source_dir)
-    _, public_key = channel_signer(context, channel, spec)
     _attester_keys(context, channel, spec, public_key)
     index = _index(context)
     if isinstance(index, RemoteIndex):
         find_credentials(index.url, context.manifest.publish.username)
-    _tuf_repository(context, channel, index).check()
+    _tuf_repository(context, channel, spec, index).check()
 
 
 def _require_pinned_tuf_keys(pins: ChannelPins, tuf: TufRepository, source: str) -> None:
@@ -387,6 +395,7 @@ def _verify_with(
     context: Context,
     index: Index,
     channel: str,
+    spec: ChannelSpec,
     public_key: Any,
     reuse: ReuseStore | None = None,
     signed: SignedStatement | None = None,
@@ -400,7 +409,7 @@ def _verify_with(
     interpreters = declared_interpreters(context.manifest)
     stored = envelope_path_for(index.provenance_dir, context.manifest.release.name, version)
     statement = stored_statement(stored, public_key, signed)
-    pins = channel_pins(context.manifest, channel, context.channel(channel)[1])
+    pins = channel_pins(context.manifest, channel, spec)
     _require_pinned_root(pins, TufRepository(index.tuf_dir).trusted_root_path)
     # What pip downloads must also be the TUF target the publisher signed (the cache in the
     # state dir remembers the metadata seen, so a later rollback is refused).
@@ -459,8 +468,9 @@ def stored_statement(
 def step_publish(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
     _, public_key = channel_signer(context, channel, spec)
-    wheels, attestations = _attested(context, channel, spec, public_key)
-    tuf = open_publish(context, channel, public_key, attestations)
+    record = records.read_optional(context.out_dir, BuildRecord)
+    wheels, attestations = _attested(context, channel, spec, public_key, record)
+    tuf = open_publish(context, channel, spec, public_key, attestations)
     with _index(context, upload=True) as index:
         _publish_with(context, index, channel, wheels, tuf, attestations)
     return 0
@@ -470,7 +480,7 @@ def step_verify(context: Context, channel_name: str | None) -> int:
     channel, spec = context.channel(channel_name)
     _, public_key = channel_signer(context, channel, spec)
     with _index(context) as index:
-        _verify_with(context, index, channel, public_key)
+        _verify_with(context, index, channel, spec, public_key)
     return 0
 
 
@@ -498,17 +508,22 @@ def step_serve(context: Context, port: int = 0) -> int:
 
 
 def sign_publish_verify(
-    context: Context, channel: str, spec: ChannelSpec, reuse: ReuseStore | None = None
+    context: Context,
+    channel: str,
+    spec: ChannelSpec,
+    reuse: ReuseStore | None = None,
+    signing: SignerAndKey | None = None,
 ) -> None:
     """The trust half of `run`, after the gates: refuse unless the channel's evidence names
-    exactly the wheels as they lie now; sign them; publish; verify from the index (the signature
-    and verify's installs taken from `reuse` where they were made before on the same inputs)."""
+    exactly the wheels as they lie now; sign them (with `signing`, the channel's key where the
+    caller loaded it); publish; verify from the index (the signature and verify's installs
+    taken from `reuse` where they were made before on the same inputs)."""
     console.rule("sign")
-    signer, public_key = channel_signer(context, channel, spec)
+    signer, public_key = signing or channel_signer(context, channel, spec)
     published, attestations, signed = _sign(context, channel, spec, signer, public_key, reuse)
-    tuf = open_publish(context, channel, public_key, attestations, signed)
+    tuf = open_publish(context, channel, spec, public_key, attestations, signed)
     with _index(context, upload=True) as index:
         console.rule(f"publish to {index.simple_url}")
         _publish_with(context, index, channel, published, tuf, attestations, signed)
         console.rule("verify")
-        _verify_with(context, index, channel, public_key, reuse, signed)
+        _verify_with(context, index, channel, spec, public_key, reuse, signed)

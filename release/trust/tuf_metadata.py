@@ -46,7 +46,6 @@ from release.trust.sign import generated_key_pair, load_public_key, load_signer
 from release.util.atomic import atomic_write
 
 ROLES = (Root.type, Targets.type, Snapshot.type, Timestamp.type)
-PROVENANCE_PREFIX = "provenance/"
 TRUSTED_ROOT = "1.root.json"
 _PROTECTED_CHANNEL = "stable"
 

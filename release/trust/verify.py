@@ -41,13 +41,17 @@ from packaging.version import InvalidVersion, Version
 from release.errors import ReleaseError, SigningError, VerifyError
 from release.manifest import NetworkLimits, index_root
 from release.statement import Statement
-from release.trust.attestation import Attestation, check_release, release_folder
-from release.trust.index import normalize_project
-from release.trust.release_version import same_version, version_spellings
+from release.trust.attestation import Attestation, check_release
+from release.trust.release_version import (
+    normalize_project,
+    release_folder,
+    same_version,
+    statement_target,
+    version_spellings,
+)
 from release.trust.served_files import check_served_files
 from release.trust.sign import load_public_key, read_and_verify
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
-from release.trust.tuf_metadata import PROVENANCE_PREFIX
 from release.util.digests import sha256_file
 from release.util.private_site import clean_pip_env
 from release.wheelset import judged_sdist
@@ -224,35 +228,30 @@ def verified_statement(
         raise VerifyError(f"--provenance-key: expected the provenance signer's public key "
                           f"(<channel>-signing-key.pub.json); {exc}") from None  # fmt: skip
     trusted.refresh()
-    statement_target = _statement_target(project, published_version(trusted, project, version))
+    target = statement_target(project, published_version(trusted, project, version))
     statement_path = trusted.download(
-        statement_target,
-        workdir / "provenance" / statement_target.rsplit("/", 1)[-1],
+        target,
+        workdir / "provenance" / target.rsplit("/", 1)[-1],
         unknown=f"{project} {version} is not published there (its publisher signed no statement "
         "for that version)",
     )
     try:
         statement = read_and_verify(statement_path, public_key).statement
     except ReleaseError as exc:
-        raise VerifyError(f"the signed statement {statement_target}: {exc}") from None
+        raise VerifyError(f"the signed statement {target}: {exc}") from None
     signed_version = statement.version
     if not same_version(signed_version, version):
         raise VerifyError(
-            f"the signed statement {statement_target} is for version {signed_version!r}, "
-            f"not {version!r}"
+            f"the signed statement {target} is for version {signed_version!r}, not {version!r}"
         )
     return statement
-
-
-def _statement_target(project: str, version: str) -> str:
-    return f"{PROVENANCE_PREFIX}{normalize_project(project)}-{version}.intoto.json"
 
 
 def published_version(trusted: TrustedIndex, project: str, version: str) -> str:
     """``version`` as its publisher spelled it in the TUF targets (``0.1.0`` for ``0.1``: the
     same version to pip and to publish); ``version`` itself where none is a target."""
     for spelled in version_spellings(version):
-        if trusted.has_target(_statement_target(project, spelled)):
+        if trusted.has_target(statement_target(project, spelled)):
             return spelled
     return version
 
