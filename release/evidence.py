@@ -24,6 +24,8 @@ from release.util.jsonfile import JsonFileError, read_json
 
 Verdict = Literal["pass", "fail", "not-run"]
 EVIDENCE_SCHEMA = "activekv.evidence/v1"
+# The key of the payload gate's figures that names the sdist it judged: {"file", "sha256", …}.
+SDIST_FIGURE = "sdist"
 
 
 def _cpu_model() -> str:
@@ -58,6 +60,16 @@ class Evidence:
     runner: dict[str, str] = field(default_factory=runner_identity)
     tools: dict[str, str] = field(default_factory=dict)
     time: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+    @property
+    def judged_sdist(self) -> dict[str, str]:
+        """The sdist its figures say it judged (file name to sha256; empty when none)."""
+        found = self.figures.get(SDIST_FIGURE)
+        if not isinstance(found, dict):
+            return {}
+        name, digest = found.get("file"), found.get("sha256")
+        return {name: digest} if isinstance(name, str) and isinstance(digest, str) else {}
+
     schema: str = EVIDENCE_SCHEMA
 
 

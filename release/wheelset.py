@@ -8,17 +8,17 @@ build record are hashed again when they are read, and must match it.
 
 The sdist rides along (``WheelSet.sdist``) but is no wheel: iterating a set, and its ``digests``
 (what a gate's evidence names), are the wheels alone, so a gate that judges wheels never sees it.
-The payload gate judges it too and names it in its figures (``SDIST_FIGURE``); the statement names
-it as a subject and the index serves it (``release_digests``).
+The payload gate judges it too and names it in its figures (``release.evidence.SDIST_FIGURE``);
+the statement names it as a subject and the index serves it (``release_digests``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
@@ -78,10 +78,6 @@ class Wheel:
         return any(tag.abi == "abi3" for tag in parse_wheel_filename(self.name)[3])
 
 
-# The key of the payload gate's figures that names the sdist it judged: {"file", "sha256", …}.
-SDIST_FIGURE = "sdist"
-
-
 @dataclass(frozen=True)
 class Sdist:
     """The source distribution of a build: its file and sha256, and the SOURCE_DATE_EPOCH its
@@ -118,15 +114,6 @@ class Sdist:
                 + "; run `python -m release build` again"
             )
         return cls(path.resolve(), got, path.stat().st_size, record.source_date_epoch)
-
-
-def judged_sdist(figures: Mapping[str, Any]) -> dict[str, str]:
-    """The sdist a gate's figures say it judged (file name to sha256; empty when none)."""
-    found = figures.get(SDIST_FIGURE)
-    if not isinstance(found, dict):
-        return {}
-    name, digest = found.get("file"), found.get("sha256")
-    return {name: digest} if isinstance(name, str) and isinstance(digest, str) else {}
 
 
 @dataclass(frozen=True)

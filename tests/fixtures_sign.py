@@ -13,13 +13,12 @@ from fixtures_wheels import build_wheel, wheel_set
 
 from release import records
 from release.builder.record_build import record_build
-from release.evidence import Evidence, write_evidence
+from release.evidence import SDIST_FIGURE, Evidence, write_evidence
 from release.manifest import load_manifest
 from release.trust.attestation import attest
 from release.trust.sign import build_statement, load_signer, sign_statement, write_envelope
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
-from release.wheelset import SDIST_FIGURE
 
 
 def signed_envelope(wheels: list[Path], state_dir: Path, out: Path, version: str = "0.1.0") -> Path:

@@ -21,7 +21,7 @@ from release.context import Context
 from release.errors import ManifestError, PublishError, SigningError
 from release.evidence import Evidence
 from release.manifest import load_manifest
-from release.statement import gate_statement
+from release.statement import Statement, gate_statement
 from release.trust.attestation import (
     GateKeys,
     attest,
@@ -195,17 +195,17 @@ def test_the_consumer_checks_what_the_provenance_names(tmp_path, digests):
         fetched.append(target)
         return path
 
-    assert [a.evidence.gate for a in check_release(statement, fetch, "activekv", "0.1.0")] == [
-        "warmup"
-    ]
+    assert [
+        a.evidence.gate for a in check_release(Statement.of(statement), fetch, "activekv", "0.1.0")
+    ] == ["warmup"]
     assert fetched == ["provenance/activekv-0.1.0.attestations/warmup.intoto.json"]
     statement["predicate"]["buildDefinition"]["externalParameters"]["gates"].append("parity")
     with pytest.raises(SigningError, match="requires gates parity but names no attestation"):
-        check_release(statement, fetch, "activekv", "0.1.0")
+        check_release(Statement.of(statement), fetch, "activekv", "0.1.0")
     statement["predicate"]["buildDefinition"]["externalParameters"]["gates"].pop()
     path.write_text(path.read_text().replace('"sig"', '"sig" '))  # other bytes, same meaning
     with pytest.raises(SigningError, match="its sha256 is not the one the signed provenance names"):
-        check_release(statement, fetch, "activekv", "0.1.0")
+        check_release(Statement.of(statement), fetch, "activekv", "0.1.0")
 
 
 # --- keys ---

@@ -17,12 +17,13 @@ import pytest
 
 from release.builder.reproduce import snapshot
 from release.builder.sdist import StagedSdist
+from release.evidence import SDIST_FIGURE
 from release.gates.payload import run_payload_gate
 from release.gates.payload_sdist import sdist_figure
 from release.manifest import load_manifest
 from release.util.digests import sha256_file
 from release.util.paths import DEFAULT_MANIFEST, REPO_ROOT
-from release.wheelset import SDIST_FIGURE, Sdist, WheelSet
+from release.wheelset import Sdist, WheelSet
 
 EPOCH = 1_700_000_000
 ROOT = "activekv-0.1.0"

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from packaging.utils import parse_wheel_filename
 
 from release.errors import GateError
-from release.evidence import Evidence, write_evidence
+from release.evidence import SDIST_FIGURE, Evidence, write_evidence
 from release.gates.citations import verify_shim
 from release.gates.contract import GateInputs, Judges, Runner
 from release.gates.licenses import dist_info, licence_problems
@@ -41,7 +41,7 @@ from release.manifest import Manifest, Shim
 from release.util.digests import sha256_file
 from release.util.framework_cache import framework_wheel
 from release.util.pins import project_version
-from release.wheelset import SDIST_FIGURE, WheelSet
+from release.wheelset import WheelSet
 
 _EXTENSION = re.compile(r"\.(cpython-\d+[a-z]*-[\w-]+|abi3)\.so$")
 

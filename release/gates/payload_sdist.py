@@ -22,9 +22,10 @@ from pathlib import Path
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 from packaging.version import Version
 
+from release.evidence import SDIST_FIGURE
 from release.gates.payload_names import member_name_problem, path_spellings
 from release.util.sources import handed_on
-from release.wheelset import SDIST_FIGURE, Sdist
+from release.wheelset import Sdist
 
 PKG_INFO = "PKG-INFO"
 _MODES = (0o644, 0o755)  # what scikit-build-core's reproducible sdist writes

@@ -31,7 +31,6 @@ from release.report.verdict import STALE, GateRow, names
 from release.report.words import words
 from release.util.atomic import atomic_write
 from release.util.pins import project_version
-from release.wheelset import judged_sdist
 
 REPORT_MD = "report.md"
 
@@ -210,7 +209,7 @@ def digest_lines(artefacts: dict[str, str], built: dict[str, str]) -> tuple[str,
 
 
 def _judged(evidence: Evidence, built: dict[str, str], sdist: dict[str, str]) -> Cell:
-    judged = judged_sdist(evidence.figures)
+    judged = evidence.judged_sdist
     also: tuple[str, ...] = ()
     if judged:  # the payload gate's: the sdist, beside the wheels
         ((name, digest),) = judged.items()

@@ -34,7 +34,6 @@ from release.statement import (
     read_statement_unverified,
 )
 from release.util.paths import REPO_ROOT
-from release.wheelset import judged_sdist
 
 OTHER_STATEMENT = "another kind of statement: it attests no gate"
 
@@ -169,7 +168,7 @@ def _verdict(
     other = other_wheels(evidence.artefacts, built) if built else None
     if other is not None:
         return STALE, f"its {evidence.verdict} {other}"
-    judged = judged_sdist(evidence.figures)
+    judged = evidence.judged_sdist
     if judged and sdist and judged != sdist:
         ((name, digest),), ((built_name, built_digest),) = judged.items(), sdist.items()
         return STALE, (f"its {evidence.verdict} judged another sdist: {name} (sha256 "

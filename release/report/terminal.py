@@ -11,6 +11,7 @@ from collections import Counter
 from rich.markup import escape
 from rich.table import Table
 
+from release.evidence import SDIST_FIGURE
 from release.gpu import figure_lines
 from release.records import BuildRecord
 from release.report.document import SDIST_SERVES, built_from, describe, folder_name
@@ -19,7 +20,6 @@ from release.report.verdict import ChannelVerdict, GateRow
 from release.report.words import words
 from release.trust.index import install_hint
 from release.util.progress import VERDICT_STYLE, console
-from release.wheelset import SDIST_FIGURE
 
 
 def _artefacts(build: BuildRecord) -> Table:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from release.evidence import Evidence
 from release.manifest import Manifest
-from release.wheelset import judged_sdist
 
 NOT_RUN_PREFIX = "not run: "  # how a gate's evidence says why it did not run
 # A verdict on other wheels than the build's: shown with its reason, never as this run's verdict.
@@ -80,7 +79,7 @@ def _wheels(count: int, sdist: dict[str, str]) -> str:
 def _sdist_unjudged(required: tuple[GateRow, ...], sdist: dict[str, str]) -> str:
     """Why no required gate's pass covers the build's sdist; "" where one does (or none was
     built)."""
-    judged = [judged_sdist(row.evidence.figures) for row in required
+    judged = [row.evidence.judged_sdist for row in required
               if row.verdict == "pass" and row.evidence is not None]  # fmt: skip
     if not sdist or sdist in judged:
         return ""

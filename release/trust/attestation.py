@@ -40,9 +40,8 @@ from release.trust.release_version import attestation_target
 from release.trust.sign import (
     UnlistedSignerError,
     read_and_verify_by_any,
-    sign_statement,
+    sign_to,
     verify_read,
-    write_envelope,
 )
 from release.util.digests import sha256_file
 
@@ -60,7 +59,7 @@ def attest(evidence: Evidence, signer: Signer, out_dir: Path) -> Path:
     """Signs `evidence` with the runner's `signer`; the envelope's path."""
     path = attestation_path(out_dir, evidence.gate)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_envelope(sign_statement(gate_statement(evidence), signer), path)
+    sign_to(gate_statement(evidence), signer, path)
     return path
 
 
@@ -157,14 +156,18 @@ def provenance_entry(attestation: Attestation, runner: str) -> dict[str, Any]:
 
 
 def check_release(
-    statement: Mapping[str, Any], fetch: Callable[[str], Path], project: str, version: str
+    provenance: Statement,
+    fetch: Callable[[str], Path],
+    project: str,
+    version: str,
+    wheels: Mapping[str, str] | None = None,
 ) -> list[Attestation]:
     """A consumer's check of the gate attestations a signed provenance rests on: each is fetched
     (`fetch(target) -> local file`, TUF-verified), has the digest the provenance names, is signed
-    by the key the provenance names, passed, and names exactly the provenance's subjects; every
-    gate the provenance says was required has one. SigningError says what is wrong."""
-    provenance = Statement.of(statement)
-    subjects = provenance.subjects
+    by the key the provenance names, passed, and names exactly `wheels` (the provenance's wheel
+    subjects; by default all its subjects); every gate the provenance says was required has one.
+    SigningError says what is wrong."""
+    subjects = provenance.subjects if wheels is None else wheels
     checked: list[Attestation] = []
     for byproduct in provenance.byproducts:
         gate, name, annotations = byproduct.gate, byproduct.name, byproduct.annotations

@@ -27,7 +27,7 @@ from release.statement import Statement
 from release.trust.index import EmbeddedIndex
 from release.trust.remote_index import RemoteIndex
 from release.trust.served_files import check_served_files
-from release.trust.sign import read_and_verify_envelope, sign_statement, write_envelope
+from release.trust.sign import read_and_verify_envelope, sign_to
 from release.trust.tuf_client import TrustedIndex
 from release.trust.tuf_metadata import TufRepository
 from release.trust.verify import InstallCheck, Verification, verify_from_index
@@ -123,7 +123,7 @@ def signed_or_reused(
     content and key where `reuse` is read and holds it (its signature verified again), else a
     new signature (stored). The reuse note, or ""."""
     if reuse is None:
-        write_envelope(sign_statement(statement, signer), envelope)
+        sign_to(statement, signer, envelope)
         return ""
     key_inputs = statement_key_inputs(statement, public_key.keyid)
     key = reuse_key(key_inputs)
@@ -136,7 +136,7 @@ def signed_or_reused(
             taken = None
         if taken is not None and reuse_key(statement_key_inputs(taken, public_key.keyid)) == key:
             return hit.note()
-    write_envelope(sign_statement(statement, signer), envelope)
+    sign_to(statement, signer, envelope)
     stored = {"envelope": envelope.read_text(encoding="utf-8")}
     if problem := reuse.put("sign", channel, key, key_inputs, stored):
         console.print(f"  reuse: not stored ({problem})", markup=False)

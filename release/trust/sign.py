@@ -378,6 +378,11 @@ def write_envelope(envelope: Envelope, path: Path) -> None:
     atomic_write(path, text.encode("utf-8"))
 
 
+def sign_to(statement: Mapping[str, Any], signer: Signer, path: Path) -> None:
+    """Sign ``statement`` with ``signer`` and write its envelope at ``path`` (atomically)."""
+    write_envelope(sign_statement(statement, signer), path)
+
+
 def read_and_verify_envelope(path: Path, public_key: Key) -> dict[str, Any]:
     """The statement of the DSSE envelope at ``path`` as a plain document (a copy to change),
     after its signature by ``public_key`` verified; the pipeline takes :func:`read_and_verify`."""

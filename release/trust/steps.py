@@ -58,7 +58,7 @@ from release.util.interpreters import find_interpreter
 from release.util.pins import project_version
 from release.util.progress import console
 from release.util.reuse import ReuseStore
-from release.wheelset import Sdist, WheelSet, judged_sdist
+from release.wheelset import Sdist, WheelSet
 
 
 def _attester_keys(
@@ -136,10 +136,10 @@ def _check_sdist_judged(
 ) -> None:
     """PublishError unless an attestation the channel takes judged exactly this sdist (its
     figures name it with its sha256: the payload gate's, which passed, so on all of it)."""
-    if any(judged_sdist(a.evidence.figures) == sdist.digests for a, _ in attestations):
+    if any(a.evidence.judged_sdist == sdist.digests for a, _ in attestations):
         return
     named = [f"{a.evidence.gate} judged {name} sha256 {digest}" for a, _ in attestations
-             for name, digest in judged_sdist(a.evidence.figures).items()]  # fmt: skip
+             for name, digest in a.evidence.judged_sdist.items()]  # fmt: skip
     got = "; ".join(named) if named else f"none of {', '.join(spec.requires)} judged an sdist"
     raise PublishError(f"channel {channel!r} refuses to publish; nothing was uploaded: the sdist "
                        f"{sdist.path} (sha256 {sdist.sha256}): expected a passing attestation "

@@ -54,7 +54,6 @@ from release.trust.sign import load_public_key, read_and_verify
 from release.trust.tuf_client import TrustedIndex, refuse_credentials
 from release.util.digests import sha256_file
 from release.util.private_site import clean_pip_env
-from release.wheelset import judged_sdist
 
 _PIP_TIMEOUT_S = 600.0
 _OUTPUT_TAIL_CHARS = 4000
@@ -272,12 +271,11 @@ def verify_attestations(
 
     try:
         wheels, others = _split_subjects(statement)
-        checked = check_release({**statement, "subject": wheels}, fetch,
-                                normalize_project(project), version)  # fmt: skip
+        checked = check_release(statement, fetch, normalize_project(project), version, wheels)
     except SigningError as exc:
         raise VerifyError(f"the gate attestations of {project} {version}: {exc}") from None
     for name, digest in sorted(others.items()):
-        if not any(judged_sdist(a.evidence.figures) == {name: digest} for a in checked):
+        if not any(a.evidence.judged_sdist == {name: digest} for a in checked):
             raise VerifyError(
                 f"the gate attestations of {project} {version}: the signed statement names "
                 f"{name} (sha256 {digest}), which no attestation it rests on judged (the payload "
@@ -286,18 +284,18 @@ def verify_attestations(
     return checked
 
 
-def _split_subjects(statement: Statement) -> tuple[list[Any], dict[str, str]]:
-    """The statement's wheel subjects as it lists them, and every other subject (name to
-    sha256): an sdist, or SigningError naming what else it is."""
-    others = {name: digest for name, digest in statement.subjects.items()
-              if not name.endswith(".whl")}  # fmt: skip
+def _split_subjects(statement: Statement) -> tuple[dict[str, str], dict[str, str]]:
+    """The statement's wheel subjects and every other subject (name to sha256): an sdist, or
+    SigningError naming what else it is."""
+    subjects = statement.subjects
+    others = {name: digest for name, digest in subjects.items() if not name.endswith(".whl")}
     for name in others:
         try:
             parse_sdist_filename(name)
         except InvalidSdistFilename:
             raise SigningError(f"the signed statement names {name}: expected only wheels and "
                                "an sdist (<name>-<version>.tar.gz)") from None  # fmt: skip
-    return [s for s in statement["subject"] if s["name"] not in others], others
+    return {name: digest for name, digest in subjects.items() if name not in others}, others
 
 
 def check_interpreter(interpreter: Path) -> None:
