@@ -72,11 +72,6 @@ class Statement(Mapping[str, Any]):
             raise SigningError(f"{path}: the statement has no subject list")
         return cls(data)
 
-    @classmethod
-    def of(cls, statement: Mapping[str, Any]) -> Statement:
-        """`statement` itself when it is one, else a typed view of that document."""
-        return statement if isinstance(statement, Statement) else cls(statement)
-
     def __getitem__(self, key: str) -> Any:
         return self.raw[key]
 

@@ -32,7 +32,7 @@ from release.util.atomic import atomic_write
 from release.util.digests import sha256_file
 from release.util.pins import project_version
 from release.util.progress import VERDICT_STYLE, console
-from release.util.reuse import Hit, ReuseStore, changed, refusal, reuse_key
+from release.util.reuse import Hit, ReuseStore, changed, refusal
 from release.util.set_aside import SetAside
 from release.wheelset import Sdist, Wheel, WheelSet
 
@@ -71,7 +71,7 @@ def judge(
     signer, public_key = attesting or attesting_signer(context)
     key_inputs = _gate_key(name, inputs, public_key.keyid) if reuse and reuse.reads else None
     if reuse is not None and key_inputs is not None:
-        hit = reuse.get("gate", name, reuse_key(key_inputs))
+        hit = reuse.get("gate", name, key_inputs)
         if hit is not None and (taken := _take_reused(context, name, inputs, hit, public_key)):
             return Judged(taken, reused=hit.note())
     evidence = run_gate(name, inputs)
@@ -84,7 +84,7 @@ def judge(
         return Judged(evidence)
     before = reuse.latest("gate", name)
     stored = {"attestation": path.read_text(encoding="utf-8")}
-    problem = reuse.put("gate", name, reuse_key(key_inputs), key_inputs, stored)
+    problem = reuse.put("gate", name, key_inputs, stored)
     if problem:
         console.print(f"  reuse: not stored ({escape(problem)})")
     ran_again = ", ".join(changed(before.inputs, key_inputs)[:6]) if before and reuse.reads else ""

@@ -196,16 +196,16 @@ def test_the_consumer_checks_what_the_provenance_names(tmp_path, digests):
         return path
 
     assert [
-        a.evidence.gate for a in check_release(Statement.of(statement), fetch, "activekv", "0.1.0")
+        a.evidence.gate for a in check_release(Statement(statement), fetch, "activekv", "0.1.0")
     ] == ["warmup"]
     assert fetched == ["provenance/activekv-0.1.0.attestations/warmup.intoto.json"]
     statement["predicate"]["buildDefinition"]["externalParameters"]["gates"].append("parity")
     with pytest.raises(SigningError, match="requires gates parity but names no attestation"):
-        check_release(Statement.of(statement), fetch, "activekv", "0.1.0")
+        check_release(Statement(statement), fetch, "activekv", "0.1.0")
     statement["predicate"]["buildDefinition"]["externalParameters"]["gates"].pop()
     path.write_text(path.read_text().replace('"sig"', '"sig" '))  # other bytes, same meaning
     with pytest.raises(SigningError, match="its sha256 is not the one the signed provenance names"):
-        check_release(Statement.of(statement), fetch, "activekv", "0.1.0")
+        check_release(Statement(statement), fetch, "activekv", "0.1.0")
 
 
 # --- keys ---

@@ -21,6 +21,7 @@ from bad_servers import pages, serving
 from fixtures_wheels import build_wheel
 
 from release.errors import VerifyError
+from release.statement import Statement
 from release.trust.index import SIMPLE_ACCEPT, pip_filename, project_files
 from release.trust.served_files import check_served_files
 from release.trust.verify import verify_from_index
@@ -215,7 +216,7 @@ def test_a_link_with_another_hash_in_its_fragment_verifies_and_installs(
     with serving(pages(routes)) as base:
         verified = verify_from_index(
             simple_url=base + "/simple/", project="activekv", version="0.1.0",
-            statement=statement, interpreters=[Path(sys.executable)], imports=IMPORTS,
+            statement=Statement(statement), interpreters=[Path(sys.executable)], imports=IMPORTS,
             workdir=tmp_path / "verify",
         )  # fmt: skip
     assert verified.files == _signed(wheel)

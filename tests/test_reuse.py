@@ -53,29 +53,29 @@ def test_an_entry_is_found_by_the_key_of_its_inputs_and_only_where_the_store_is_
     assert reuse_key(inputs) != reuse_key({**inputs, "b": [2, 1]})
     key = reuse_key(inputs)
     store = ReuseStore(tmp_path / "reuse")
-    assert store.get("gate", "policy", key) is None
-    assert store.put("gate", "policy", key, inputs, {"attestation": "signed"}) == ""
-    hit = store.get("gate", "policy", key)
+    assert store.get("gate", "policy", inputs) is None
+    assert store.put("gate", "policy", inputs, {"attestation": "signed"}) == ""
+    hit = store.get("gate", "policy", inputs)
     assert hit is not None and hit.payload == {"attestation": "signed"} and hit.inputs == inputs
     assert hit.note().startswith(f"reused: key {key[:12]}, from the run at ")
-    assert store.get("gate", "payload", key) is None  # kept per gate
+    assert store.get("gate", "payload", inputs) is None  # kept per gate
     path = tmp_path / "reuse" / "gate" / "policy" / f"{key}.json"
     assert path.stat().st_mode & 0o777 == 0o600
-    assert ReuseStore(tmp_path / "reuse", refused="--fresh").get("gate", "policy", key) is None
+    assert ReuseStore(tmp_path / "reuse", refused="--fresh").get("gate", "policy", inputs) is None
 
 
 def test_an_edited_or_unreadable_entry_is_a_miss_never_an_error(tmp_path: Path) -> None:
     inputs = {"gate": "policy"}
     key = reuse_key(inputs)
     store = ReuseStore(tmp_path / "reuse")
-    store.put("gate", "policy", key, inputs, {"attestation": "signed"})
+    store.put("gate", "policy", inputs, {"attestation": "signed"})
     path = tmp_path / "reuse" / "gate" / "policy" / f"{key}.json"
     entry = json.loads(path.read_text())
     entry["inputs"]["gate"] = "payload"  # no longer what its name says
     path.write_text(json.dumps(entry))
-    assert store.get("gate", "policy", key) is None
+    assert store.get("gate", "policy", inputs) is None
     path.write_text("{not json")
-    assert store.get("gate", "policy", key) is None
+    assert store.get("gate", "policy", inputs) is None
     with pytest.raises(TypeError, match="expected JSON data in a reuse key; got object"):
         canonical({"x": object()})
 
@@ -86,7 +86,7 @@ def test_only_the_newest_entries_of_a_gate_are_kept(tmp_path: Path) -> None:
     for number in range(store_module.KEEP + 3):
         inputs = {"number": number}
         keys.append(reuse_key(inputs))
-        store.put("gate", "parity", keys[-1], inputs, {})
+        store.put("gate", "parity", inputs, {})
         path = tmp_path / "reuse" / "gate" / "parity" / f"{keys[-1]}.json"
         stamp = 1_700_000_000 + number  # the order they were made in, whatever the clock's grain
         os.utime(path, (stamp, stamp))

@@ -16,7 +16,7 @@ DIGEST = "ab" * 32
 
 def provenance(byproducts: Any = None, **parameters: Any) -> Statement:
     run = {} if byproducts is None else {"byproducts": byproducts}
-    return Statement.of({
+    return Statement({
         "_type": STATEMENT_TYPE, "subject": [],
         "predicate": {"buildDefinition": {"externalParameters": parameters}, "runDetails": run},
     })  # fmt: skip
@@ -33,7 +33,7 @@ def test_byproducts_are_typed_with_their_annotations() -> None:
 
 def test_a_statement_without_byproducts_names_none() -> None:
     assert provenance().byproducts == ()
-    assert Statement.of({"_type": STATEMENT_TYPE, "subject": []}).byproducts == ()
+    assert Statement({"_type": STATEMENT_TYPE, "subject": []}).byproducts == ()
 
 
 @pytest.mark.parametrize(
@@ -65,4 +65,4 @@ def test_required_gates_and_version_read_the_external_parameters() -> None:
     assert statement.version == "0.1.0"
     assert provenance().required_gates == ()
     assert provenance().version is None
-    assert Statement.of({"predicate": "not a mapping"}).version is None
+    assert Statement({"predicate": "not a mapping"}).version is None

@@ -16,6 +16,7 @@ import pytest
 from fixtures_wheels import build_wheel
 
 from release.errors import VerifyError
+from release.statement import Statement
 from release.trust.index import EmbeddedIndex
 from release.trust.publish import publish
 from release.trust.sign import (
@@ -77,7 +78,7 @@ def _verify(
         simple_url=published.index.simple_url,
         project="activekv",
         version="0.1.0",
-        statement=statement,
+        statement=Statement(statement),
         interpreters=interpreters,
         imports=IMPORTS,
         workdir=workdir,
@@ -140,7 +141,7 @@ def test_verify_fails_when_an_import_fails(published: Published, tmp_path: Path)
             simple_url=published.index.simple_url,
             project="activekv",
             version="0.1.0",
-            statement=published.statement,
+            statement=Statement(published.statement),
             interpreters=[Path(sys.executable)],
             imports=["activekv._probe", "activekv._missing"],
             workdir=tmp_path / "work",
@@ -180,7 +181,7 @@ def test_verify_fails_when_the_index_lacks_the_version(
             simple_url=published.index.simple_url,
             project="activekv",
             version="9.9.9",
-            statement=statement,
+            statement=Statement(statement),
             interpreters=[Path(sys.executable)],
             imports=IMPORTS,
             workdir=tmp_path / "work",

@@ -172,8 +172,13 @@ class RunKeys:
 
 
 def run_keys(context: KeySources, channel: str, spec: ChannelSpec) -> RunKeys:
-    """The keys of a run of `channel` (see attesting_signer and channel_signer)."""
-    return RunKeys(attesting_signer(context), channel_signer(context, channel, spec))
+    """The keys of a run of `channel` (see attesting_signer and channel_signer), each loaded
+    once."""
+    signing = channel_signer(context, channel, spec)
+    own = context.channel_name or context.manifest.release.default_channel
+    if context.attest_key is None and own == channel:
+        return RunKeys(signing, signing)  # the channel's key signs the attestations too
+    return RunKeys(attesting_signer(context), signing)
 
 
 def attesting_signer(context: KeySources) -> tuple[Signer, Key]:

@@ -126,19 +126,21 @@ def signed_or_reused(
         sign_to(statement, signer, envelope)
         return ""
     key_inputs = statement_key_inputs(statement, public_key.keyid)
-    key = reuse_key(key_inputs)
-    hit = reuse.get("sign", channel, key)
+    hit = reuse.get("sign", channel, key_inputs)
     if hit is not None and isinstance(text := hit.payload.get("envelope"), str):
         atomic_write(envelope, text.encode("utf-8"))
         try:
             taken = read_and_verify_envelope(envelope, public_key)
         except SigningError:
             taken = None
-        if taken is not None and reuse_key(statement_key_inputs(taken, public_key.keyid)) == key:
+        if (
+            taken is not None
+            and reuse_key(statement_key_inputs(taken, public_key.keyid)) == hit.key
+        ):
             return hit.note()
     sign_to(statement, signer, envelope)
     stored = {"envelope": envelope.read_text(encoding="utf-8")}
-    if problem := reuse.put("sign", channel, key, key_inputs, stored):
+    if problem := reuse.put("sign", channel, key_inputs, stored):
         console.print(f"  reuse: not stored ({problem})", markup=False)
     return ""
 
@@ -155,7 +157,7 @@ def verified_or_reused(
     index: EmbeddedIndex | RemoteIndex,
     trusted: TrustedIndex,
     stored: Path,
-    statement: Mapping[str, Any],
+    statement: Statement,
     *,
     channel: str,
     project: str,
@@ -180,14 +182,14 @@ def verified_or_reused(
 
     if reuse is not None and reuse.reads:
         try:
-            signed = Statement.of(statement).subjects
+            signed = statement.subjects
         except ReleaseError as exc:
             raise VerifyError(f"the signed statement cannot be read: {exc}") from None
         served = check_served_files(
             simple_url=index.simple_url, project=project, version=version, signed=signed,
             folder=workdir / "served", file_check=trusted.check_file, limits=limits,
         )  # fmt: skip
-        hit = reuse.get("verify", channel, reuse_key(inputs_for(served)))
+        hit = reuse.get("verify", channel, inputs_for(served))
         if hit is not None and (checks := stored_checks(hit.payload, served, interpreters)):
             return Verification(served, checks), hit.note()
     verified = verify_from_index(
@@ -197,7 +199,7 @@ def verified_or_reused(
     )  # fmt: skip
     if reuse is not None:
         key_inputs = inputs_for(verified.files)
-        problem = reuse.put("verify", channel, reuse_key(key_inputs), key_inputs,
+        problem = reuse.put("verify", channel, key_inputs,
                             checks_payload(verified.checks))  # fmt: skip
         if problem:
             console.print(f"  reuse: not stored ({problem})", markup=False)

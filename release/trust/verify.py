@@ -32,7 +32,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
@@ -95,7 +95,7 @@ def verify_from_index(
     simple_url: str,
     project: str,
     version: str,
-    statement: Mapping[str, Any],
+    statement: Statement,
     interpreters: Sequence[Path],
     imports: Sequence[str],
     workdir: Path,
@@ -111,7 +111,7 @@ def verify_from_index(
     if not interpreters:
         raise VerifyError("no interpreters to verify with")
     try:
-        signed = Statement.of(statement).subjects
+        signed = statement.subjects
     except ReleaseError as exc:
         raise VerifyError(f"the signed statement cannot be read: {exc}") from None
     files = check_served_files(

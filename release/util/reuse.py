@@ -103,10 +103,11 @@ class ReuseStore:
     def _folder(self, kind: str, name: str) -> Path:
         return self.root / kind / name
 
-    def get(self, kind: str, name: str, key: str) -> Hit | None:
-        """The entry of `key`, if the store is read and holds a readable one."""
+    def get(self, kind: str, name: str, inputs: Mapping[str, Any]) -> Hit | None:
+        """The entry of the key of `inputs`, if the store is read and holds a readable one."""
         if not self.reads:
             return None
+        key = reuse_key(inputs)
         return _read(self._folder(kind, name) / f"{key}.json", key)
 
     def latest(self, kind: str, name: str) -> Hit | None:
@@ -119,10 +120,12 @@ class ReuseStore:
                 return hit
         return None
 
-    def put(self, kind: str, name: str, key: str, inputs: Mapping[str, Any],
+    def put(self, kind: str, name: str, inputs: Mapping[str, Any],
             payload: Mapping[str, Any]) -> str:  # fmt: skip
-        """Stores an entry; "" or, where it could not be written, why (the run goes on: a
-        store that cannot be written only costs the next run its time)."""
+        """Stores an entry under the key of its `inputs`; "" or, where it could not be
+        written, why (the run goes on: a store that cannot be written only costs the next run
+        its time)."""
+        key = reuse_key(inputs)
         entry = {"schema": SCHEMA, "key": key, "made": _now(), "inputs": inputs,
                  "payload": payload}  # fmt: skip
         folder = self._folder(kind, name)
