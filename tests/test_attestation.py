@@ -34,6 +34,7 @@ from release.trust.attestation import (
 from release.trust.keys import (
     attesting_signer,
     make_channel_keys,
+    run_keys,
     tuf_keys_spec,
 )
 from release.trust.sign import (
@@ -253,6 +254,18 @@ def test_gate_runs_sign_with_the_runner_key_or_the_channel_key(tmp_path):
     _, dev = attesting_signer(_context(tmp_path))  # the default channel's (dev) generated key
     assert (tmp_path / "state" / "keys" / "dev-signing-key.pem").exists()
     assert dev.keyid != key.keyid
+
+
+def test_a_run_loads_its_keys_once_and_attests_with_the_runner_key_when_given(tmp_path):
+    dev = _context(tmp_path)
+    keys = run_keys(dev, "dev", dev.manifest.channel("dev"))
+    assert keys.attesting is keys.signing  # the channel's key signs both: loaded once
+    runner = tmp_path / "runner"
+    assert main(["keygen", "--runner", "h200", str(runner)]) == 0
+    given = _context(tmp_path, attest_key=runner / "h200.pem")
+    keys = run_keys(given, "dev", given.manifest.channel("dev"))
+    assert keys.attesting[1].keyid == json.loads((runner / "h200.pub.json").read_text())["keyid"]
+    assert keys.signing[1].keyid != keys.attesting[1].keyid
 
 
 def test_attester_keys_are_files_beside_the_manifest(tmp_path):

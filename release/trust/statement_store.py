@@ -2,7 +2,9 @@
 index, and how: the first statement stored fixes the version's files and is never replaced; the
 attestations it names are stored before it, and one no stored statement names (left by a
 publish killed before its statement) is replaced. What is stored is a publish's private copies
-(``PrivateCopies``), written whole under a lock."""
+(``PrivateCopies``, checked as they are made: the bytes the caller hashed, and a statement of
+exactly them), planned once before the first upload (``plan_storage``) and written whole under a
+lock (``store_intent``)."""
 
 from __future__ import annotations
 
