@@ -23,7 +23,13 @@ from release.manifest import NetworkLimits, load_manifest
 from release.trust import reuse as trust_reuse
 from release.trust.index import EmbeddedIndex
 from release.trust.reuse import signed_or_reused, verified_or_reused
-from release.trust.sign import key_paths, load_public_key, load_signer, read_and_verify_envelope
+from release.trust.sign import (
+    key_paths,
+    load_public_key,
+    load_signer,
+    read_and_verify,
+    read_and_verify_envelope,
+)
 from release.trust.statement_store import envelope_path_for
 from release.trust.tuf_client import TrustedIndex
 from release.trust.tuf_metadata import TufRepository
@@ -90,7 +96,7 @@ def _verify(state: Path, work: Path, store: ReuseStore, interpreters: list[Path]
         trusted = TrustedIndex(index.tuf_url, root, state / "verify-tuf-cache")
         trusted.refresh()
         stored = envelope_path_for(index.provenance_dir, "activekv", "0.1.0")
-        statement = read_and_verify_envelope(stored, load_public_key(key_paths(state, "dev")[1]))
+        statement = read_and_verify(stored, load_public_key(key_paths(state, "dev")[1])).statement
         verified, note = verified_or_reused(
             index, trusted, stored, statement, channel="dev", project="activekv",
             version="0.1.0", interpreters=interpreters, imports=["activekv._probe"],
