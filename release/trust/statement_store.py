@@ -136,7 +136,7 @@ def _check_unchanged(
 def _statement_of_copy(copy: Path, signed: SignedStatement | None) -> Statement:
     """The statement of the private copy to publish: `signed`'s where the copy holds the bytes
     that verified, else read from the copy."""
-    if signed is not None and signed.sha256 == sha256_file(copy):
+    if signed is not None and signed.at(copy, sha256_file(copy)) is not None:
         return signed.statement
     return read_statement_unverified(copy)
 
